@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Set-up and run in one step, on a fresh machine or a reused one.
+#   ./dev.sh job    the main job: a real 2-rank CPU training run under placerun, monitor on
+#   ./dev.sh test   the test suite (what CI runs)
+# Creates or reuses .venv, installs torch only when it is missing, installs the project, then runs.
+set -euo pipefail
+cd "$(dirname "$0")"
+venv="${PLACEMENT_VENV:-.venv}"
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+py="$venv/bin/python"
+# torch==2.13.0 is a CPU build on our dev machines and the normal CUDA build elsewhere;
+# an existing torch (any build) is kept so a user's GPU install is never replaced.
+"$py" -c 'import torch' 2>/dev/null || "$py" -m pip install -q torch==2.13.0
+# Re-install the project only when its metadata changed (the install is editable).
+stamp="$venv/.placement-installed"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+    "$py" -m pip install -q -e '.[dev,megatron]'
+    echo "$want" > "$stamp"
+fi
+export PATH="$PWD/$venv/bin:$PATH"
+cmd="${1:-}"; shift || true
+case "$cmd" in
+    job)
+        logdir="${PLACEMENT_LOG_DIR:-placement_logs/main-job}"
+        rm -rf "$logdir"
+        placerun --standalone --nproc-per-node 2 placement.monitor.log_dir="$logdir" \
+            examples/train_ddp.py --steps 60 --workers 2 "$@"
+        placement report "$logdir"/*.jsonl --plot "$logdir/report.png"
+        ;;
+    test)
+        set +e
+        "$py" -m pytest -q "$@"
+        rc=$?
+        # pytest exits 5 when it collected no tests: that is a failure, not a pass.
+        if [ "$rc" -eq 5 ]; then echo "dev.sh: pytest collected no tests" >&2; exit 1; fi
+        exit "$rc"
+        ;;
+    *)
+        echo "usage: ./dev.sh job|test [args]" >&2; exit 2 ;;
+esac

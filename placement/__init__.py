@@ -1,0 +1,13 @@
+"""placement: put every hot thread of every rank on the right core, watch what each step costs, tune."""
+
+__version__ = "0.1.0"
+
+
+def attach(*args, **kwargs):
+    """Bind this rank's threads by role, start the monitor, return a handle (see placement.attach_api)."""
+    from placement.attach_api import attach as _attach
+
+    return _attach(*args, **kwargs)
+
+
+__all__ = ["attach", "__version__"]

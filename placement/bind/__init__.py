@@ -1,0 +1,1 @@
+"""Apply a Plan: process and thread affinity, memory policy, env; read back and logged."""

@@ -1,0 +1,19 @@
+"""Errors that reach the user as one line (CLI exit code 2), never as a traceback."""
+
+
+class PlacementError(Exception):
+    """Base class: the message is one line naming the value and the valid choices."""
+
+    exit_code = 2
+
+
+class ConfigError(PlacementError):
+    """A configuration key or value is unknown or out of range."""
+
+
+class TopologyError(PlacementError):
+    """The topology root or an NCCL topology file cannot be read as a whole."""
+
+
+class PlanError(PlacementError):
+    """The plan cannot be met (shortfall named) and `strict` is on."""

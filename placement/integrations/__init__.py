@@ -1,0 +1,1 @@
+"""Hydra and Megatron-core integrations."""

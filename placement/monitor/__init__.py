@@ -1,0 +1,1 @@
+"""Per-step probes, comm timing, cross-rank straggler naming, sinks."""

@@ -1,0 +1,100 @@
+"""The Plan as data: schema `placement.plan/1` of DESIGN.md.
+
+Per local rank: its GPU, NUMA node(s), memory policy, env to set, and a CPU set per
+thread role with a one-line reason. A plan of policy `none` has no roles (no binding).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement.roles import ThreadRole
+
+SCHEMA = "placement.plan/1"
+
+
+@dataclass
+class GpuRef:
+    index: int
+    pci: str
+
+
+@dataclass
+class MemoryPolicy:
+    mode: str  # bind | preferred | interleave | none
+    nodes: list[int] = field(default_factory=list)
+
+
+@dataclass
+class RoleAssignment:
+    cpus: list[int]
+    reason: str
+
+
+@dataclass
+class RankPlan:
+    local_rank: int
+    gpu: Optional[GpuRef]
+    numa: list[int]
+    memory: MemoryPolicy
+    env: dict[str, str] = field(default_factory=dict)
+    roles: dict[ThreadRole, RoleAssignment] = field(default_factory=dict)
+
+    def share(self) -> frozenset[int]:
+        """Every CPU this rank may use: the union of its role sets (the stage-1 process mask)."""
+        out: set[int] = set()
+        for a in self.roles.values():
+            out.update(a.cpus)
+        return frozenset(out)
+
+    def cpus(self, role: ThreadRole) -> frozenset[int]:
+        a = self.roles.get(role)
+        return frozenset(a.cpus) if a else frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "local_rank": self.local_rank,
+            "gpu": None if self.gpu is None else {"index": self.gpu.index, "pci": self.gpu.pci},
+            "numa": list(self.numa),
+            "memory": {"mode": self.memory.mode, "nodes": list(self.memory.nodes)},
+            "env": dict(self.env),
+            "roles": {r.value: {"cpus": sorted(a.cpus), "reason": a.reason}
+                      for r, a in sorted(self.roles.items(), key=lambda kv: list(ThreadRole).index(kv[0]))},
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RankPlan":
+        gpu = d.get("gpu")
+        return cls(
+            local_rank=d["local_rank"],
+            gpu=None if gpu is None else GpuRef(gpu["index"], gpu["pci"]),
+            numa=list(d.get("numa", [])),
+            memory=MemoryPolicy(d["memory"]["mode"], list(d["memory"].get("nodes", []))),
+            env=dict(d.get("env", {})),
+            roles={ThreadRole(r): RoleAssignment(list(a["cpus"]), a.get("reason", ""))
+                   for r, a in (d.get("roles") or {}).items()},
+        )
+
+
+@dataclass
+class Plan:
+    policy: str
+    ranks: list[RankPlan]
+    warnings: list[str] = field(default_factory=list)
+
+    def for_local_rank(self, local_rank: int) -> RankPlan:
+        for r in self.ranks:
+            if r.local_rank == local_rank:
+                return r
+        raise KeyError(f"plan has no local rank {local_rank} (ranks: {[r.local_rank for r in self.ranks]})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, "policy": self.policy, "warnings": list(self.warnings),
+                "ranks": [r.to_dict() for r in self.ranks]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Plan":
+        if d.get("schema", SCHEMA) != SCHEMA:
+            raise ValueError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}")
+        return cls(policy=d["policy"], ranks=[RankPlan.from_dict(r) for r in d["ranks"]],
+                   warnings=list(d.get("warnings", [])))

@@ -1,0 +1,105 @@
+"""Thread roles and how a live thread or process is recognised as one.
+
+Names are the ones PyTorch and NCCL give their threads (comm names, 15 chars max):
+`pt_data_pin` (pin-memory thread), `pt_data_worker` (DataLoader worker processes),
+`pt_autograd_<n>` (autograd device threads), `NCCL <what> <n>` once
+NCCL_SET_THREAD_NAME=1 (e.g. "NCCL Progress 0", "NCCL Service 0").
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from enum import Enum
+
+
+class ThreadRole(str, Enum):
+    MAIN = "main"
+    NCCL = "nccl"
+    PIN_MEMORY = "pin_memory"
+    DATALOADER = "dataloader"
+    OTHER = "other"
+
+    def __str__(self) -> str:  # prints as its value in tables and JSON keys
+        return self.value
+
+
+HOT_ROLES = (ThreadRole.MAIN, ThreadRole.NCCL, ThreadRole.PIN_MEMORY)
+ROLE_NAMES = tuple(r.value for r in ThreadRole)
+
+
+def role_of(name: str, *, is_main_thread: bool = False, in_worker_process: bool = False) -> ThreadRole:
+    """The role of a thread from its comm name and where it lives."""
+    if in_worker_process or name.startswith("pt_data_worker"):
+        return ThreadRole.DATALOADER
+    if is_main_thread:
+        return ThreadRole.MAIN
+    if name.startswith("NCCL"):
+        return ThreadRole.NCCL
+    if name.startswith("pt_data_pin"):
+        return ThreadRole.PIN_MEMORY
+    return ThreadRole.OTHER
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    pid: int  # the process holding the thread
+    tid: int
+    name: str
+    role: ThreadRole
+
+
+def _read_comm(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return f.read().decode(errors="replace").strip()
+    except OSError:  # thread or process gone, or not ours to read
+        return None
+
+
+def child_pids(pid: int, proc: str = "/proc") -> list[int]:
+    """Direct children of a process, from /proc/<pid>/task/*/children (no psutil walk)."""
+    kids: list[int] = []
+    try:
+        tids = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return kids
+    for tid in tids:
+        try:
+            with open(f"{proc}/{pid}/task/{tid}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+        except (OSError, ValueError):
+            continue
+    return kids
+
+
+def scan_threads(pid: int | None = None, *, include_children: bool = True, proc: str = "/proc") -> list[ThreadInfo]:
+    """Every thread of process `pid` (default: this one) with its role, plus the threads of its
+    DataLoader worker child processes (recognised by name `pt_data_worker`), all as DATALOADER.
+
+    Threads that exit during the scan are skipped, never raised.
+    """
+    pid = os.getpid() if pid is None else pid
+    out: list[ThreadInfo] = []
+    try:
+        tids = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task"))
+    except OSError:
+        return out
+    for tid in tids:
+        name = _read_comm(f"{proc}/{pid}/task/{tid}/comm")
+        if name is None:
+            continue
+        out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
+    if include_children:
+        for child in child_pids(pid, proc):
+            cname = _read_comm(f"{proc}/{child}/comm")
+            if cname is None or not cname.startswith("pt_data_worker"):
+                continue
+            try:
+                ctids = sorted(int(t) for t in os.listdir(f"{proc}/{child}/task"))
+            except OSError:
+                continue
+            for tid in ctids:
+                name = _read_comm(f"{proc}/{child}/task/{tid}/comm")
+                if name is not None:
+                    out.append(ThreadInfo(child, tid, name, ThreadRole.DATALOADER))
+    return out
