@@ -98,3 +98,15 @@ class Plan:
             raise ValueError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}")
         return cls(policy=d["policy"], ranks=[RankPlan.from_dict(r) for r in d["ranks"]],
                    warnings=list(d.get("warnings", [])))
+
+
+@dataclass
+class JobSpec:
+    """What the planner must place on this node."""
+
+    nproc_per_node: int
+    # Physical GPU index (Topology.gpus[].index) per local rank, in local-rank order; None means
+    # resolve from CUDA_VISIBLE_DEVICES (placement.topology.gpu_for_local_rank) or, with no GPU
+    # in the topology, plan CPU-only ranks.
+    gpus: Optional[list[int]] = None
+    dataloader_workers: int = 2

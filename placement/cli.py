@@ -1,0 +1,42 @@
+"""`placement topo | plan | doctor | report`: a thin dispatcher; each subcommand is its own module
+in placement.commands exposing `add_arguments(parser)` and `run(args) -> int`."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from placement.errors import PlacementError
+
+SUBCOMMANDS = {
+    "topo": "show the machine's CPU/NUMA/GPU/NIC topology",
+    "plan": "show the per-rank, per-role CPU plan placerun would apply",
+    "doctor": "check the host for settings that hurt training (NUMA balancing, governor, ...)",
+    "report": "summarise monitor JSONL logs: per-rank table, events, plot",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="placement", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
+    sub.required = True
+    for name, help_text in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        importlib.import_module(f"placement.commands.{name}").add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    module = importlib.import_module(f"placement.commands.{args.command}")
+    try:
+        return int(module.run(args) or 0)
+    except PlacementError as e:
+        print(f"placement {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except BrokenPipeError:  # `placement topo | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
