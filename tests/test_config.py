@@ -1,0 +1,45 @@
+"""One config tree: defaults, YAML file, dict and dotted overrides; bad input is one line."""
+import pytest
+
+from placement.config import PlacementConfig, load_config
+from placement.errors import ConfigError
+
+
+def test_defaults_are_valid():
+    cfg = load_config()
+    assert cfg == PlacementConfig()
+
+
+def test_layers_apply_in_order(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("placement:\n  policy: node\n  memory: preferred\n  tune:\n    window: 30\n")
+    cfg = load_config(["placement.policy=exclusive", "tune.enabled=false"], config_file=str(f),
+                      base={"smt": "use"})
+    assert (cfg.policy, cfg.memory, cfg.smt, cfg.tune.window, cfg.tune.enabled) == (
+        "exclusive", "preferred", "use", 30, False)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("placement.bogus=1", "unknown key placement.bogus"),
+    ("placement.policy=fast", "choose one of: auto, node, socket, exclusive, core-complex, none"),
+    ("placement.memory=local", "choose one of: bind, preferred, interleave, none"),
+    ("placement.monitor.flush_every=0", "placement.monitor.flush_every=0 is out of range"),
+    ("placement.tune.runq_wait_pct=150", "valid: [0.0, 100.0]"),
+    ("placement.reserved_cpus=x-y", "not a cpu list"),
+    ("placement.tune.window=abc", "placement.tune.window"),
+    ("policy", "is not KEY=VALUE"),
+])
+def test_bad_overrides_name_value_and_choices(override, needle):
+    with pytest.raises(ConfigError) as e:
+        load_config([override])
+    msg = str(e.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_unreadable_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="cannot read placement config file"):
+        load_config(config_file=str(tmp_path / "missing.yaml"))
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(config_file=str(bad))
