@@ -9,7 +9,9 @@ def _readme_commands():
     text = (ROOT / "README.md").read_text()
     block = re.search(r"```(?:bash|sh)\n(.*?)```", text, re.S)
     assert block, "README.md must open with a fenced block holding the two commands"
-    return [line.strip() for line in block.group(1).splitlines() if line.strip() and not line.startswith("#")]
+    # A trailing "# ..." comment explains a command; it is not part of it.
+    lines = (line.split(" #", 1)[0].strip() for line in block.group(1).splitlines())
+    return [line for line in lines if line and not line.startswith("#")]
 
 
 def test_readme_opens_with_job_and_test_commands():
