@@ -107,6 +107,11 @@ class JobSpec:
     nproc_per_node: int
     # Physical GPU index (Topology.gpus[].index) per local rank, in local-rank order; None means
     # resolve from CUDA_VISIBLE_DEVICES (placement.topology.gpu_for_local_rank) or, with no GPU
-    # in the topology, plan CPU-only ranks.
-    gpus: Optional[list[int]] = None
+    # in the topology, plan CPU-only ranks. An entry of None plans that rank CPU-only; an empty
+    # list means the job sees no GPU at all (CPU training on a GPU machine).
+    gpus: Optional[list[Optional[int]]] = None
     dataloader_workers: int = 2
+    # Every GPU the job can see, in CUDA index order (CUDA_VISIBLE_DEVICES order); None = all GPUs
+    # of the topology by index. Only the process-level policies `exclusive` and `core-complex`
+    # need it: like torchrun, they divide a node among all visible GPUs on it, used or not.
+    visible_gpus: Optional[list[int]] = None

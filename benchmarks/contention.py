@@ -1,0 +1,290 @@
+"""Contention benchmark: does the tuner remove the slowdown a co-runner causes, and does it
+stay out of the way when nothing is wrong?
+
+One rank, a real training-like loop: a torch CPU step of a few ms on the main thread
+(torch.set_num_threads(1), like a GPU rank's Python thread), fed by a DataLoader with 2
+worker processes, measured by placement.attach(). Two scenarios, each in phases:
+
+  hog:  quiet -> a foreign CPU hog (another process, spinning) pinned to the core the main
+        thread runs on -> hog gone
+  data: light batches -> batches whose CPU work is too heavy for the DataLoader's CPUs -> light
+
+each run under four placements in fresh processes:
+
+  none    no binding at all (policy=none)
+  node    process-level node binding, what `torchrun --numa-binding=node` does (policy=node)
+  static  our per-role plan, tuner off (policy=auto, tune.enabled=false)
+  tune    our per-role plan with the tuner (policy=auto, tune.enabled=true)
+
+Printed per phase: p50 and p99 step time (ms, wall time of one loop iteration including the
+wait for data), the ratios to the quiet phase, and the steps until the step time recovers
+(rolling median of one tune window back within RECOVERED x the quiet p50). "settled p99" is
+the p99 of a phase after its first SETTLE_WINDOWS windows, the same cut for every mode.
+The last line is one JSON object of headline figures.
+
+    python benchmarks/contention.py --quick      # < 1 minute
+    python benchmarks/contention.py              # 3x the steps
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+MODES = {
+    "none": ["policy=none", "tune.enabled=false"],
+    "node": ["policy=node", "tune.enabled=false"],
+    "static": ["policy=auto", "tune.enabled=false"],
+    "tune": ["policy=auto", "tune.enabled=true"],
+}
+SCENARIOS = ("hog", "data")
+PHASES = {"hog": ("quiet", "hog", "gone"), "data": ("light", "heavy", "light again")}
+RECOVERED = 1.2  # a rolling window median within this factor of the quiet p50 counts as recovered
+SETTLE_WINDOWS = 3
+WORKERS = 2
+# CPU ms of work per batch in the DataLoader workers: light leaves them mostly idle; heavy is
+# more than their CPUs deliver at the step rate (WORKERS workers, each one batch per HEAVY_MS).
+LIGHT_MS = 0.3
+HEAVY_MS = 12.0
+
+
+@dataclass
+class Steps:
+    before: int
+    during: int
+    after: int
+
+    @property
+    def total(self) -> int:
+        return self.before + self.during + self.after
+
+
+# ---- the hog: another process, pinned to one CPU, spinning ---------------------------------
+def hog(cpu: int) -> None:
+    os.sched_setaffinity(0, {cpu})
+    while True:
+        pass
+
+
+# ---- one run: a child process --------------------------------------------------------------
+def main_thread_cpu() -> int:
+    """The CPU the main thread runs on now (field 39 of its stat)."""
+    with open(f"/proc/self/task/{os.getpid()}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[36])
+
+
+def allowed_cpus(tid: int) -> str:
+    with open(f"/proc/self/task/{tid}/status") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return line.split(":", 1)[1].strip()
+    return ""
+
+
+def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str) -> None:
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    import placement
+    from placement.config import load_config
+
+    torch.set_num_threads(1)
+
+    class Batches(Dataset):
+        """Batch i costs HEAVY_MS of worker CPU in the data scenario's middle phase, else LIGHT_MS."""
+
+        def __len__(self) -> int:
+            return steps.total + WORKERS * 4
+
+        def __getitem__(self, i: int):
+            heavy = scenario == "data" and steps.before <= i < steps.before + steps.during
+            end = time.thread_time() + (HEAVY_MS if heavy else LIGHT_MS) / 1000.0
+            while time.thread_time() < end:  # decode/augment stand-in: a fixed amount of CPU work
+                pass
+            return torch.randn(64, 512), torch.randn(64, 512)
+
+    cfg = load_config(MODES[mode] + ["strict=false", f"monitor.log_dir={log_dir}", f"tune.window={window}",
+                                     f"monitor.rescan_every={window}", "monitor.summary_every=0"])
+    handle = placement.attach(config=cfg)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loader = DataLoader(Batches(), batch_size=None, num_workers=WORKERS, prefetch_factor=4, persistent_workers=False)
+    times: list[float] = []
+    hog_proc = None
+    hog_cpu = None
+    batches = iter(handle.watch(loader))
+    try:
+        for step in range(steps.total):
+            if scenario == "hog" and step == steps.before:
+                hog_cpu = main_thread_cpu()
+                hog_proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--hog", str(hog_cpu)])
+            if hog_proc is not None and step == steps.before + steps.during:
+                hog_proc.kill()
+                hog_proc.wait()
+                hog_proc = None
+            t0 = time.perf_counter()
+            x, y = next(batches)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            handle.step()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        main_cpus = allowed_cpus(os.getpid())
+    finally:
+        if hog_proc is not None:
+            hog_proc.kill()
+            hog_proc.wait()
+        handle.close()
+    with open(out, "w") as f:
+        json.dump({"times_ms": times, "hog_cpu": hog_cpu, "main_cpus_at_end": main_cpus}, f)
+
+
+# ---- figures -------------------------------------------------------------------------------
+def quantile(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    pos = q * (len(s) - 1)
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def recovery_steps(times: list[float], start: int, end: int, quiet_p50: float, window: int) -> int | None:
+    """Steps from `start` until a window's rolling median is back within RECOVERED x quiet p50."""
+    for k in range(start, end - window + 1):
+        if statistics.median(times[k:k + window]) <= RECOVERED * quiet_p50:
+            return k - start
+    return None
+
+
+def figures(times: list[float], steps: Steps, window: int) -> dict:
+    cuts = [(0, steps.before), (steps.before, steps.before + steps.during),
+            (steps.before + steps.during, steps.total)]
+    phases = []
+    for lo, hi in cuts:
+        xs = times[lo:hi]
+        settled = times[min(lo + SETTLE_WINDOWS * window, hi - 1):hi]
+        phases.append({"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "settled_p99": quantile(settled, 0.99)})
+    quiet = phases[0]
+    rec = recovery_steps(times, cuts[1][0], cuts[1][1], quiet["p50"], window)
+    return {"phases": phases, "recovery_steps": rec,
+            "recovery_windows": None if rec is None else round(rec / window, 2),
+            "during_settled_p99_ratio": phases[1]["settled_p99"] / quiet["p99"],
+            "during_p50_ratio": phases[1]["p50"] / quiet["p50"],
+            "after_p50_ratio": phases[2]["p50"] / quiet["p50"]}
+
+
+def tune_actions(log_path: str) -> list[str]:
+    out = []
+    try:
+        with open(log_path) as f:
+            for line in f:
+                e = json.loads(line)
+                if e.get("type") == "tune" and e.get("phase") in ("kept", "applied") and e.get("rule") != "background_nice":
+                    out.append(f"{e['phase']} {e['rule']} {e['role']} {e['change']['from']}->{e['change']['to']}"
+                               + (f" gain {e['effect']['gain_pct']:+.0f}%" if e.get("effect") else ""))
+                elif e.get("type") == "rollback":
+                    out.append(f"rollback {e['rule']} {e['role']}: {e['why']}")
+    except OSError:
+        pass
+    return out
+
+
+def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str) -> dict:
+    log_dir = os.path.join(tmp, f"{scenario}-{mode}")
+    out = os.path.join(tmp, f"{scenario}-{mode}.json")
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", scenario, mode, "--window", str(window),
+           "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"contention: {scenario}/{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    with open(out) as f:
+        data = json.load(f)
+    data.update(figures(data["times_ms"], steps, window))
+    data["actions"] = tune_actions(os.path.join(log_dir, "rank0.jsonl"))
+    return data
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return "never" if x is None else f"{x:.{digits}f}"
+
+
+def print_table(scenario: str, results: dict[str, dict], steps: Steps, window: int) -> None:
+    names = PHASES[scenario]
+    print(f"\nscenario {scenario}: phases {names[0]} {steps.before} steps, {names[1]} {steps.during}, "
+          f"{names[2]} {steps.after}; tune window {window} steps")
+    head = (f"{'mode':<7}" + "".join(f"{n + ' p50/p99 ms':>22}" for n in names)
+            + f"{names[1] + ' settled p99':>18}{'p50 x quiet':>13}{'settled p99 x quiet p99':>25}"
+            + f"{'recovery steps':>16}{names[2] + ' p50 x quiet':>20}")
+    print(head)
+    print("-" * len(head))
+    for mode, r in results.items():
+        ph = r["phases"]
+        print(f"{mode:<7}" + "".join(f"{p['p50']:>13.2f} /{p['p99']:>7.2f}" for p in ph)
+              + f"{ph[1]['settled_p99']:>18.2f}{r['during_p50_ratio']:>13.2f}{r['during_settled_p99_ratio']:>25.2f}"
+              + f"{fmt(r['recovery_steps'], 0):>16}{r['after_p50_ratio']:>20.2f}")
+    for mode, r in results.items():
+        extra = f" (hog pinned to cpu {r['hog_cpu']})" if r.get("hog_cpu") is not None else ""
+        print(f"  {mode}: main thread ends on cpus {r['main_cpus_at_end']}{extra}")
+        for a in r["actions"]:
+            print(f"    {a}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="fewer steps: under a minute")
+    ap.add_argument("--window", type=int, default=20, help="tune window in steps (placement.tune.window)")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
+    ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    ap.add_argument("--hog", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--steps", help=argparse.SUPPRESS)
+    ap.add_argument("--log-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.hog is not None:
+        hog(args.hog)
+        return 0
+    if args.child:
+        steps = Steps(*map(int, args.steps.split(",")))
+        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out)
+        return 0
+    modes = args.modes.split(",")
+    scenarios = args.scenarios.split(",")
+    for name, valid in ((modes, MODES), (scenarios, SCENARIOS)):
+        bad = [x for x in name if x not in valid]
+        if bad:
+            print(f"contention: unknown {bad[0]!r}; choose from {', '.join(valid)}", file=sys.stderr)
+            return 2
+    w = args.window
+    steps = Steps(5 * w, 10 * w, 5 * w) if args.quick else Steps(15 * w, 30 * w, 15 * w)
+    print(f"contention benchmark on {os.cpu_count()} CPUs, pid {os.getpid()}; modes {', '.join(modes)}")
+    started = time.monotonic()
+    all_results: dict[str, dict[str, dict]] = {}
+    with tempfile.TemporaryDirectory(prefix="placement-contention-") as tmp:
+        for scenario in scenarios:
+            all_results[scenario] = {m: run_one(scenario, m, steps, w, tmp) for m in modes}
+            print_table(scenario, all_results[scenario], steps, w)
+    print(f"\n({time.monotonic() - started:.0f} s)")
+    hog_res = all_results.get("hog", {})
+    headline = {
+        "quiet_p99_ms": round(hog_res["tune"]["phases"][0]["p99"], 3) if "tune" in hog_res else None,
+        "hog_p99_ratio": {m: round(r["during_settled_p99_ratio"], 3) for m, r in hog_res.items()},
+        "recovery_windows": hog_res["tune"]["recovery_windows"] if "tune" in hog_res else None,
+        "quiet_p50_tune_over_static": (round(hog_res["tune"]["phases"][0]["p50"] / hog_res["static"]["phases"][0]["p50"], 3)
+                                       if {"tune", "static"} <= set(hog_res) else None),
+        "data_heavy_p50_ratio": {m: round(r["during_p50_ratio"], 3) for m, r in all_results.get("data", {}).items()},
+    }
+    print(json.dumps(headline))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

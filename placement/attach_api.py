@@ -1,0 +1,394 @@
+"""`placement.attach()`: the hook training code calls once, on every rank, after
+init_process_group and after wrapping the model (DDP), before the training loop.
+
+Under placerun it uses the Session that stage 1 created (plan, event log, binder);
+without placerun it plans this rank itself (plan_for_node for LOCAL_WORLD_SIZE ranks,
+this LOCAL_RANK), binds (process mask, memory policy, threads by role) and creates the
+Session. Then it starts the step monitor and returns a Handle.
+
+    handle = placement.attach(model, optimizer, monitor={"log_dir": "runs/x"})
+    for batch in handle.watch(loader):   # data wait
+        ...
+        optimizer.step()                 # a step ends here (post-step hook)
+    handle.close()
+
+Keyword overrides are config keys (`policy="none"`, `monitor={"flush_every": 5}`,
+`**{"monitor.log_dir": "runs/x"}`); `config` may be a PlacementConfig, a dict, a YAML
+path, or a list of "key=value" strings.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+from typing import Any, Callable, Iterable, Optional, Union
+
+from placement.config import PlacementConfig, load_config
+from placement.errors import PlacementError
+
+log = logging.getLogger("placement")
+
+# Keys stage 1 already acted on under placerun: an attach() override cannot change them.
+BINDING_KEYS = ("policy", "memory", "reserved_cpus", "smt", "prefer_fast_cores", "strict",
+                "dataloader_workers", "nccl_topo_file")
+
+_current_handle: Optional["Handle"] = None
+
+
+class LogDirError(PlacementError):
+    """monitor.log_dir cannot be created or written."""
+
+
+# ---- configuration ---------------------------------------------------------------------
+def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
+    """{"monitor.log_dir": x, "tune": {...}} -> nested dicts; "placement." prefixes dropped."""
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        parts = key.removeprefix("placement.").split(".")
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict):
+            node[parts[-1]].update(value)
+        else:
+            node[parts[-1]] = value
+    return out
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], overrides: dict[str, Any],
+                 base: Optional[PlacementConfig] = None) -> PlacementConfig:
+    """The validated config: `base` (the session's), then `config`, then keyword overrides."""
+    layer: dict[str, Any] = base.to_dict() if base is not None else {}
+    dotted: list[str] = []
+    config_file = None
+    if isinstance(config, PlacementConfig):
+        layer = _merge(layer, config.to_dict())
+    elif isinstance(config, dict):
+        layer = _merge(layer, _nest(config))
+    elif isinstance(config, str):
+        config_file = config
+    elif isinstance(config, (list, tuple)):
+        dotted = [str(x) for x in config]
+    elif config is not None:
+        raise PlacementError(f"attach(config={type(config).__name__}) is not valid; give a PlacementConfig, "
+                             "a dict, a YAML file path or a list of 'key=value' strings")
+    layer = _merge(layer, _nest(overrides))
+    if config_file and base is not None:
+        # the file sits between the session's config and the keyword overrides
+        file_cfg = load_config(config_file=config_file).to_dict()
+        layer = _merge(_merge(base.to_dict(), file_cfg), _nest(overrides))
+        config_file = None
+    return load_config(overrides=dotted, config_file=config_file, base=layer or None)
+
+
+def _open_event_log(log_dir: str, rank: int):
+    from placement.events import EventLog, rank_log_path
+
+    path = rank_log_path(log_dir, rank)
+    try:
+        return EventLog(path, rank)
+    except OSError as e:
+        raise LogDirError(f"placement.monitor.log_dir={log_dir!r} is not writable ({e.strerror or e}); "
+                          "give a directory this process can create and write, e.g. "
+                          "monitor={'log_dir': 'placement_logs'}") from None
+
+
+# ---- who am I ------------------------------------------------------------------------
+def _dist():
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _identity(environ=os.environ) -> tuple[int, int, int, int]:
+    """(rank, local_rank, world_size, local_world_size), from the process group when there is one."""
+    local_rank = int(environ.get("LOCAL_RANK", "0"))
+    local_world = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    dist = _dist()
+    if dist is not None:
+        return dist.get_rank(), local_rank, dist.get_world_size(), local_world
+    return int(environ.get("RANK", "0")), local_rank, int(environ.get("WORLD_SIZE", "1")), local_world
+
+
+# ---- binding without placerun ------------------------------------------------------------
+def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_size: int, local_world: int):
+    """Plan this rank, bind it (stage 1 and 2) and make it the current Session; None when unavailable."""
+    try:
+        from placement.bind import session as session_mod
+        from placement.bind.affinity import apply_process_mask
+        from placement.bind.binder import RoleBinder
+        from placement.bind.memory import apply_memory_policy
+        from placement.bootstrap import start_stage2
+        from placement.plan import plan_for_node
+    except ImportError as e:
+        log.warning("placement: binding is not available (%s); monitoring only", e)
+        return None
+    topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
+    rank_plan = plan.for_local_rank(local_rank)
+    for w in plan.warnings:
+        events.event("warning", source="plan", message=w)
+    binder = RoleBinder(rank_plan, events, background_nice=cfg.tune.background_nice)
+    memory = None
+    if plan.policy != "none" and rank_plan.roles:
+        mask = apply_process_mask(rank_plan.share())
+        events.event("bind", **mask.to_dict(), reason="attach: the rank's whole share")
+        memory = apply_memory_policy(rank_plan.memory, events)
+    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, topology=topo, events=events,
+                            binder=binder, rank=rank, local_rank=local_rank, world_size=world_size,
+                            memory=memory)
+    session_mod.set_current(s)
+    start_stage2(s)
+    return s
+
+
+def _current_session():
+    try:
+        from placement.bind import session as session_mod
+    except ImportError:
+        return None
+    s = session_mod.current()
+    return None if s is None or s.closed else s
+
+
+# ---- steps ---------------------------------------------------------------------------
+def torch_optimizer(optimizer) -> Optional[Any]:
+    """The torch.optim.Optimizer inside `optimizer`: itself, or the one a wrapper holds
+    (Megatron's `.optimizer`, the first of a ChainedOptimizer's `.chained_optimizers`)."""
+    import torch
+
+    seen = set()
+    while optimizer is not None and id(optimizer) not in seen:
+        seen.add(id(optimizer))
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return optimizer
+        chained = getattr(optimizer, "chained_optimizers", None)
+        if chained:
+            optimizer = chained[0]
+        else:
+            optimizer = getattr(optimizer, "optimizer", None)
+    return None
+
+
+class Handle:
+    """What attach() returns. Every method is safe to call from training code: none raises
+    from the monitor's own failures."""
+
+    def __init__(self, cfg: PlacementConfig, session, events, monitor, comm, tuner, owns_session: bool,
+                 owns_events: bool):
+        self.config = cfg
+        self.session = session
+        self.events = events
+        self.monitor = monitor
+        self._comm = comm
+        self._tuner = tuner
+        self._owns_session = owns_session
+        self._owns_events = owns_events
+        self._optimizer_hook = None
+        self.closed = False
+
+    @property
+    def rank_plan(self):
+        return None if self.session is None else self.session.rank_plan
+
+    @property
+    def binder(self):
+        return None if self.session is None else self.session.binder
+
+    @property
+    def steps(self) -> int:
+        return 0 if self.monitor is None else self.monitor.step
+
+    def hook_optimizer(self, optimizer) -> bool:
+        inner = torch_optimizer(optimizer)
+        if inner is None:
+            log.warning("placement: %s is not (and holds no) torch.optim.Optimizer; mark steps with "
+                        "handle.step()", type(optimizer).__name__)
+            return False
+        monitor = self.monitor
+        self._optimizer_hook = inner.register_step_post_hook(lambda _opt, _args, _kwargs: monitor.on_step())
+        return True
+
+    def step(self) -> None:
+        """Mark the end of a training step (when no optimizer was given to attach, or the
+        optimizer's step is not called every iteration). The first call takes over from the
+        optimizer hook, so a step is never counted twice."""
+        if self.monitor is None or self.closed:
+            return
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
+            log.info("placement: handle.step() called: steps are marked by it from now on, not by the optimizer")
+        self.monitor.on_step()
+
+    def watch(self, iterable: Iterable):
+        """Wrap a DataLoader or iterator: time blocked in it counts as data wait."""
+        if self.monitor is None:
+            return iterable
+        from placement.monitor.watch import WatchedIterable
+
+        return WatchedIterable(iterable, self.monitor.add_data_wait)
+
+    @contextlib.contextmanager
+    def comm(self):
+        """Count the enclosed block as communication (a collective placement cannot see,
+        e.g. one issued from C++): `with handle.comm(): custom_all_reduce(x)`."""
+        if self._comm is None:
+            yield
+            return
+        t0 = self._comm.clock.enter()
+        try:
+            yield
+        finally:
+            self._comm.clock.done(t0)
+
+    def add_observer(self, fn: Callable) -> None:
+        """Call fn(StepRecord) for every step record (in batches, every monitor.flush_every steps)."""
+        if self.monitor is not None:
+            self.monitor.observers.append(fn)
+
+    def close(self) -> None:
+        """Write every pending record, remove the hooks, restore torch.distributed. Idempotent."""
+        global _current_handle
+        if self.closed:
+            return
+        self.closed = True
+        if self._optimizer_hook is not None:
+            self._optimizer_hook.remove()
+            self._optimizer_hook = None
+        if self.monitor is not None:
+            try:
+                self.monitor.close()
+            except Exception as e:
+                log.warning("placement: monitor close failed: %s", e)
+        if self._tuner is not None:
+            try:
+                self._tuner.close()
+            except Exception as e:
+                log.warning("placement: tuner close failed: %s", e)
+        if self._owns_session and self.session is not None:
+            from placement.bind import session as session_mod
+
+            self.session.close()
+            if session_mod.current() is self.session:
+                session_mod.set_current(None)
+        elif self._owns_events:
+            self.events.close()
+        else:
+            self.events.flush()
+        if _current_handle is self:
+            _current_handle = None
+
+    def __enter__(self) -> "Handle":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
+    """Bind this rank's threads by role, start the monitor, return a Handle.
+
+    Call it on every rank (the straggler exchange creates a side process group, a
+    collective). Errors of configuration, planning or an unwritable log directory raise a
+    PlacementError with one line; nothing after that raises into training code.
+    """
+    global _current_handle
+    if _current_handle is not None and not _current_handle.closed:
+        log.warning("placement: attach() called again; closing the previous handle first")
+        _current_handle.close()
+    session = _current_session()
+    cfg = build_config(config, overrides, base=None if session is None else session.config)
+    if session is not None:
+        changed = [k for k in BINDING_KEYS if getattr(cfg, k) != getattr(session.config, k)]
+        if changed:
+            log.warning("placement: %s decided by placerun; attach() cannot change %s",
+                        ", ".join(f"placement.{k}" for k in changed), "them" if len(changed) > 1 else "it")
+            cfg = dataclasses.replace(cfg, **{k: getattr(session.config, k) for k in BINDING_KEYS})
+    rank, local_rank, world_size, local_world = _identity()
+    owns_session = owns_events = False
+    if session is not None:
+        rank, local_rank, world_size = session.rank, session.local_rank, session.world_size
+        if os.path.abspath(cfg.monitor.log_dir) == os.path.abspath(session.config.monitor.log_dir):
+            events = session.events
+        else:
+            events, owns_events = _open_event_log(cfg.monitor.log_dir, rank), True
+        session.binder.rescan()
+    else:
+        events = _open_event_log(cfg.monitor.log_dir, rank)
+        owns_events = True
+        if cfg.policy != "none":
+            try:
+                session = _bind_here(cfg, events, rank, local_rank, world_size, local_world)
+            except BaseException:
+                events.close()
+                raise
+            owns_session = session is not None
+    monitor = comm = tuner = None
+    if cfg.monitor.enabled:
+        monitor, comm = _start_monitor(cfg, events, session, model, rank, local_rank, world_size)
+        tuner = _start_tuner(cfg, session, events, monitor)
+    handle = Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events)
+    if monitor is not None and optimizer is not None:
+        handle.hook_optimizer(optimizer)
+    _current_handle = handle
+    return handle
+
+
+def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
+    from placement.monitor import exitflush
+    from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+    from placement.monitor.exchange import Exchange
+    from placement.monitor.step_monitor import StepMonitor
+    from placement.monitor.threads import RoleSampler
+    from placement.monitor.warn import WarnOnce
+    from placement.roles import scan_threads
+
+    warn = WarnOnce(events)
+    binder = None if session is None else session.binder
+    sampler = RoleSampler(binder.threads if binder is not None else scan_threads, warn)
+    dist = _dist()
+    backend = None if dist is None else str(dist.get_backend()).lower()
+    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
+    original = None
+    if dist is not None or cfg.monitor.comm_timing != "off":
+        try:
+            original = OriginalCollectives()
+            comm.install(original)
+        except ImportError:
+            original = None
+    ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
+                     and install_ddp_hook(model, comm.clock, original, warn))
+    monitor = StepMonitor(cfg, events, rank=rank, local_rank=local_rank, world_size=world_size,
+                          sampler=sampler, comm=comm, warn=warn,
+                          rescan=binder.rescan if binder is not None else None)
+    if dist is not None and world_size > 1 and original is not None:
+        monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event)
+    sigterm = exitflush.register(monitor)
+    events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
+                 ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
+                 every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
+                        "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
+    events.flush()
+    return monitor, comm
+
+
+def _start_tuner(cfg: PlacementConfig, session, events, monitor):
+    if not cfg.tune.enabled or session is None or monitor is None or not session.rank_plan.roles:
+        return None
+    try:
+        from placement.tune.tuner import Tuner
+    except ImportError:
+        return None
+    tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events)
+    monitor.observers.append(tuner.observe)
+    return tuner

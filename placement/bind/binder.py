@@ -1,0 +1,218 @@
+"""Stage 2: bind every thread of a rank, and of its DataLoader worker processes, by role.
+
+Threads appear late (NCCL creates its proxy threads lazily, DataLoader workers respawn every
+epoch), so the binder is rescanned: at step boundaries by the monitor and by a low-rate
+watcher thread. A rescan lists thread ids only; names are read and threads bound only when
+that list changed, or while a thread is young (threads are named just after they start).
+
+`main` is narrowed to its own core only once NCCL has created its threads (NCCL gives its
+proxy threads the caller's mask at init, so a narrow main would squeeze them onto main's
+core), or at once when this rank has no GPU or its process group has no NCCL backend.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import sys
+import threading
+import time
+from typing import Optional
+
+from placement.bind.affinity import BindResult, bind_thread
+from placement.cpuset import format_cpulist
+from placement.plan.model import RankPlan
+from placement.roles import ThreadInfo, ThreadRole, child_pids, scan_threads
+
+log = logging.getLogger("placement")
+
+# A thread is re-read by name for this long after it was first seen: pthread_setname_np
+# (NCCL, torch's pt_data_pin) runs just after the thread starts, so a first look may see
+# the inherited name.
+SETTLE_S = 3.0
+# A child process not (yet) named pt_data_worker is looked at again for this long: a worker
+# started with the spawn method imports torch before it names itself.
+CHILD_SETTLE_S = 30.0
+
+
+class RoleBinder:
+    """Binds the threads of process `pid` (default: this one) to the CPU set of their role."""
+
+    def __init__(self, rank_plan: RankPlan, events, pid: Optional[int] = None, *, background_nice: int = 0):
+        self.rank_plan = rank_plan
+        self.events = events
+        self.pid = os.getpid() if pid is None else pid
+        self.background_nice = background_nice
+        self._role_cpus: dict[ThreadRole, frozenset[int]] = {
+            role: frozenset(a.cpus) for role, a in rank_plan.roles.items() if a.cpus}
+        self._reasons: dict[ThreadRole, str] = {role: a.reason for role, a in rank_plan.roles.items()}
+        self._threads: dict[tuple[int, int], ThreadInfo] = {}
+        self._applied: dict[tuple[int, int], frozenset[int]] = {}  # what this binder set, per thread
+        self._first_seen: dict[tuple[int, int], float] = {}
+        self._niced: set[tuple[int, int]] = set()
+        self._main_released = rank_plan.gpu is None
+        self._warned = False
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._watcher: Optional[threading.Thread] = None
+
+    # ---- public -----------------------------------------------------------
+    def role_cpus(self, role: ThreadRole) -> frozenset[int]:
+        """The CPU set threads of `role` are bound to now (empty: that role is left alone)."""
+        return self._role_cpus.get(role, frozenset())
+
+    def threads(self) -> list[ThreadInfo]:
+        """The threads as of the last rescan (rescans first if none was done)."""
+        with self._lock:
+            if not self._threads:
+                self.rescan()
+            return list(self._threads.values())
+
+    def rescan(self) -> list[BindResult]:
+        """Bind threads that are new, renamed or whose role set changed. Never raises."""
+        try:
+            with self._lock:
+                return self._rescan()
+        except Exception as e:  # binding never raises into training code
+            self._warn(f"rescan failed: {type(e).__name__}: {e}")
+            return []
+
+    def set_role_cpus(self, role: ThreadRole, cpus, reason: str) -> list[BindResult]:
+        """Move `role` to `cpus` now (re-homes its live threads); later threads follow. Never raises."""
+        try:
+            with self._lock:
+                self._role_cpus[role] = frozenset(cpus)
+                self._reasons[role] = reason
+                if role is ThreadRole.MAIN:
+                    self._main_released = True
+                return [r for r in self._rescan(force=True) if r.role is role]
+        except Exception as e:
+            self._warn(f"set_role_cpus({role}, {format_cpulist(cpus)}) failed: {type(e).__name__}: {e}")
+            return []
+
+    def start_watcher(self, interval_s: float = 1.0) -> None:
+        """Rescan every `interval_s` seconds on a daemon thread (and flush the event log)."""
+        if self._watcher is not None and self._watcher.is_alive():
+            return
+        self._stop.clear()
+        self._watcher = threading.Thread(target=self._watch, args=(interval_s,),
+                                         name="placement_watch", daemon=True)
+        self._watcher.start()
+
+    def stop_watcher(self) -> None:
+        self._stop.set()
+        w = self._watcher
+        if w is not None and w is not threading.current_thread():
+            w.join(timeout=5.0)
+        self._watcher = None
+
+    # ---- internals --------------------------------------------------------
+    def _watch(self, interval_s: float) -> None:
+        _name_this_thread(b"placement_watch")
+        while not self._stop.wait(interval_s):
+            self.rescan()
+            if self.events is not None:
+                self.events.flush()
+
+    def _keys(self) -> set[tuple[int, int]]:
+        """(pid, tid) of this process's threads and its children's threads: directory listings only."""
+        keys = {(self.pid, int(t)) for t in _listdir(f"/proc/{self.pid}/task")}
+        for child in child_pids(self.pid):
+            keys.update((child, int(t)) for t in _listdir(f"/proc/{child}/task"))
+        return keys
+
+    def _rescan(self, force: bool = False) -> list[BindResult]:
+        now = time.monotonic()
+        keys = self._keys()
+        if not force and self._main_released and keys == set(self._first_seen) \
+                and not any(self._young(k, now) for k in keys):
+            return []
+        self._threads = {(t.pid, t.tid): t for t in scan_threads(self.pid)}
+        for k in keys:
+            self._first_seen.setdefault(k, now)
+        for k in set(self._first_seen) - keys:
+            del self._first_seen[k]
+            self._applied.pop(k, None)
+            self._niced.discard(k)
+        if not self._main_released and self._nccl_started(self._threads.values()):
+            self._main_released = True
+        results = []
+        for t in self._threads.values():
+            if t.role is ThreadRole.DATALOADER:
+                self._nice(t)
+            r = self._bind(t)
+            if r is not None:
+                results.append(r)
+        return results
+
+    def _young(self, key: tuple[int, int], now: float) -> bool:
+        age = now - self._first_seen[key]
+        if key[0] != self.pid and key not in self._threads:
+            return age < CHILD_SETTLE_S
+        return age < SETTLE_S
+
+    def _target(self, t: ThreadInfo) -> frozenset[int]:
+        if t.role is ThreadRole.MAIN and not self._main_released:
+            return frozenset()  # keeps stage 1's mask until NCCL has placed its threads
+        return self._role_cpus.get(t.role, frozenset())
+
+    def _bind(self, t: ThreadInfo) -> Optional[BindResult]:
+        """Bind one thread to its role's set unless this binder already did; log the read-back."""
+        key = (t.pid, t.tid)
+        cpus = self._target(t)
+        if not cpus or self._applied.get(key) == cpus:
+            return None
+        r = bind_thread(t.pid, t.tid, t.name, t.role, cpus)
+        if r is None:  # exited meanwhile
+            return None
+        self._applied[key] = cpus
+        if self.events is not None:
+            self.events.event("bind", **r.to_dict(), reason=self._reasons.get(t.role, ""))
+        if not r.ok:
+            self._warn(r.error or "")
+        return r
+
+    def _nice(self, t: ThreadInfo) -> None:
+        """Lower the priority of DataLoader worker threads (raising nice needs no privilege)."""
+        if self.background_nice <= 0 or (t.pid, t.tid) in self._niced:
+            return
+        self._niced.add((t.pid, t.tid))
+        try:
+            if os.getpriority(os.PRIO_PROCESS, t.tid) < self.background_nice:
+                os.setpriority(os.PRIO_PROCESS, t.tid, self.background_nice)
+        except OSError:
+            pass  # exited, or not ours: nice is best effort
+
+    def _nccl_started(self, threads) -> bool:
+        if any(t.role is ThreadRole.NCCL for t in threads):
+            return True
+        if self.pid != os.getpid():
+            return False
+        dist = sys.modules.get("torch.distributed")
+        try:
+            return bool(dist is not None and dist.is_available() and dist.is_initialized()
+                        and "nccl" not in str(dist.get_backend()).lower())
+        except Exception:
+            return False
+
+    def _warn(self, message: str) -> None:
+        if self.events is not None:
+            self.events.event("warning", message=message)
+        if not self._warned:  # once on stderr; every one is in the event log
+            self._warned = True
+            log.warning("placement: %s", message)
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def _name_this_thread(name: bytes) -> None:
+    """Set the kernel name (comm) of the calling thread, so it reads well in /proc and top -H."""
+    try:
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,27 @@
+"""Stage-1 environment of a rank, set before torch (and so OpenMP, NCCL, CUDA) reads it."""
+from __future__ import annotations
+
+from typing import Iterable, MutableMapping
+
+from placement.plan.model import RankPlan
+
+
+def apply_env(rank_plan: RankPlan, environ: MutableMapping[str, str], *, keep: Iterable[str] = (),
+              binding: bool = True) -> dict[str, str]:
+    """Set the plan's env (e.g. OMP_NUM_THREADS sized to `other`), NCCL_SET_THREAD_NAME=1 (NCCL
+    threads must carry names to be recognised) and, when binding, CUDA_DEVICE_ORDER=PCI_BUS_ID
+    (the plan matched GPUs by PCI bus id). Names in `keep` were set by the user and are left
+    alone, as is anything already set except the plan's own keys. Returns what was set."""
+    keep = set(keep)
+    wanted = dict(rank_plan.env)
+    defaults = {"NCCL_SET_THREAD_NAME": "1"}
+    if binding:
+        defaults["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    applied: dict[str, str] = {}
+    for k, v in wanted.items():
+        if k not in keep:
+            environ[k] = applied[k] = v
+    for k, v in defaults.items():
+        if k not in environ and k not in keep:
+            environ[k] = applied[k] = v
+    return applied

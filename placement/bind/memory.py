@@ -1,0 +1,180 @@
+"""NUMA memory policy of the calling thread: probed, applied through libnuma, verified.
+
+The policy is per thread and inherited by threads and children created later, so stage 1
+sets it on the main thread before torch starts any. Containers often refuse MPOL_BIND
+(seccomp answers EPERM without CAP_SYS_NICE), and libnuma's setters return void and only
+print on error, so the order is:
+  probe   the raw set_mempolicy syscall in a throwaway thread (policy dies with it) -> errno;
+  apply   through libnuma in the calling thread;
+  verify  with the raw get_mempolicy syscall;
+stepping down bind/interleave -> preferred -> none when a step is refused. What was applied
+is returned and logged as a `memory` event, never assumed.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import platform
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from placement.plan.model import MemoryPolicy
+
+# Kernel policy modes (include/uapi/linux/mempolicy.h) and their names in placement's vocabulary.
+MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED_MANY = range(6)
+_MODE_OF = {"bind": MPOL_BIND, "preferred": MPOL_PREFERRED, "interleave": MPOL_INTERLEAVE}
+_NAME_OF = {MPOL_DEFAULT: "none", MPOL_LOCAL: "none", MPOL_PREFERRED: "preferred",
+            MPOL_BIND: "bind", MPOL_INTERLEAVE: "interleave", MPOL_PREFERRED_MANY: "preferred"}
+_MODE_FLAGS = 0x7 << 13  # MPOL_F_NUMA_BALANCING | MPOL_F_RELATIVE_NODES | MPOL_F_STATIC_NODES
+
+# (set_mempolicy, get_mempolicy) syscall numbers; glibc wraps neither.
+_SYSCALLS = {"x86_64": (238, 239), "aarch64": (237, 236), "ppc64le": (261, 260), "s390x": (270, 269)}
+_MASK_BITS = 1024  # the kernel's MAX_NUMNODES ceiling
+_ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+_NodeMask = ctypes.c_ulong * (_MASK_BITS // _ULONG_BITS)
+
+
+@dataclass
+class AppliedMemory:
+    planned: MemoryPolicy
+    applied: MemoryPolicy  # as read back with get_mempolicy ("none" = the kernel's default policy)
+    verified: bool  # applied was read back, not assumed
+    fallback: Optional[str] = None  # why applied differs from planned; None when it matches
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"planned": {"mode": self.planned.mode, "nodes": list(self.planned.nodes)},
+                "applied": {"mode": self.applied.mode, "nodes": list(self.applied.nodes)},
+                "verified": self.verified, "fallback": self.fallback}
+
+
+def read_mempolicy() -> Optional[MemoryPolicy]:
+    """The calling thread's policy from the get_mempolicy syscall; None where it cannot be read."""
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        return None
+    mode = ctypes.c_int(0)
+    mask = _NodeMask()
+    if _syscall(nums[1], ctypes.byref(mode), mask, ctypes.c_ulong(_MASK_BITS), None, ctypes.c_ulong(0)) != 0:
+        return None
+    kernel_mode = mode.value & ~_MODE_FLAGS
+    nodes = [n for n in range(_MASK_BITS) if mask[n // _ULONG_BITS] >> (n % _ULONG_BITS) & 1]
+    name = _NAME_OF.get(kernel_mode, f"mode{kernel_mode}")
+    return MemoryPolicy(name, [] if name == "none" else nodes)
+
+
+def probe_mempolicy(mode: str, nodes: list[int]) -> int:
+    """errno that set_mempolicy(mode, nodes) gives, tried in a throwaway thread; 0 = allowed."""
+    nums = _SYSCALLS.get(platform.machine())
+    if nums is None:
+        return 0  # cannot probe here: the libnuma call and its verification decide
+    if any(not 0 <= n < _MASK_BITS for n in nodes):
+        return errno.EINVAL  # what the kernel answers for a node beyond MAX_NUMNODES
+    mask = _NodeMask()
+    for n in nodes:
+        mask[n // _ULONG_BITS] |= 1 << (n % _ULONG_BITS)
+    result = [0]
+
+    def attempt() -> None:
+        if _syscall(nums[0], ctypes.c_long(_MODE_OF[mode]), mask, ctypes.c_ulong(_MASK_BITS + 1)) != 0:
+            result[0] = ctypes.get_errno()
+
+    t = threading.Thread(target=attempt, name="placement_probe")
+    t.start()
+    t.join()
+    return result[0]
+
+
+def apply_memory_policy(policy: MemoryPolicy, events=None) -> AppliedMemory:
+    """Set the calling thread's memory policy, stepping down on refusal; log and return what holds."""
+    outcome = _apply(policy)
+    if events is not None:
+        events.event("memory", **outcome.to_dict())
+        if outcome.fallback:
+            events.event("warning", message=f"memory policy: {outcome.fallback}")
+    return outcome
+
+
+def _apply(policy: MemoryPolicy) -> AppliedMemory:
+    planned = MemoryPolicy(policy.mode, list(policy.nodes))
+    if planned.mode == "none" or not planned.nodes:
+        return _verified(planned, MemoryPolicy("none"), None)
+    libnuma, why = _load_libnuma()
+    if libnuma is None:
+        return _verified(planned, MemoryPolicy("none"), f"{planned.mode} {planned.nodes} not applied: {why}")
+    reasons: list[str] = []
+    for step in _steps(planned):
+        code = probe_mempolicy(step.mode, step.nodes)
+        if code:
+            reasons.append(f"{step.mode} {step.nodes} refused: {errno.errorcode.get(code, code)} "
+                           f"{os.strerror(code)}")
+            continue
+        _set_with_libnuma(libnuma, step)
+        got = read_mempolicy()
+        if got is None or (got.mode == step.mode and got.nodes == step.nodes):
+            fallback = "; ".join(reasons) or None
+            if step.mode != planned.mode or step.nodes != planned.nodes:
+                fallback = (fallback + "; " if fallback else "") + f"applied {step.mode} {step.nodes} instead"
+            applied = step if got is None else got
+            return AppliedMemory(planned, applied, got is not None, fallback)
+        reasons.append(f"{step.mode} {step.nodes} set through libnuma but the kernel reports "
+                       f"{got.mode} {got.nodes}")
+    return _verified(planned, MemoryPolicy("none"), "; ".join(reasons) + "; the policy was left as it was")
+
+
+def _steps(planned: MemoryPolicy) -> list[MemoryPolicy]:
+    """The step-down ladder: the plan, then preferred on its first node (libnuma prefers one node)."""
+    steps = [planned] if planned.mode != "preferred" else []
+    steps.append(MemoryPolicy("preferred", planned.nodes[:1]))
+    return steps
+
+
+def _verified(planned: MemoryPolicy, expected: MemoryPolicy, fallback: Optional[str]) -> AppliedMemory:
+    got = read_mempolicy()
+    return AppliedMemory(planned, got if got is not None else expected, got is not None, fallback)
+
+
+def _set_with_libnuma(libnuma, step: MemoryPolicy) -> None:
+    lib = libnuma.LIBNUMA
+    if step.mode == "preferred":
+        lib.numa_set_preferred(step.nodes[0])
+        return
+    lib.numa_bitmask_setbit.argtypes = [ctypes.POINTER(libnuma.bitmask_t), ctypes.c_uint]
+    lib.numa_bitmask_setbit.restype = ctypes.POINTER(libnuma.bitmask_t)
+    lib.numa_bitmask_free.argtypes = [ctypes.POINTER(libnuma.bitmask_t)]
+    lib.numa_bitmask_free.restype = None
+    mask = lib.numa_allocate_nodemask()
+    try:
+        for n in step.nodes:
+            lib.numa_bitmask_setbit(mask, n)
+        if step.mode == "bind":
+            lib.numa_set_membind(mask)
+        else:
+            lib.numa_set_interleave_mask(mask)
+    finally:
+        lib.numa_bitmask_free(mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _load_libnuma():
+    """(module numa, None) or (None, one-line reason); imported once, never raising."""
+    try:
+        import numa  # py-libnuma: ctypes over libnuma.so
+    except Exception as e:  # libnuma.so missing makes py-libnuma fail at import
+        return None, (f"libnuma is not available ({type(e).__name__}: {e}); "
+                      "install libnuma1 (Debian/Ubuntu) or numactl-libs (RHEL)")
+    if numa.LIBNUMA.numa_available() < 0:
+        return None, "the kernel has no NUMA support (numa_available() < 0)"
+    return numa, None
+
+
+@functools.lru_cache(maxsize=None)
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _syscall(number: int, *args) -> int:
+    """syscall(2) with every argument widened to a full register (the call is variadic)."""
+    return _libc().syscall(ctypes.c_long(number), *args)

@@ -1,0 +1,35 @@
+"""`placement topo`: the machine's CPU/NUMA/GPU/NIC topology, as a per-node view with a GPU x NIC
+matrix, or as `placement.topology/1` JSON. Facts that could not be read are null, each with
+one warning on stderr naming the file."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--root", default="/", help="root dir holding sys/ and proc/ (default: /, the live system)")
+    parser.add_argument("--nccl-topo-file", default=None,
+                        help="NCCL topology XML whose GPU/NIC facts win over sysfs "
+                             "(default: $NCCL_TOPO_FILE on the live system)")
+    parser.add_argument("--json", action="store_true", help="print placement.topology/1 JSON")
+
+
+def run(args: argparse.Namespace) -> int:
+    from placement.topology import discover
+    from placement.topology.render import format_topology
+
+    xml = args.nccl_topo_file
+    if xml is None and os.path.realpath(args.root) == "/":
+        xml = os.environ.get("NCCL_TOPO_FILE") or None
+    topo = discover(root=args.root, nccl_topo_file=xml)
+    for warning in topo.warnings:
+        print(f"placement topo: warning: {warning}", file=sys.stderr)
+    if args.json:
+        json.dump(topo.to_dict(), sys.stdout, indent=1)
+        sys.stdout.write("\n")
+    else:
+        print(format_topology(topo))
+    return 0

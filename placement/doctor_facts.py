@@ -1,0 +1,162 @@
+"""Host facts `placement doctor` reads beyond the Topology, one plain function per fact.
+
+Every path goes through `root` (default "/"), so a gathered or fixture tree is read like the live
+host. A fact that cannot be read is None (never a guessed default), and nothing here needs root.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from placement.cpuset import parse_cpulist
+
+CPU_DIR = "sys/devices/system/cpu"
+
+
+def _read(root: str, rel: str) -> Optional[str]:
+    try:
+        with open(os.path.join(root, rel), "rb") as f:
+            return f.read().decode(errors="replace").replace("\x00", "").strip()
+    except OSError:
+        return None
+
+
+def _cpu_dirs(root: str) -> list[tuple[int, str]]:
+    try:
+        names = os.listdir(os.path.join(root, CPU_DIR))
+    except OSError:
+        return []
+    return sorted((int(n[3:]), f"{CPU_DIR}/{n}") for n in names if n.startswith("cpu") and n[3:].isdigit())
+
+
+def governors(root: str = "/") -> Optional[dict[int, str]]:
+    """scaling_governor of every CPU that exposes cpufreq; None when none does (VMs, containers)."""
+    out = {}
+    for cpu, d in _cpu_dirs(root):
+        g = _read(root, f"{d}/cpufreq/scaling_governor")
+        if g:
+            out[cpu] = g
+    return out or None
+
+
+@dataclass(frozen=True)
+class TurboState:
+    path: str  # the file that says it, relative to root
+    enabled: bool
+    fix: str  # the command that turns it on
+
+
+def turbo_state(root: str = "/") -> Optional[TurboState]:
+    """Turbo/boost from intel_pstate's no_turbo or the cpufreq boost switch (acpi-cpufreq, amd-pstate)."""
+    no_turbo = f"{CPU_DIR}/intel_pstate/no_turbo"
+    v = _read(root, no_turbo)
+    if v in ("0", "1"):
+        return TurboState(no_turbo, v == "0", f"echo 0 | sudo tee /{no_turbo}")
+    boost = f"{CPU_DIR}/cpufreq/boost"
+    v = _read(root, boost)
+    if v in ("0", "1"):
+        return TurboState(boost, v == "1", f"echo 1 | sudo tee /{boost}")
+    return None
+
+
+@dataclass(frozen=True)
+class SmtState:
+    control: Optional[str]  # on | off | forceoff | notsupported | notimplemented; None: no file
+    active: Optional[bool]
+
+
+def smt_state(root: str = "/") -> Optional[SmtState]:
+    """The kernel's SMT switch (sys/devices/system/cpu/smt/{control,active}); None without it."""
+    control = _read(root, f"{CPU_DIR}/smt/control")
+    active = _read(root, f"{CPU_DIR}/smt/active")
+    if control is None and active is None:
+        return None
+    return SmtState(control or None, None if active not in ("0", "1") else active == "1")
+
+
+def irq_affinities(root: str = "/") -> Optional[dict[int, frozenset[int]]]:
+    """CPUs each IRQ is delivered to: effective_affinity_list where the kernel has it (what the
+    hardware uses), else smp_affinity_list. None when /proc/irq cannot be listed."""
+    base = os.path.join(root, "proc/irq")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    out = {}
+    for n in names:
+        if not n.isdigit():
+            continue
+        for f in ("effective_affinity_list", "smp_affinity_list"):
+            text = _read(root, f"proc/irq/{n}/{f}")
+            if text:
+                try:
+                    out[int(n)] = parse_cpulist(text)
+                except ValueError:
+                    continue
+                break
+    return out
+
+
+@dataclass(frozen=True)
+class Interrupt:
+    name: str  # the chip, trigger and device columns of /proc/interrupts, e.g. "IR-PCI-MSIX mlx5_comp3"
+    count: int  # deliveries so far, summed over CPUs
+
+
+def interrupts(root: str = "/") -> dict[int, Interrupt]:
+    """Numbered IRQs of /proc/interrupts with their name and total count ({} when unreadable)."""
+    text = _read(root, "proc/interrupts")
+    out: dict[int, Interrupt] = {}
+    if not text:
+        return out
+    lines = text.splitlines()
+    ncpu = len(lines[0].split())
+    for line in lines[1:]:
+        head, _, rest = line.partition(":")
+        if not head.strip().isdigit():
+            continue
+        fields = rest.split()
+        counts = [int(x) for x in fields[:ncpu] if x.isdigit()]
+        out[int(head)] = Interrupt(" ".join(fields[len(counts):]), sum(counts))
+    return out
+
+
+def irqbalance_pids(root: str = "/") -> Optional[list[int]]:
+    """PIDs of running irqbalance daemons (by comm); None when proc cannot be listed."""
+    base = os.path.join(root, "proc")
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return None
+    return sorted(int(n) for n in names if n.isdigit() and _read(root, f"proc/{n}/comm") == "irqbalance")
+
+
+def nvlink_pairs(pci_ids: list[str]) -> Optional[set[frozenset[str]]]:
+    """Pairs of GPUs (by PCI bus id) that NVML says can talk peer-to-peer over NVLink, directly
+    or through NVSwitch. Live host only; None when NVML does not load or cannot answer."""
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no NVML on this host
+        return None
+    try:
+        handles = {pci: pynvml.nvmlDeviceGetHandleByPciBusId(pci.encode()) for pci in pci_ids}
+        out = set()
+        for i, a in enumerate(pci_ids):
+            for b in pci_ids[i + 1:]:
+                status = pynvml.nvmlDeviceGetP2PStatus(handles[a], handles[b],
+                                                       pynvml.NVML_P2P_CAPS_INDEX_NVLINK)
+                if status == pynvml.NVML_P2P_STATUS_OK:
+                    out.add(frozenset((a, b)))
+        return out
+    except Exception:  # a GPU NVML does not know (MIG, filtered), or an old driver
+        return None
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass

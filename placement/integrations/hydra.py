@@ -1,0 +1,154 @@
+"""PlacementConfig in Hydra's ConfigStore, so a Hydra app composes it like its own configs.
+
+    from placement.integrations.hydra import register_configs, to_placement_config
+    register_configs()                    # before @hydra.main runs
+    # conf/config.yaml:  defaults: [placement: default, _self_]
+    # python train.py placement.policy=exclusive placement/tune=off
+    cfg_p = to_placement_config(cfg.placement)
+
+Group `placement` holds `schema` (the typed tree), `default` (schema + presets) and three preset
+groups, `placement/policy`, `placement/monitor`, `placement/tune`: '/' selects a preset, '.' sets
+one key, as everywhere in Hydra (`hydra/launcher=...`). configs/placement/ holds the same configs
+as YAML files; tests keep the two equal.
+
+The schema is PlacementConfig with its choice fields typed as Enums and its classes named after
+their valid keys: Hydra then reports `placement.policy=bogus` and `placement.bogus=1` with its own
+error, and that error lists the valid choices (OmegaConf names the node's type and the Enum's
+members in its message; nothing else of it can be shaped).
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import typing
+from typing import Any
+
+from placement.config import (COMM_TIMING, MEMORY_MODES, POLICIES, SMT_MODES, TUNE_RULES,
+                              MonitorConfig, PlacementConfig, TuneConfig, load_config)
+
+GROUP = "placement"
+
+# Presets: group -> option -> the keys it sets. Options of `policy` set top-level keys
+# (package `placement`); `monitor` and `tune` options fill the subtree of their name.
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "policy": {
+        "default": {"policy": "auto"},
+        # Each rank gets whole cores of its GPU's node, hot threads alone on the fastest ones.
+        "exclusive": {"policy": "exclusive", "smt": "avoid", "memory": "bind"},
+        # Containers that refuse membind (Kubernetes, some Slurm setups): prefer the local node
+        # instead of failing, and run a degraded plan with warnings if the cpuset is too small.
+        "container": {"memory": "preferred", "strict": False},
+        # Bandwidth-bound work: ranks spread over L3/cluster groups, memory interleaved.
+        "bandwidth": {"policy": "core-complex", "memory": "interleave"},
+        # Launch and monitor only: no binding, no memory policy.
+        "off": {"policy": "none", "memory": "none"},
+    },
+    "monitor": {
+        "default": {"enabled": True},
+        "off": {"enabled": False},
+        # Every figure as often as it is cheap enough to debug a run.
+        "verbose": {"enabled": True, "flush_every": 1, "rescan_every": 5, "exchange_every": 5,
+                    "summary_every": 10},
+        # Long production runs: fewer exchanges and rescans, no console summary.
+        "light": {"enabled": True, "flush_every": 50, "rescan_every": 100, "exchange_every": 100,
+                  "summary_every": 0},
+    },
+    "tune": {
+        "default": {"enabled": True},
+        "off": {"enabled": False},
+        "dry_run": {"enabled": True, "dry_run": True},
+        # Longer windows and a higher bar: only clear wins are kept.
+        "conservative": {"enabled": True, "window": 50, "min_gain_pct": 5.0, "cooldown_windows": 3},
+    },
+}
+PRESET_PACKAGES = {"policy": GROUP, "monitor": f"{GROUP}.monitor", "tune": f"{GROUP}.tune"}
+
+# Fields whose valid values are a closed set: typed as Enums in the schema.
+_CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("PlacementConfig", "policy"): POLICIES,
+    ("PlacementConfig", "memory"): MEMORY_MODES,
+    ("PlacementConfig", "smt"): SMT_MODES,
+    ("MonitorConfig", "comm_timing"): COMM_TIMING,
+    ("TuneConfig", "rules"): TUNE_RULES,
+}
+
+
+def _choice_enum(qualname: str, values: tuple[str, ...]) -> type[enum.Enum]:
+    # Member names are the values themselves ("core-complex" included): OmegaConf converts a
+    # string by member name and lists the names when it rejects one.
+    e = enum.Enum(qualname, [(v, v) for v in values], type=str, module=__name__, qualname=qualname)
+    setattr(sys.modules[__name__], qualname, e)  # importable by name, so pickling works
+    return e
+
+
+def _schema(cls: type, nested: dict[str, type]) -> type:
+    """`cls` rebuilt with Enum-typed choice fields and nested schemas, named after its keys."""
+    hints = typing.get_type_hints(cls)  # config.py's annotations are strings (PEP 563)
+    fields = []
+    for f in dataclasses.fields(cls):
+        values = _CHOICES.get((cls.__name__, f.name))
+        if f.name in nested:
+            sub = nested[f.name]
+            fields.append((f.name, sub, dataclasses.field(default_factory=sub)))
+        elif values is not None and f.default_factory is not dataclasses.MISSING:  # list of choices
+            e = _choice_enum(f"{cls.__name__}_{f.name}", values)
+            default = [e[v] for v in f.default_factory()]
+            fields.append((f.name, list[e], dataclasses.field(default_factory=lambda d=default: list(d))))
+        elif values is not None:
+            e = _choice_enum(f"{cls.__name__}_{f.name}", values)
+            fields.append((f.name, e, dataclasses.field(default=e[f.default])))
+        else:
+            fields.append((f.name, hints[f.name],
+                           dataclasses.field(default=f.default, default_factory=f.default_factory)))
+    qualname = f"{cls.__name__}Schema"
+    schema = dataclasses.make_dataclass(qualname, fields, namespace={"__module__": __name__})
+    schema.__qualname__ = qualname
+    setattr(sys.modules[__name__], qualname, schema)
+    # OmegaConf's unknown-key error reads "Key 'x' not in '<type __name__>'": the name lists the keys.
+    schema.__name__ = f"{cls.__name__} (valid keys: {', '.join(f.name for f in dataclasses.fields(cls))})"
+    return schema
+
+
+MonitorConfigSchema = _schema(MonitorConfig, {})
+TuneConfigSchema = _schema(TuneConfig, {})
+PlacementConfigSchema = _schema(PlacementConfig, {"monitor": MonitorConfigSchema, "tune": TuneConfigSchema})
+
+
+def register_configs() -> None:
+    """Store group `placement` in Hydra's ConfigStore: `schema`, `default` and the presets.
+
+    Idempotent; call it before `@hydra.main` (or `hydra.compose`) runs.
+    """
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(group=GROUP, name="schema", node=PlacementConfigSchema, package=GROUP)
+    cs.store(group=GROUP, name="default", package=GROUP, node={
+        "defaults": ["schema", "_self_"] + [{group: "default"} for group in PRESETS]})
+    for group, options in PRESETS.items():
+        for name, keys in options.items():
+            cs.store(group=f"{GROUP}/{group}", name=name, node=keys, package=PRESET_PACKAGES[group])
+
+
+def to_placement_config(node: Any) -> PlacementConfig:
+    """The composed `cfg.placement` (DictConfig, dict or PlacementConfig) as a validated
+    PlacementConfig: the one object attach() and the planner take. Raises ConfigError with the
+    valid choices for a value Hydra cannot check (ranges, cpu lists)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True, enum_to_str=True)
+    elif dataclasses.is_dataclass(node):  # a PlacementConfig, or OmegaConf.to_object of the schema
+        node = dataclasses.asdict(node)
+    return load_config(base=_plain(node))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value

@@ -1,0 +1,104 @@
+"""Megatron-core: per-step records for a Megatron training loop with one call.
+
+    from placement.integrations.megatron import attach_megatron
+    pm = attach_megatron(optimizer, train_data_iterator, model=model)
+    ... train_step(forward_step, pm.data_iterator, model, optimizer, ...) ...  # unchanged loop
+    pm.close()
+
+A step ends when Megatron's optimizer wrapper steps: its `step()` runs once per iteration (after
+all microbatches) whatever it wraps, also when it skips the inner torch step after an fp16 overflow
+or steps several inner optimizers (ChainedOptimizer), so the wrapper's step, not the torch one,
+marks the boundary. The data iterator Megatron's schedules call `next()` on is wrapped so the
+time blocked on the next microbatch is the step's data wait. Built on placement.attach: under
+placerun it joins the rank's Session; run alone, it plans and binds this rank itself.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement.errors import ConfigError
+
+
+def torch_optimizers(optimizer: Any) -> list:
+    """The torch.optim.Optimizer(s) inside Megatron's wrapper, in the order they step:
+    ChainedOptimizer.chained_optimizers[*], then MegatronOptimizer.optimizer (FP32Optimizer,
+    Float16OptimizerWithFloat16Params, DistributedOptimizer), or a torch optimizer itself.
+
+    Raises ConfigError naming what was given when none is found."""
+    import torch
+
+    if isinstance(optimizer, torch.optim.Optimizer):
+        return [optimizer]
+    chained = getattr(optimizer, "chained_optimizers", None)
+    if chained is not None:
+        return [inner for o in chained for inner in torch_optimizers(o)]
+    inner = getattr(optimizer, "optimizer", None)  # MegatronOptimizer.optimizer (None on a stub rank)
+    if isinstance(inner, torch.optim.Optimizer):
+        return [inner]
+    if inner is None and hasattr(optimizer, "step_with_ready_grads"):
+        return []  # a Megatron stub optimizer: this rank holds no trainable parameters
+    raise ConfigError(f"optimizer of type {type(optimizer).__name__} is not a Megatron optimizer or torch "
+                      "optimizer; valid: MegatronOptimizer, ChainedOptimizer, torch.optim.Optimizer")
+
+
+def watch_data_iterator(handle: Any, data_iterator: Any) -> Any:
+    """Megatron's data_iterator as its schedules take it: None (ranks that load no data), one
+    iterator, or a list of them (virtual pipeline stages); each iterator wrapped by handle.watch."""
+    if data_iterator is None:
+        return None
+    if isinstance(data_iterator, list):
+        return [watch_data_iterator(handle, it) for it in data_iterator]
+    return handle.watch(data_iterator)
+
+
+@dataclass
+class MegatronAttachment:
+    handle: Any  # the placement.attach Handle (add_observer, comm, ...)
+    optimizer: Any  # the Megatron optimizer whose step() now also ends a step record
+    data_iterator: Any  # pass this to the training loop in place of the original
+    torch_optimizers: list = field(default_factory=list)
+    _closed: bool = False
+
+    def close(self) -> None:
+        """Restore the optimizer's own step(), flush the records, stop the monitor. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if "step" in vars(self.optimizer):  # the wrapper installed on the instance below
+            del self.optimizer.step
+        self.handle.close()
+
+    def __enter__(self) -> "MegatronAttachment":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def attach_megatron(optimizer: Any, data_iterator: Any = None, *, model: Any = None,
+                    config: Any = None, **overrides: Any) -> MegatronAttachment:
+    """Attach placement to a Megatron-core training loop.
+
+    optimizer: Megatron's optimizer (get_megatron_optimizer's result) or a torch optimizer.
+    data_iterator: what the loop hands Megatron's forward_backward_func (None, iterator, list).
+    model: the model chunk(s), passed on to placement.attach (DDP comm hooks when it can).
+    config / overrides: as placement.attach (PlacementConfig or dict; keyword overrides).
+    """
+    import placement
+
+    inner = torch_optimizers(optimizer)
+    chunk = model[0] if isinstance(model, list) and len(model) == 1 else model
+    handle = placement.attach(chunk, None, config=config, **overrides)
+    original_step = optimizer.step
+
+    @functools.wraps(original_step)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        result = original_step(*args, **kwargs)
+        handle.step()
+        return result
+
+    optimizer.step = step  # an instance attribute: close() deletes it and the class's step is back
+    return MegatronAttachment(handle=handle, optimizer=optimizer,
+                              data_iterator=watch_data_iterator(handle, data_iterator), torch_optimizers=inner)

@@ -1,0 +1,267 @@
+"""Communication time of one rank per step, behind one interface (CommTiming).
+
+- gloo (and any backend whose calls block until done): the wall time of the collective
+  calls. DDP runs its bucket all-reduces in the C++ reducer, so a DDP comm hook times
+  each one from the hook call to its future's completion; collectives called from Python
+  (torch.distributed.all_reduce, ...: Megatron's grad buffers, user code) are wrapped.
+  comm_ms is the union of those intervals within the step (buckets overlap).
+- NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
+  durations come from PyTorch's own per-collective timing (placement.monitor.comm_nccl).
+
+comm_enter_t, the wall time this rank entered its first collective of the step, is what
+tells a late rank from the ranks that waited for it (placement.monitor.straggler).
+"""
+from __future__ import annotations
+
+import inspect
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from placement.monitor.warn import WarnOnce, first_line
+
+# torch.distributed functions wrapped while a monitor is attached.
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter",
+               "reduce_scatter_tensor", "broadcast", "reduce", "all_to_all", "all_to_all_single",
+               "barrier", "gather", "scatter", "all_gather_object", "broadcast_object_list")
+
+
+@dataclass
+class CommStep:
+    comm_ms: Optional[float]  # None: resolved later (NCCL timings arrive after the step)
+    count: int
+    enter_t: Optional[float]  # time.time() of the first collective entered in the step
+
+
+def union_ms(intervals: list[tuple[int, int]]) -> float:
+    """Length of the union of [start, end) ns intervals, in ms (overlapping buckets count once)."""
+    if not intervals:
+        return 0.0
+    total = 0
+    cur_s, cur_e = None, None
+    for s, e in sorted(intervals):
+        if cur_e is None or s > cur_e:
+            if cur_e is not None:
+                total += cur_e - cur_s
+            cur_s, cur_e = s, e
+        elif e > cur_e:
+            cur_e = e
+    total += cur_e - cur_s
+    return total / 1e6
+
+
+class CollectiveClock:
+    """Counts collectives and their entry times; with `timed`, also their wall intervals.
+
+    enter() is called on the thread issuing the collective, done() possibly on a backend
+    thread (future callbacks), hence the lock.
+    """
+
+    def __init__(self, timed: bool):
+        self.timed = timed
+        self._lock = threading.Lock()
+        self._intervals: list[tuple[int, int]] = []
+        self._count = 0
+        self._enter_t: Optional[float] = None
+
+    def enter(self) -> int:
+        with self._lock:
+            self._count += 1
+            if self._enter_t is None:
+                self._enter_t = time.time()
+        return time.perf_counter_ns()
+
+    def done(self, t0: int) -> None:
+        if self.timed:
+            t1 = time.perf_counter_ns()
+            with self._lock:
+                self._intervals.append((t0, t1))
+
+    def take_step(self) -> CommStep:
+        with self._lock:
+            intervals, self._intervals = self._intervals, []
+            count, self._count = self._count, 0
+            enter_t, self._enter_t = self._enter_t, None
+        return CommStep(union_ms(intervals) if self.timed else None, count, enter_t)
+
+
+class CommTiming:
+    """Base: entry times and counts from the wrappers and the DDP hook; subclasses say how
+    durations are measured. `lag_steps`: how many steps later a step's durations are known."""
+
+    name = "off"
+    lag_steps = 0
+    timed_calls = True  # whether call wall time is the comm time (blocking backends)
+
+    def __init__(self, warn: WarnOnce):
+        self.warn = warn
+        self.clock = CollectiveClock(self.timed_calls)
+        self._wrappers: Optional[CollectiveWrappers] = None
+
+    def install(self, original: "OriginalCollectives") -> None:
+        self._wrappers = CollectiveWrappers(self.clock, original)
+        self._wrappers.install()
+
+    def take_step(self) -> CommStep:
+        return self.clock.take_step()
+
+    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
+        """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""
+        return [None] * len(spans)
+
+    def close(self) -> None:
+        if self._wrappers is not None:
+            self._wrappers.uninstall()
+            self._wrappers = None
+
+
+class WallComm(CommTiming):
+    """gloo: collective calls block until done, so their wall time is the comm time."""
+
+    name = "wall"
+
+
+class NoComm(CommTiming):
+    """monitor.comm_timing=off: nothing wrapped, nothing timed."""
+
+    name = "off"
+
+    def install(self, original: "OriginalCollectives") -> None:
+        return None
+
+    def take_step(self) -> CommStep:
+        return CommStep(0.0, 0, None)
+
+
+class OriginalCollectives:
+    """The torch.distributed functions as they were before any wrapping: the monitor's own
+    side-group exchange and the DDP hook call these, so they are never counted twice."""
+
+    def __init__(self):
+        import torch.distributed as dist
+
+        self.funcs: dict[str, Callable] = {}
+        for name in COLLECTIVES:
+            fn = getattr(dist, name, None)
+            if fn is not None:
+                self.funcs[name] = getattr(fn, "__placement_wrapped__", fn)
+
+    def __getattr__(self, name: str) -> Callable:
+        try:
+            return self.funcs[name]
+        except KeyError:
+            raise AttributeError(name) from None
+
+
+def _async_index(fn: Callable) -> Optional[int]:
+    try:
+        params = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+    return params.index("async_op") if "async_op" in params else None
+
+
+class CollectiveWrappers:
+    """Replaces torch.distributed.<collective> by a timed wrapper; restored at uninstall."""
+
+    def __init__(self, clock: CollectiveClock, original: OriginalCollectives):
+        self.clock = clock
+        self.original = original
+        self._installed: dict[str, Callable] = {}
+
+    def _wrap(self, name: str, fn: Callable) -> Callable:
+        clock = self.clock
+        async_at = _async_index(fn)
+
+        def timed_collective(*args, **kwargs):
+            t0 = clock.enter()
+            try:
+                work = fn(*args, **kwargs)
+            except BaseException:
+                clock.done(t0)
+                raise
+            is_async = kwargs.get("async_op", False) if async_at is None or len(args) <= async_at else args[async_at]
+            if is_async and work is not None and clock.timed:
+                try:
+                    work.get_future().add_done_callback(lambda _f: clock.done(t0))
+                except Exception:  # a backend without futures: count the launch only
+                    clock.done(t0)
+            else:
+                clock.done(t0)
+            return work
+
+        timed_collective.__name__ = name
+        timed_collective.__doc__ = fn.__doc__
+        timed_collective.__wrapped__ = fn
+        timed_collective.__placement_wrapped__ = fn
+        return timed_collective
+
+    def install(self) -> None:
+        import torch.distributed as dist
+
+        for name, fn in self.original.funcs.items():
+            wrapper = self._wrap(name, fn)
+            setattr(dist, name, wrapper)
+            self._installed[name] = wrapper
+
+    def uninstall(self) -> None:
+        import torch.distributed as dist
+
+        for name, wrapper in self._installed.items():
+            if getattr(dist, name, None) is wrapper:  # someone re-patched it: leave theirs
+                setattr(dist, name, self.original.funcs[name])
+        self._installed.clear()
+
+
+def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollectives, warn: WarnOnce) -> bool:
+    """Register a DDP comm hook that all-reduces each bucket exactly as DDP's default does
+    (average over the group) and times it from the hook call to its future's completion."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except ImportError:
+        return False
+    if not isinstance(model, DistributedDataParallel):
+        return False
+    if getattr(model, "_comm_hooks", None):
+        warn("ddp-hook", "the DDP model already has a comm hook; its bucket all-reduces are timed only "
+                         "when that hook calls torch.distributed collectives from Python")
+        return False
+    all_reduce = original.all_reduce
+    group = model.process_group
+
+    def placement_timed_allreduce(_state, bucket):
+        t0 = clock.enter()
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        fut = all_reduce(tensor, group=group, async_op=True).get_future()
+
+        def finished(f):
+            clock.done(t0)
+            return f.value()[0]
+
+        return fut.then(finished)
+
+    try:
+        model.register_comm_hook(None, placement_timed_allreduce)
+    except Exception as e:  # e.g. a hook registered in C++ (register_builtin_comm_hook)
+        warn("ddp-hook", f"cannot time DDP bucket all-reduces: {first_line(e)}")
+        return False
+    return True
+
+
+def make_comm_timing(mode: str, backend: Optional[str], warn: WarnOnce) -> CommTiming:
+    """The CommTiming for monitor.comm_timing `mode` and the default group's backend."""
+    if mode == "off":
+        return NoComm(warn)
+    if backend == "nccl" and mode != "wall":
+        from placement.monitor.comm_nccl import choose_nccl_timing
+
+        return choose_nccl_timing(mode, warn)
+    if mode in ("flight_recorder", "hook"):
+        warn("comm-mode", f"monitor.comm_timing={mode} needs the NCCL backend (this job uses "
+                          f"{backend or 'no process group'}); timing collective calls by wall time")
+    if backend == "nccl":
+        warn("comm-wall-nccl", "monitor.comm_timing=wall on NCCL measures only the launch of each "
+                               "collective (calls return at enqueue)")
+    return WallComm(warn)

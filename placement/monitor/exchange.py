@@ -1,0 +1,73 @@
+"""Every monitor.exchange_every steps, one small all-gather of each rank's window figures on
+a side gloo group (created at attach: every rank must call attach). The all-gather is
+asynchronous: it is issued at the exchange step and collected at a later step once done,
+so no rank waits for it. Rank 0 classifies and writes a `straggler` event.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify
+from placement.monitor.warn import WarnOnce, first_line
+
+
+class Exchange:
+    def __init__(self, rank: int, world_size: int, all_gather: Callable, warn: WarnOnce,
+                 on_report: Callable[[StragglerReport, list[RankFigures]], None], thresholds: Thresholds = Thresholds()):
+        import torch.distributed as dist
+
+        self.rank = rank
+        self.world_size = world_size
+        self._all_gather = all_gather  # the unwrapped torch.distributed.all_gather
+        self._warn = warn
+        self._on_report = on_report
+        self._th = thresholds
+        self._pending = None  # (work, outputs)
+        self.baseline_transfer_ms: Optional[float] = None
+        self.group = dist.new_group(backend="gloo")  # collective: every rank is here now
+
+    def submit(self, figs: RankFigures) -> None:
+        """Send this rank's figures (waits for the previous exchange first, so they stay in order)."""
+        import torch
+
+        self.collect(block=True)
+        row = torch.tensor(figs.to_row(), dtype=torch.float64)
+        outputs = [torch.empty(len(FIELDS), dtype=torch.float64) for _ in range(self.world_size)]
+        try:
+            work = self._all_gather(outputs, row, group=self.group, async_op=True)
+        except Exception as e:
+            self._warn("exchange", f"cross-rank exchange failed ({first_line(e)}); straggler naming is off")
+            self.group = None
+            return
+        self._pending = (work, outputs)
+
+    def collect(self, block: bool = False) -> None:
+        """Finish the pending exchange if it is done (or wait for it with `block`)."""
+        if self._pending is None:
+            return
+        work, outputs = self._pending
+        try:
+            if not block and not work.is_completed():
+                return
+            work.wait()
+        except Exception as e:
+            self._pending = None
+            self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
+            return
+        self._pending = None
+        if self.rank != 0:
+            return
+        figures = [RankFigures.from_row(o.tolist()) for o in outputs]
+        report = classify(figures, self.baseline_transfer_ms, self._th)
+        if not report.stragglers and report.transfer_ms is not None:
+            b = self.baseline_transfer_ms
+            self.baseline_transfer_ms = report.transfer_ms if b is None else min(b, report.transfer_ms)
+        self._on_report(report, figures)
+
+    @property
+    def enabled(self) -> bool:
+        return self.group is not None
+
+    def close(self) -> None:
+        # A pending exchange is dropped, never waited for: a peer may already have exited.
+        self._pending = None

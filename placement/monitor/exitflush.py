@@ -1,0 +1,91 @@
+"""Flush every live monitor when the process ends: normal exit (atexit), SIGTERM (the
+previous handler is chained afterwards, so the process still ends the way it would
+have), and an uncaught exception in training code (sys.excepthook chained).
+
+A SIGTERM that lands while a monitor is in the middle of a step is deferred to the end
+of that step: flushing from inside would re-enter the monitor and its log's lock.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+import weakref
+from typing import Optional
+
+_monitors: "weakref.WeakSet" = weakref.WeakSet()
+_installed = False
+_previous_sigterm = None
+_previous_excepthook = None
+_deferred: Optional[tuple[int, object]] = None
+
+
+def register(monitor) -> bool:
+    """Flush `monitor` at exit. Returns whether SIGTERM is covered (only the main thread can
+    install a signal handler)."""
+    global _installed, _previous_excepthook, _previous_sigterm
+    _monitors.add(monitor)
+    if _installed:
+        return _previous_sigterm is not None
+    _installed = True
+    atexit.register(_flush_all, "exit")
+    _previous_excepthook = sys.excepthook
+    sys.excepthook = _excepthook
+    if threading.current_thread() is threading.main_thread():
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _on_sigterm)
+        return True
+    return False
+
+
+def unregister(monitor) -> None:
+    _monitors.discard(monitor)
+
+
+def _flush_all(reason: str) -> bool:
+    """Flush every monitor not mid-step; False when one was busy (its flush is deferred)."""
+    all_done = True
+    for m in list(_monitors):
+        try:
+            all_done &= m.emergency_flush(reason)
+        except Exception:  # flushing must not turn an exit into a traceback
+            pass
+    return all_done
+
+
+def _excepthook(exc_type, exc, tb) -> None:
+    _flush_all("exception")
+    (_previous_excepthook or sys.__excepthook__)(exc_type, exc, tb)
+
+
+def _on_sigterm(signum, frame) -> None:
+    global _deferred
+    if not _flush_all("SIGTERM"):
+        _deferred = (signum, frame)
+        return
+    _chain(signum, frame)
+
+
+def resume_deferred() -> None:
+    """Called by a monitor at the end of a step: deliver a SIGTERM that waited for it."""
+    global _deferred
+    if _deferred is None:
+        return
+    signum, frame = _deferred
+    _deferred = None
+    _flush_all("SIGTERM")
+    _chain(signum, frame)
+
+
+def _chain(signum, frame) -> None:
+    prev = _previous_sigterm
+    if prev is signal.SIG_IGN:
+        return
+    if callable(prev):
+        prev(signum, frame)
+        return
+    # SIG_DFL (or a handler set from C): die of the signal, as the process would have.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)

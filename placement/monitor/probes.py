@@ -1,0 +1,175 @@
+"""Kernel counters of one thread, read through kept file descriptors with os.pread.
+
+One plain function per fact. Files (fields numbered as in proc(5)):
+- /proc/<pid>/task/<tid>/schedstat: 1 = on-CPU ns, 2 = runqueue wait ns
+- /proc/<pid>/task/<tid>/stat: 10 = minor faults, 39 = CPU it last ran on
+- /proc/<pid>/task/<tid>/status: nonvoluntary_ctxt_switches
+The calling thread's own faults and involuntary switches come cheaper from
+getrusage(RUSAGE_THREAD), and its CPU from sched_getcpu(3) (see MainThreadProbe).
+
+On-CPU time of a thread of this process comes from its CPU clock (clock_gettime on the
+thread's clockid), not schedstat field 1: the kernel folds a *running* thread's time into
+schedstat only at the next tick or switch, so a read while it runs is up to a tick
+(4 ms at HZ=250) stale, more than a whole step's worth of error. The thread clock is the
+same accounting (sum_exec_runtime) brought up to date. Threads of other processes
+(DataLoader workers) use schedstat field 1, read over spans of many steps.
+
+A thread that exits makes its reads fail with ESRCH/ENOENT: ThreadGone, not an error.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import resource
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+GONE_ERRNOS = (errno.ESRCH, errno.ENOENT)
+
+
+class ThreadGone(Exception):
+    """The thread (or its process) exited; its probe is to be dropped."""
+
+
+def read_schedstat(fd: int) -> tuple[int, int]:
+    """(on-CPU ns, runqueue wait ns)."""
+    fields = os.pread(fd, 128, 0).split()
+    return int(fields[0]), int(fields[1])
+
+
+def read_stat(fd: int) -> tuple[int, int]:
+    """(minor faults, CPU it last ran on). The comm field may hold spaces and ')'; split after the last ')'."""
+    raw = os.pread(fd, 2048, 0)
+    fields = raw[raw.rindex(b")") + 2:].split()
+    return int(fields[7]), int(fields[36])
+
+
+_NIVCSW_KEY = b"nonvoluntary_ctxt_switches:"
+
+
+def read_nivcsw(fd: int) -> int:
+    """Involuntary context switches."""
+    raw = os.pread(fd, 8192, 0)
+    at = raw.rindex(_NIVCSW_KEY) + len(_NIVCSW_KEY)
+    return int(raw[at:].split(None, 1)[0])
+
+
+def thread_cpu_clock(tid: int) -> int:
+    """The clockid of thread `tid`'s CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED));
+    valid for threads of the calling process only."""
+    return ((~tid) << 3) | 6
+
+
+def _sched_getcpu() -> Optional[Callable[[], int]]:
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    fn.restype = ctypes.c_int
+    fn.argtypes = []
+    return fn
+
+
+current_cpu = _sched_getcpu()  # the CPU the calling thread runs on now, or None without libc support
+
+
+@dataclass
+class ThreadCounters:
+    """Cumulative counters of one thread at one instant; a figure not read is None."""
+
+    cpu_ns: Optional[int] = None
+    runq_ns: Optional[int] = None
+    minflt: Optional[int] = None
+    nivcsw: Optional[int] = None
+    cpu: Optional[int] = None
+
+
+class ThreadProbe:
+    """Kept fds on one thread's schedstat, stat and status files.
+
+    `fail(kind, exc)` is told about a read that failed for another reason than the thread
+    leaving (a file unreadable, a format not understood); the figure is then None.
+    """
+
+    def __init__(self, pid: int, tid: int, fail: Callable[[str, BaseException], None], proc: str = "/proc"):
+        self.pid = pid
+        self.tid = tid
+        self._fail = fail
+        self._clock = thread_cpu_clock(tid) if pid == os.getpid() and proc == "/proc" else None
+        base = f"{proc}/{'self' if pid == os.getpid() else pid}/task/{tid}"
+        self._fds: dict[str, int] = {}
+        for name in ("schedstat", "stat", "status"):
+            try:
+                self._fds[name] = os.open(f"{base}/{name}", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as e:
+                if e.errno in GONE_ERRNOS:
+                    self.close()
+                    raise ThreadGone(tid) from None
+                fail(name, e)
+
+    def _read(self, name: str, reader):
+        fd = self._fds.get(name)
+        if fd is None:
+            return None
+        try:
+            return reader(fd)
+        except OSError as e:
+            if e.errno in GONE_ERRNOS:
+                raise ThreadGone(self.tid) from None
+            self._fail(name, e)
+        except (ValueError, IndexError) as e:
+            self._fail(name, e)
+        return None
+
+    def schedstat(self) -> tuple[Optional[int], Optional[int]]:
+        """(on-CPU ns, runqueue wait ns); on-CPU from the thread clock when it has one."""
+        got = self._read("schedstat", read_schedstat)
+        cpu_ns, runq_ns = got if got is not None else (None, None)
+        if self._clock is not None:
+            try:
+                cpu_ns = time.clock_gettime_ns(self._clock)
+            except OSError:  # EINVAL: the thread is gone
+                raise ThreadGone(self.tid) from None
+        return cpu_ns, runq_ns
+
+    def counters(self, schedstat: bool = True) -> ThreadCounters:
+        """Every counter, schedstat's left None when not asked for (raises ThreadGone)."""
+        cpu_ns, runq_ns = self.schedstat() if schedstat else (None, None)
+        stat = self._read("stat", read_stat)
+        minflt, cpu = stat if stat is not None else (None, None)
+        return ThreadCounters(cpu_ns, runq_ns, minflt, self._read("status", read_nivcsw), cpu)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds.clear()
+
+
+class MainThreadProbe:
+    """The rank's main thread (tid == pid), read every step. Called on that thread (the usual
+    case: the optimizer step runs there) it costs a thread-clock read, one pread of
+    schedstat, getrusage and sched_getcpu; from another thread, its /proc files."""
+
+    def __init__(self, fail: Callable[[str, BaseException], None], proc: str = "/proc"):
+        self.tid = os.getpid()
+        self._files = ThreadProbe(self.tid, self.tid, fail, proc)
+        self._fast = current_cpu is not None and proc == "/proc"
+
+    def counters(self) -> tuple[Optional[int], Optional[int], Optional[int], Optional[int], Optional[int]]:
+        """(on-CPU ns, runqueue wait ns, minor faults, involuntary switches, CPU now)."""
+        if self._fast and threading.get_native_id() == self.tid:
+            cpu_ns = time.thread_time_ns()
+            runq = self._files._read("schedstat", read_schedstat)
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
+            return cpu_ns, None if runq is None else runq[1], ru.ru_minflt, ru.ru_nivcsw, current_cpu()
+        c = self._files.counters()
+        return c.cpu_ns, c.runq_ns, c.minflt, c.nivcsw, c.cpu
+
+    def close(self) -> None:
+        self._files.close()

@@ -1,0 +1,222 @@
+"""The per-rank step monitor: the step hook, per-step records, and their delivery.
+
+Cost design (budget: <= 30 us per step, <= 0.3% of a 10 ms step; see
+benchmarks/monitor_overhead.py):
+- on_step() reads only timestamps, the main thread's counters (one pread of schedstat,
+  getrusage, sched_getcpu, one pread of cpufreq) and one pread per nccl/pin_memory
+  thread, and appends a tuple.
+- every monitor.rescan_every steps: the cold sample of all other threads and the rescan
+  of the thread list (binder.rescan when binding).
+- every monitor.flush_every steps: records are built, judged, handed to observers (the
+  tuner), encoded and written in one batch, and the file flushed.
+- every monitor.exchange_every steps: one asynchronous all-gather on a side gloo group.
+Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+from placement.config import PlacementConfig
+from placement.monitor import exitflush
+from placement.monitor.comm import CommStep, CommTiming
+from placement.monitor.exchange import Exchange
+from placement.monitor.jsonl import write_records
+from placement.monitor.record import RoleSample, StepRecord
+from placement.monitor.straggler import RankFigures, StragglerReport, figures_from_records
+from placement.monitor.summary import one_line, stall_ms, summarize
+from placement.monitor.tensorboard_sink import open_writer, write_batch
+from placement.monitor.threads import RoleSampler
+from placement.monitor.verdict import step_verdict
+from placement.monitor.warn import WarnOnce, first_line, log
+
+
+class StepMonitor:
+    def __init__(self, cfg: PlacementConfig, events, *, rank: int, local_rank: int, world_size: int,
+                 sampler: RoleSampler, comm: CommTiming, warn: WarnOnce,
+                 rescan: Optional[Callable[[], object]] = None, exchange: Optional[Exchange] = None):
+        self.cfg = cfg.monitor
+        self._tune = cfg.tune
+        self.events = events
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.sampler = sampler
+        self.comm = comm
+        self.warn = warn
+        self._rescan = rescan
+        self.exchange = exchange
+        self.step = 0
+        self._t_last = time.perf_counter_ns()
+        self._wall_last = time.time()
+        self._data_ns = 0
+        self._since_cold = 0
+        # Steps measured but not yet built into records: (step, start wall, end wall, step_ms, data_ms, CommStep, roles)
+        self._raw: list[tuple] = []
+        self._window: list[StepRecord] = []  # since the last exchange
+        self._summary: list[StepRecord] = []  # since the last summary line
+        self.observers: list[Callable[[StepRecord], None]] = []
+        self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
+        self.self_ns = 0  # time spent inside the monitor on the training thread
+        self.steps_timed = 0
+        self._busy = False
+        self._flush_requested = False
+        self.closed = False
+
+    # ---- fed by the training loop --------------------------------------------------------
+    def add_data_wait(self, ns: int) -> None:
+        self._data_ns += ns
+
+    def on_step(self) -> None:
+        """Mark the end of one training step. Never raises."""
+        t0 = time.perf_counter_ns()
+        if self.closed:
+            return
+        self._busy = True
+        try:
+            self._measure(t0)
+        except Exception as e:
+            self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
+        finally:
+            self._busy = False
+            self.self_ns += time.perf_counter_ns() - t0
+            self.steps_timed += 1
+            if self._flush_requested:
+                self._flush_requested = False
+                self.emergency_flush("deferred")
+                exitflush.resume_deferred()
+
+    def _measure(self, t0: int) -> None:
+        self.step += 1
+        wall = time.time()
+        step_ms = (t0 - self._t_last) / 1e6
+        self._t_last = t0
+        data_ms, self._data_ns = self._data_ns / 1e6, 0
+        roles: dict[str, RoleSample] = {"main": self.sampler.main_step()}
+        roles.update(self.sampler.hot_step())
+        comm = self.comm.take_step()
+        self._since_cold += 1
+        if self._since_cold >= self.cfg.rescan_every:
+            roles.update(self.sampler.cold_sample(self._since_cold, roles))
+            self._since_cold = 0
+            self._rescan_threads()
+        self._raw.append((self.step, self._wall_last, wall, step_ms, data_ms, comm, roles))
+        self._wall_last = wall
+        exchange_now = self.exchange is not None and self.exchange.enabled and self.step % self.cfg.exchange_every == 0
+        if exchange_now or self.step % self.cfg.flush_every == 0:
+            self._finalize(keep_lag=True)
+            self.events.flush()
+        if exchange_now:
+            self._submit_exchange()
+        elif self.exchange is not None:
+            self.exchange.collect()
+
+    def _rescan_threads(self) -> None:
+        if self._rescan is not None:
+            try:
+                self._rescan()
+            except Exception as e:
+                self.warn("rescan", f"binder rescan failed ({first_line(e)})")
+        self.sampler.refresh()
+
+    # ---- records ----------------------------------------------------------------------
+    def _finalize(self, keep_lag: bool) -> None:
+        lag = self.comm.lag_steps if keep_lag else 0
+        ready = self._raw[:len(self._raw) - lag] if lag else self._raw
+        if not ready:
+            return
+        self._raw = self._raw[len(ready):]
+        pending = [i for i, r in enumerate(ready) if r[5].comm_ms is None]
+        resolved = self.comm.resolve([(ready[i][1], ready[i][2]) for i in pending]) if pending else []
+        comm_ms = {i: ms for i, ms in zip(pending, resolved)}
+        batch = []
+        for i, (step, _start, end, step_ms, data_ms, comm, roles) in enumerate(ready):
+            c = comm.comm_ms if comm.comm_ms is not None else comm_ms.get(i)
+            rec = StepRecord(rank=self.rank, step=step, t=end, step_ms=round(step_ms, 4),
+                             data_ms=round(data_ms, 4), comm_ms=None if c is None else round(c, 4),
+                             comm_count=comm.count, roles=roles, local_rank=self.local_rank,
+                             comm_enter_t=comm.enter_t)
+            rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), self._tune.runq_wait_pct,
+                                       self._tune.comm_share_pct, self._tune.data_share_pct)
+            batch.append(rec)
+        write_records(self.events, batch)
+        for rec in batch:
+            self._deliver(rec)
+        self._window.extend(batch)
+        self._summary.extend(batch)
+        try:
+            write_batch(self._tb, batch)
+        except Exception as e:
+            self.warn("tensorboard-write", f"TensorBoard write failed ({first_line(e)})")
+        if self.cfg.summary_every and len(self._summary) >= self.cfg.summary_every:
+            s = summarize(self.rank, self._summary)
+            self._summary = []
+            if s is not None:
+                log.info(one_line(s))
+
+    def _deliver(self, rec: StepRecord) -> None:
+        for fn in list(self.observers):
+            try:
+                fn(rec)
+            except Exception as e:
+                self.observers.remove(fn)
+                self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
+                                                f"({type(e).__name__}: {first_line(e)}); it is removed")
+
+    # ---- cross-rank ------------------------------------------------------------------
+    def _submit_exchange(self) -> None:
+        figs = figures_from_records(self.rank, self._window)
+        self._window = []
+        if figs is None:
+            figs = RankFigures(self.rank, 0, 0, 0, 0.0, 0.0, None, None, None, None, None, None)
+        self.exchange.submit(figs)
+
+    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures]) -> None:
+        """Rank 0: one `straggler` event per window that names someone."""
+        if not report.stragglers:
+            return
+        steps = [f for f in figures if f.steps]
+        first = min((f.first_step for f in steps), default=0)
+        last = max((f.last_step for f in steps), default=0)
+        self.events.event("straggler", steps=[first, last], **report.to_dict(),
+                          figures={str(f.rank): {"step_ms": round(f.step_ms, 3), "data_ms": round(f.data_ms, 3),
+                                                 "comm_ms": None if f.comm_ms is None else round(f.comm_ms, 3),
+                                                 "stall_ms": None if f.stall_ms() is None else round(f.stall_ms(), 3)}
+                                   for f in steps})
+        for s in report.stragglers:
+            log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
+
+    # ---- ends --------------------------------------------------------------------------
+    def emergency_flush(self, reason: str) -> bool:
+        """Write every measured step now (exit, SIGTERM, exception). False when mid-step:
+        then it happens at the end of that step."""
+        if self._busy:
+            self._flush_requested = True
+            return False
+        if self.closed:
+            return True
+        try:
+            self._finalize(keep_lag=False)
+        finally:
+            self.events.flush()
+        return True
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self._finalize(keep_lag=False)
+        self.closed = True
+        exitflush.unregister(self)
+        if self.exchange is not None:
+            self.exchange.close()
+        self.comm.close()
+        self.sampler.close()
+        if self._tb is not None:
+            try:
+                self._tb.close()
+            except Exception:
+                pass
+        per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
+        self.events.event("end", source="monitor", steps=self.step,
+                          monitor_us_per_step=None if per_step is None else round(per_step, 2))
+        self.events.flush()

@@ -1,0 +1,181 @@
+"""Which ranks hold the others back, and why: a pure function over per-rank figures.
+
+Collectives make every rank wait for the last one to arrive, so a slow rank shows up
+in its peers' comm time, not its own. Arrival tells them apart (C4's receiver-driven
+analysis): a rank that enters its first collective of the step well after the earliest
+one is late; the others waited. The late rank's own breakdown, against its punctual
+peers, then says why:
+- data-slow: its extra data wait accounts for a good share of the lateness
+- cpu-slow: its extra main/NCCL runqueue wait does, or its main thread runs on a
+  clearly slower core
+- compute-slow: neither (more work, a slower GPU, thermal throttling...)
+When every rank arrives together but the collective itself takes much longer than it
+used to (the baseline), the verdict is comm-slow: the link or network.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+KINDS = ("cpu-slow", "data-slow", "compute-slow", "comm-slow")
+
+# Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
+FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms", "enter_t",
+          "main_runq_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
+
+
+@dataclass
+class RankFigures:
+    """One rank's means per step over the same window of steps as its peers."""
+
+    rank: int
+    steps: int
+    first_step: int
+    last_step: int
+    step_ms: float
+    data_ms: float
+    comm_ms: Optional[float]
+    enter_t: Optional[float]  # mean wall time of entering the first collective of a step
+    main_runq_ms: Optional[float]
+    nccl_runq_ms: Optional[float]
+    main_cpu_ms: Optional[float]
+    main_mhz: Optional[float]
+
+    def to_row(self) -> list[float]:
+        return [math.nan if getattr(self, f) is None else float(getattr(self, f)) for f in FIELDS]
+
+    @classmethod
+    def from_row(cls, row: list[float]) -> "RankFigures":
+        vals = {f: (None if math.isnan(v) else v) for f, v in zip(FIELDS, row)}
+        for f in ("rank", "steps", "first_step", "last_step"):
+            vals[f] = int(vals[f] or 0)
+        vals["step_ms"] = vals["step_ms"] or 0.0
+        vals["data_ms"] = vals["data_ms"] or 0.0
+        return cls(**vals)
+
+    def stall_ms(self) -> Optional[float]:
+        if self.main_runq_ms is None and self.nccl_runq_ms is None:
+            return None
+        return (self.main_runq_ms or 0.0) + (self.nccl_runq_ms or 0.0)
+
+
+@dataclass
+class Thresholds:
+    late_ms: float = 1.0  # a rank is late when it arrives this much after the earliest ...
+    late_frac: float = 0.05  # ... and by this fraction of the median step, whichever is larger
+    explain_frac: float = 0.3  # an excess (data, runqueue) must account for this share of the lateness
+    slow_core_ratio: float = 0.9  # main's MHz below this fraction of its peers' = slower core
+    comm_slow_factor: float = 1.5  # collective time over this multiple of the baseline = comm-slow
+
+
+@dataclass
+class Straggler:
+    kind: str  # one of KINDS
+    ranks: list[int]
+    lateness_ms: Optional[float]
+    why: str
+
+
+@dataclass
+class StragglerReport:
+    stragglers: list[Straggler] = field(default_factory=list)
+    waiting: list[int] = field(default_factory=list)  # ranks whose comm time grew waiting for them
+    transfer_ms: Optional[float] = None  # comm time of the rank that waited least: the collective itself
+
+    def to_dict(self) -> dict:
+        return {"stragglers": [asdict(s) for s in self.stragglers], "waiting": self.waiting,
+                "transfer_ms": self.transfer_ms}
+
+    def names(self, kind: Optional[str] = None) -> list[int]:
+        return sorted(r for s in self.stragglers if kind is None or s.kind == kind for r in s.ranks)
+
+
+def _mean(values) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
+
+
+def figures_from_records(rank: int, records: list) -> Optional[RankFigures]:
+    """Means per step of one rank's StepRecords over a window (None for an empty window)."""
+    if not records:
+        return None
+
+    def role(rec, name, attr):
+        s = rec.roles.get(name)
+        return None if s is None else getattr(s, attr)
+
+    return RankFigures(
+        rank=rank, steps=len(records), first_step=records[0].step, last_step=records[-1].step,
+        step_ms=_mean(r.step_ms for r in records) or 0.0,
+        data_ms=_mean(r.data_ms for r in records) or 0.0,
+        comm_ms=_mean(r.comm_ms for r in records),
+        enter_t=_mean(r.comm_enter_t for r in records),
+        main_runq_ms=_mean(role(r, "main", "runq_ms") for r in records),
+        nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
+        main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
+        main_mhz=_mean(role(r, "main", "mhz") for r in records))
+
+
+def _median(values: list[Optional[float]]) -> Optional[float]:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _fmt(v: Optional[float]) -> str:
+    return "?" if v is None else f"{v:.1f}"
+
+
+def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
+             th: Thresholds = Thresholds()) -> StragglerReport:
+    """Name the ranks that hold the others back. Pure: same figures, same answer."""
+    ranks = [r for r in ranks if r.steps > 0]
+    report = StragglerReport()
+    if len(ranks) < 2:
+        return report
+    comm = [r.comm_ms for r in ranks if r.comm_ms is not None]
+    if any(r.enter_t is None for r in ranks):
+        return report  # no collective seen on some rank: arrivals cannot be compared
+    earliest = min(r.enter_t for r in ranks)
+    median_step = statistics.median(r.step_ms for r in ranks)
+    limit = max(th.late_ms, th.late_frac * median_step)
+    lateness = {r.rank: (r.enter_t - earliest) * 1e3 for r in ranks}
+    late = [r for r in ranks if lateness[r.rank] > limit]
+    punctual = [r for r in ranks if lateness[r.rank] <= limit]
+    report.transfer_ms = min(comm, default=None)
+    first = min(punctual, key=lambda r: lateness[r.rank])
+    for r in sorted(late, key=lambda r: -lateness[r.rank]):
+        lat = lateness[r.rank]
+        data_x = r.data_ms - (_median([p.data_ms for p in punctual]) or 0.0)
+        peer_stall = _median([p.stall_ms() for p in punctual])
+        stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
+        peer_mhz = _median([p.main_mhz for p in punctual])
+        slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
+        arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank}"
+        if data_x >= th.explain_frac * lat and data_x >= (stall_x or 0.0):
+            kind = "data-slow"
+            why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(_median([p.data_ms for p in punctual]))} on peers"
+        elif stall_x is not None and stall_x >= th.explain_frac * lat:
+            kind = "cpu-slow"
+            why = (f"{arrives}; its main/NCCL threads wait {r.stall_ms():.1f} ms/step in the runqueue "
+                   f"vs {_fmt(peer_stall)} on peers")
+        elif slow_core:
+            kind = "cpu-slow"
+            why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
+        else:
+            kind = "compute-slow"
+            why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
+                   f"({_fmt(r.stall_ms())} ms) explains it")
+        report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why))
+    if late:
+        report.waiting = sorted(p.rank for p in punctual)
+        return report
+    transfer = report.transfer_ms
+    if (transfer is not None and baseline_transfer_ms is not None and comm
+            and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
+        report.stragglers.append(Straggler(
+            "comm-slow", sorted(r.rank for r in ranks), None,
+            f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
+            f"vs {baseline_transfer_ms:.1f} ms before: the link or network is slow"))
+    return report

@@ -1,0 +1,34 @@
+"""Warn once per kind of problem: a probe that fails leaves its figure None and says so one time."""
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+log = logging.getLogger("placement")
+
+
+class WarnOnce:
+    """Logs each distinct key once, and writes it as a `warning` event when an EventLog is given."""
+
+    def __init__(self, events=None):
+        self.events = events
+        self._seen: set[str] = set()
+
+    def __call__(self, key: str, message: str) -> None:
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        log.warning("placement: %s", message)
+        if self.events is not None:
+            try:
+                self.events.event("warning", source="monitor", message=message)
+            except Exception:  # a broken log must not turn a warning into an error
+                pass
+
+    def seen(self, key: str) -> bool:
+        return key in self._seen
+
+
+def first_line(e: BaseException, limit: Optional[int] = 200) -> str:
+    text = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return text[:limit] if limit else text

@@ -1,0 +1,207 @@
+"""Policy `auto`: per-thread-role placement (the role table of DESIGN.md).
+
+Per node, the ranks living there split its free physical cores into equal, compact shares
+(L3 groups, then clusters, kept together). Each rank needs two hot cores: `main`, and `nccl`
+(which `pin_memory` shares) or, when NCCL goes to its NIC's node, `pin_memory`. With
+prefer_fast_cores the ranks then trade cores until the node's hot cores are its fastest ones:
+a slow hot core is swapped for a faster non-hot core of any rank on the node, preferring one
+in the same L3. What is left of a share is `other`; `dataloader` is a part of it spread over
+L3/cluster groups, one core per expected worker.
+"""
+from __future__ import annotations
+
+from itertools import chain, zip_longest
+
+from placement.cpuset import format_cpulist
+from placement.plan.context import PlanContext, RankSlot
+from placement.plan.cores import Core, physical_cores, threads_of
+from placement.plan.gpus import attach_nics
+from placement.plan.memory import memory_policy
+from placement.plan.model import GpuRef, JobSpec, RankPlan, RoleAssignment
+from placement.plan.nodes import assign_nodes
+from placement.roles import ThreadRole
+
+HOT_CORES_PER_RANK = 2  # main, and nccl (shared with pin_memory) or pin_memory
+
+
+def plan_auto(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) -> list[RankPlan]:
+    cores = physical_cores(ctx.topo, ctx.usable)
+    by_node: dict[int, list[Core]] = {}
+    for c in cores:
+        by_node.setdefault(c.node, []).append(c)
+    if len(slots) > len(cores):
+        ctx.shortfall(
+            f"nproc_per_node={len(slots)} needs one free physical core per rank but only {len(cores)} "
+            f"are free (CPUs {format_cpulist(ctx.usable)}{_reserved_note(ctx)})",
+            "ranks share physical cores, so their hot threads compete")
+    assign_nodes(ctx, slots, by_node, relieve_crowded=True)
+    for s in slots:
+        attach_nics(ctx, s)
+    remote_nccl = _reserve_nic_cores(ctx, slots, by_node)
+    taken = set(remote_nccl.values())
+    plans: dict[int, RankPlan] = {}
+    for node in sorted({s.node for s in slots}):
+        members = [s for s in slots if s.node == node]
+        pool = [c for c in by_node[node] if c not in taken]
+        shares, hot = _split_node(ctx, node, pool, members)
+        for s, share, hot_cores in zip(members, shares, hot):
+            plans[s.local_rank] = _rank_plan(ctx, s, share, hot_cores, remote_nccl.get(s.local_rank), job)
+    return [plans[s.local_rank] for s in slots]
+
+
+def _reserved_note(ctx: PlanContext) -> str:
+    return f", reserved {format_cpulist(ctx.reserved)}" if ctx.reserved else ""
+
+
+def _reserve_nic_cores(ctx: PlanContext, slots: list[RankSlot], by_node: dict[int, list[Core]]) -> dict[int, Core]:
+    """For ranks whose GPU's NIC sits on another node, take that node's fastest free core for
+    nccl, when the node keeps two cores for each of its own ranks."""
+    prefer_fast = ctx.cfg.prefer_fast_cores
+    out: dict[int, Core] = {}
+    for s in slots:
+        m = s.nic_node
+        if m is None:
+            continue
+        own = sum(1 for t in slots if t.node == m)
+        free = [c for c in by_node.get(m, []) if c not in out.values()]
+        if len(free) - 1 < HOT_CORES_PER_RANK * own:
+            ctx.warn(f"NIC {s.nic} of GPU {s.gpu.index} is on node {m}, which has no spare core; "
+                     f"local rank {s.local_rank}'s nccl stays on node {s.node} (GPU's node)")
+            s.nic_node = None
+            continue
+        out[s.local_rank] = min(free, key=lambda c: c.hot_order(prefer_fast))
+    return out
+
+
+def _split_node(ctx: PlanContext, node: int, pool: list[Core], members: list[RankSlot]
+                ) -> tuple[list[list[Core]], list[list[Core]]]:
+    """Equal compact shares of the node's free cores, and each share's hot cores."""
+    k, count = len(members), len(pool)
+    prefer_fast = ctx.cfg.prefer_fast_cores
+    if count >= k:
+        base, extra = divmod(count, k)
+        shares, start = [], 0
+        for i in range(k):
+            size = base + (1 if i < extra else 0)
+            shares.append(pool[start:start + size])
+            start += size
+    else:
+        shares = [[pool[i % count]] for i in range(k)]
+        ctx.warn(f"node {node} has {count} free physical core(s) for {k} ranks: local ranks "
+                 f"{', '.join(str(s.local_rank) for s in members)} share cores, hot threads of "
+                 "different ranks compete")
+    hot = [sorted(sh, key=lambda c: c.hot_order(prefer_fast))[:HOT_CORES_PER_RANK] for sh in shares]
+    if prefer_fast and count >= k:
+        _trade_for_speed(shares, hot)
+    return shares, hot
+
+
+def _speed(c: Core) -> tuple[bool, int]:
+    return (not c.whole, c.perf)
+
+
+def _trade_for_speed(shares: list[list[Core]], hot: list[list[Core]]) -> None:
+    """Swap the slowest hot core for the fastest non-hot core while that is strictly faster.
+    Each swap lowers the hot cores' total speed key, so this ends; at the end no non-hot core of
+    the node is faster than any hot core."""
+    while True:
+        hot_all = [(i, a) for i, h in enumerate(hot) for a in h]
+        rest_all = [(j, b) for j, sh in enumerate(shares) for b in sh if b not in hot[j]]
+        if not hot_all or not rest_all:
+            return
+        i, a = max(hot_all, key=lambda t: (_speed(t[1]), t[1].compact_order))
+        j, b = min(rest_all, key=lambda t: (_speed(t[1]), t[1].l3 != a.l3, t[1].compact_order))
+        if _speed(b) >= _speed(a):
+            return
+        hot[i][hot[i].index(a)] = b
+        shares[j].remove(b)
+        shares[i].remove(a)
+        shares[i].append(b)
+        shares[j].append(a)
+        for sh in (shares[i], shares[j]):
+            sh.sort(key=lambda c: c.compact_order)
+
+
+def _spread(cores: list[Core], n: int) -> list[Core]:
+    """n cores dealt round-robin over L3 groups (largest first), and over clusters within each."""
+    l3s: dict[int, dict[int, list[Core]]] = {}
+    for c in cores:
+        l3s.setdefault(c.l3, {}).setdefault(c.cluster, []).append(c)
+    per_l3 = []
+    for clusters in sorted(l3s.values(), key=lambda cl: (-sum(map(len, cl.values())), min(cl))):
+        per_l3.append([c for c in chain(*zip_longest(*clusters.values())) if c is not None])
+    dealt = [c for c in chain(*zip_longest(*per_l3)) if c is not None]
+    return dealt[:n]
+
+
+def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core], remote: Core | None,
+               job: JobSpec) -> RankPlan:
+    smt = ctx.cfg.smt
+    prefer_fast = ctx.cfg.prefer_fast_cores
+    hot = sorted(hot, key=lambda c: c.hot_order(prefer_fast))
+    main = hot[0]
+    second = hot[1] if len(hot) > 1 else None
+    rest = [c for c in share if c not in hot]
+    node, r = s.node, s.local_rank
+    where = f"on node {node}, {s.why_node}"
+    speed = "fastest" if prefer_fast else "first"
+    fast_note = "" if prefer_fast else ", prefer_fast_cores off"
+    roles: dict[ThreadRole, RoleAssignment] = {}
+    roles[ThreadRole.MAIN] = RoleAssignment(
+        sorted(main.use(smt)),
+        f"{speed} whole core of local rank {r}'s share (core {main.key}, {main.describe_perf()}{fast_note}) {where}")
+    if remote is not None:
+        roles[ThreadRole.NCCL] = RoleAssignment(
+            sorted(remote.use(smt)),
+            f"{speed} free whole core of node {remote.node}, the node of NIC {s.nic} (core {remote.key}, "
+            f"{remote.describe_perf()}); GPU {s.gpu.index} sits on node {node}")
+        pin = second or main
+        if second is None:
+            ctx.warn(f"local rank {r} has one free physical core on node {node} (core {main.key}): "
+                     "pin_memory shares main's core")
+        roles[ThreadRole.PIN_MEMORY] = RoleAssignment(
+            sorted(pin.use(smt)),
+            f"core {pin.key} next to main on node {node} (nccl is on NIC {s.nic}'s node {remote.node})")
+    else:
+        nccl = second or main
+        nic = f"; NIC {s.nic} is on this node" if s.nic else ""
+        if second is None:
+            ctx.warn(f"local rank {r} has one free physical core on node {node} (core {main.key}): "
+                     "main, nccl and pin_memory share it")
+            nccl_reason = f"shares main's core {main.key}: local rank {r} has one free core on node {node}"
+        else:
+            nccl_reason = (f"next {speed} whole core (core {nccl.key}, {nccl.describe_perf()}) on node {node}, "
+                           f"{s.why_node}{nic}")
+        roles[ThreadRole.NCCL] = RoleAssignment(sorted(nccl.use(smt)), nccl_reason)
+        roles[ThreadRole.PIN_MEMORY] = RoleAssignment(
+            sorted(nccl.use(smt)), f"shares nccl's core {nccl.key}, next to main on node {node} (pin-memory copies are light)")
+    if rest:
+        other = threads_of(rest, smt)
+        workers = job.dataloader_workers
+        picked = _spread(rest, workers) if workers > 0 else rest
+        groups = len({c.l3 for c in picked})
+        dl_reason = (f"{len(picked)} of local rank {r}'s {len(rest)} non-hot cores for {workers} DataLoader "
+                     f"worker(s), spread over {groups} L3 group(s) of node {node}" if workers > 0 else
+                     f"no DataLoader workers expected: all {len(rest)} non-hot cores of local rank {r}'s share")
+        dataloader = threads_of(picked, smt)
+        other_reason = (f"local rank {r}'s share on node {node} minus its hot cores: {len(rest)} core(s), "
+                        f"OMP_NUM_THREADS={len(other)}")
+    else:
+        spare = second or main
+        other = dataloader = spare.use(smt)
+        role = "nccl" if second is not None and remote is None else ("pin_memory" if second else "main")
+        ctx.warn(f"local rank {r} has no core beyond its hot cores on node {node}: dataloader and other "
+                 f"share the {role} core {spare.key}")
+        dl_reason = f"shares the {role} core {spare.key}: no core left beyond local rank {r}'s hot cores"
+        other_reason = dl_reason + f", OMP_NUM_THREADS={len(other)}"
+    roles[ThreadRole.DATALOADER] = RoleAssignment(sorted(dataloader), dl_reason)
+    roles[ThreadRole.OTHER] = RoleAssignment(sorted(other), other_reason)
+    nodes = sorted({node} | ({remote.node} if remote is not None else set()))
+    return RankPlan(
+        local_rank=r,
+        gpu=None if s.gpu is None else GpuRef(s.gpu.index, s.gpu.pci),
+        numa=nodes,
+        memory=memory_policy(ctx, [node]),
+        env={"OMP_NUM_THREADS": str(len(other))},
+        roles=roles,
+    )

@@ -1,0 +1,45 @@
+"""make_plan: Topology + JobSpec + PlacementConfig -> Plan. Pure: reads nothing, writes nothing."""
+from __future__ import annotations
+
+from placement.config import PlacementConfig, validate
+from placement.cpuset import format_cpulist
+from placement.errors import PlanError
+from placement.plan.auto import plan_auto
+from placement.plan.context import PlanContext, RankSlot
+from placement.plan.gpus import rank_slots
+from placement.plan.model import GpuRef, JobSpec, MemoryPolicy, Plan, RankPlan
+from placement.plan.process_level import plan_process_level
+from placement.topology.model import Topology
+
+PROCESS_LEVEL_POLICIES = ("node", "socket", "exclusive", "core-complex")
+
+
+def make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
+    """The per-rank, per-role CPU plan for one node.
+
+    Raises PlanError (one line naming the shortfall and what is available) when the plan cannot
+    be met and cfg.strict; with strict off, returns a degraded plan whose warnings say what it
+    gave up.
+    """
+    validate(cfg)
+    if job.nproc_per_node < 1:
+        raise PlanError(f"nproc_per_node={job.nproc_per_node} is not valid; valid: an integer >= 1")
+    ctx = PlanContext.create(topo, cfg)
+    slots = rank_slots(ctx, job)
+    if cfg.policy == "none":
+        return Plan("none", _unbound(slots), ctx.warnings)
+    if not ctx.usable:
+        ctx.shortfall(f"placement.reserved_cpus={cfg.reserved_cpus!r} leaves no usable CPU "
+                      f"(online and allowed: {format_cpulist(topo.usable()) or 'none'})",
+                      "no binding at all, ranks run where the OS puts them (monitor only)")
+        return Plan(cfg.policy, _unbound(slots), ctx.warnings)
+    if cfg.policy in PROCESS_LEVEL_POLICIES:
+        ranks = plan_process_level(ctx, slots, job)
+    else:
+        ranks = plan_auto(ctx, slots, job)
+    return Plan(cfg.policy, ranks, ctx.warnings)
+
+
+def _unbound(slots: list[RankSlot]) -> list[RankPlan]:
+    return [RankPlan(local_rank=s.local_rank, gpu=None if s.gpu is None else GpuRef(s.gpu.index, s.gpu.pci),
+                     numa=[], memory=MemoryPolicy("none", []), env={}, roles={}) for s in slots]

@@ -1,0 +1,45 @@
+"""The memory policy of a rank: the configured mode over the rank's node(s)."""
+from __future__ import annotations
+
+from placement.plan.context import PlanContext
+from placement.plan.model import MemoryPolicy
+
+
+def _package_of_node(ctx: PlanContext, node: int):
+    cpus = [c for c in ctx.topo.cpus if c.online and c.numa == node]
+    return min(cpus, key=lambda c: c.id).package if cpus else None
+
+
+def _has_memory(ctx: PlanContext, node: int) -> bool:
+    for n in ctx.topo.numa_nodes:
+        if n.id == node:
+            return n.memory_bytes != 0  # None: unknown, assume it has memory
+    return True
+
+
+def memory_policy(ctx: PlanContext, nodes: list[int]) -> MemoryPolicy:
+    """`bind`/`preferred` to the given nodes, `interleave` over every node of their package(s)
+    (the design's "two nodes of one package"), `none` for no policy. Memory-less nodes are
+    replaced by the nearest node that has memory."""
+    mode = ctx.cfg.memory
+    if mode == "none" or not nodes:
+        return MemoryPolicy("none", [])
+    if ctx.topo.kernel.membind_allowed is False and mode == "bind":
+        ctx.warn("this container refuses membind (probed at discovery): memory bind will step down "
+                 "to preferred when applied")
+    chosen = set(nodes)
+    if mode == "interleave":
+        packages = {_package_of_node(ctx, n) for n in nodes} - {None}
+        chosen |= {n.id for n in ctx.topo.numa_nodes if _package_of_node(ctx, n.id) in packages}
+    with_memory = {n for n in chosen if _has_memory(ctx, n)}
+    if not with_memory:
+        candidates = [n.id for n in ctx.topo.numa_nodes if _has_memory(ctx, n.id)]
+        if candidates:
+            origin = min(nodes)
+            near = min(candidates, key=lambda n: (ctx.node_distance(origin, n), n))
+            ctx.warn(f"node(s) {', '.join(map(str, sorted(chosen)))} have no memory; "
+                     f"memory {mode} uses the nearest node with memory, {near}")
+            with_memory = {near}
+        else:
+            with_memory = chosen
+    return MemoryPolicy(mode, sorted(with_memory))

@@ -1,0 +1,96 @@
+"""plan_for_node: discover this node (or a tree under a root dir), resolve the job's GPUs from
+the environment, and plan. The one function `placement plan` and `placerun` both call, so the
+plan printed is the plan applied."""
+from __future__ import annotations
+
+import os
+from typing import Mapping, Optional, Union
+
+from placement.config import PlacementConfig, validate
+from placement.errors import PlanError
+from placement.plan.gpus import describe_gpus
+from placement.plan.make import make_plan
+from placement.plan.model import JobSpec, Plan
+from placement.topology.model import Topology
+
+NPROC_WORDS = ("auto", "gpu", "cpu")
+# CUDA_VISIBLE_DEVICES values that deliberately hide every GPU or end the list.
+_NO_DEVICE = ("-1", "NoDevFiles")
+
+
+def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root: str = "/",
+                  nccl_topo_file: Optional[str] = None,
+                  environ: Mapping[str, str] = os.environ) -> tuple[Topology, Plan]:
+    """Topology of `root` and the plan for `nproc_per_node` local ranks on it.
+
+    nproc_per_node takes torchrun's values too: an integer, "gpu" (every visible GPU), "cpu"
+    (every online CPU) or "auto" (GPUs when there are any, else CPUs).
+    The NCCL topology file is the argument, else placement.nccl_topo_file, else (on the live
+    system only) $NCCL_TOPO_FILE.
+    """
+    from placement.topology import discover
+
+    validate(cfg)
+    topo_file = nccl_topo_file or cfg.nccl_topo_file or (environ.get("NCCL_TOPO_FILE") if root == "/" else None)
+    topo = discover(root=root, nccl_topo_file=topo_file or None)
+    visible, warnings = visible_gpu_indices(topo, environ, strict=cfg.strict)
+    n = resolve_nproc(nproc_per_node, topo, visible)
+    job = JobSpec(
+        nproc_per_node=n,
+        gpus=None if visible is None else visible[:n],
+        dataloader_workers=cfg.dataloader_workers,
+        visible_gpus=visible,
+    )
+    plan = make_plan(topo, job, cfg)
+    plan.warnings[:0] = warnings
+    return topo, plan
+
+
+def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list[int]]) -> int:
+    gpus = len(topo.gpus) if visible is None else len(visible)
+    text = str(value).strip()
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    cpus = sum(1 for c in topo.cpus if c.online)
+    if text == "cpu" or (text == "auto" and gpus == 0):
+        return cpus
+    if text in ("gpu", "auto") and gpus > 0:
+        return gpus
+    if text == "gpu":
+        raise PlanError(f"nproc_per_node='gpu' but this machine shows no visible GPU ({describe_gpus(topo)}); "
+                        "valid: an integer >= 1, auto, cpu")
+    raise PlanError(f"nproc_per_node={value!r} is not valid; valid: an integer >= 1, {', '.join(NPROC_WORDS)}")
+
+
+def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: bool
+                        ) -> tuple[Optional[list[int]], list[str]]:
+    """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices
+    or UUIDs, matched by PCI bus id). None: unset, every GPU by index. With strict off, an entry
+    that matches no GPU ends the list there, as CUDA itself does, and a warning says so."""
+    from placement.topology import gpu_for_local_rank
+
+    cvd = environ.get("CUDA_VISIBLE_DEVICES")
+    if not topo.gpus:
+        warn = [f"CUDA_VISIBLE_DEVICES={cvd!r} is set but no GPU was found; planning CPU-only ranks"] if cvd else []
+        return None, warn
+    if cvd is None:
+        return None, []
+    entries = [e.strip() for e in cvd.split(",")]
+    visible: list[int] = []
+    for position, entry in enumerate(entries):
+        if entry in _NO_DEVICE or (entry == "" and position == 0 and len(entries) == 1):
+            break
+        gpu = gpu_for_local_rank(topo, position, cvd)
+        if gpu is None:
+            problem = (f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) matches no GPU; "
+                       f"GPUs: {_describe_with_uuid(topo)}")
+            if strict:
+                raise PlanError(problem + "; set placement.strict=false to run a degraded plan")
+            return visible, [problem + f"; degraded plan: like CUDA, only the {len(visible)} GPU(s) before it are used"]
+        visible.append(gpu.index)
+    return visible, []
+
+
+def _describe_with_uuid(topo: Topology) -> str:
+    return ", ".join(f"{g.index} ({g.pci}{', ' + g.uuid if g.uuid else ''})"
+                     for g in sorted(topo.gpus, key=lambda g: g.index))

@@ -1,0 +1,97 @@
+"""Reading files under a topology root, the way sysfs needs it.
+
+Every discovery module reads through one SysfsReader: paths are relative to the root
+("sys/devices/system/cpu/online"), a missing file is simply None (most facts are
+optional), NUL bytes are dropped, and a file that exists but cannot be read or parsed
+adds one warning naming it and reads as None, so one bad file never fails discovery.
+"""
+from __future__ import annotations
+
+import errno
+import os
+from typing import Optional
+
+from placement.cpuset import parse_cpulist, parse_cpumask
+
+_ABSENT = (errno.ENOENT, errno.ENOTDIR)
+
+
+class SysfsReader:
+    def __init__(self, root: str):
+        self.root = os.path.realpath(root)
+        self.warnings: list[str] = []
+
+    def path(self, rel: str) -> str:
+        return os.path.join(self.root, rel)
+
+    def warn(self, rel: str, problem: str) -> None:
+        self.warnings.append(f"{self.path(rel)}: {problem}")
+
+    def text(self, rel: str) -> Optional[str]:
+        """The file's text without NUL bytes and surrounding whitespace; None if absent or unreadable."""
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                self.warn(rel, f"unreadable ({e.strerror})")
+            return None
+        try:
+            chunks = []
+            while True:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+        except OSError as e:
+            self.warn(rel, f"unreadable ({e.strerror})")
+            return None
+        finally:
+            os.close(fd)
+        return b"".join(chunks).replace(b"\x00", b"").decode("utf-8", "replace").strip()
+
+    def integer(self, rel: str, base: int = 10) -> Optional[int]:
+        text = self.text(rel)
+        if text is None:
+            return None
+        try:
+            return int(text, base)
+        except ValueError:
+            self.warn(rel, f"not an integer: {text[:40]!r}")
+            return None
+
+    def cpus(self, list_rel: Optional[str], mask_rel: Optional[str] = None) -> Optional[frozenset[int]]:
+        """A CPU set from the `*_list` file, else from the hex-mask file; None if neither is usable."""
+        for rel, parse in ((list_rel, parse_cpulist), (mask_rel, parse_cpumask)):
+            if rel is None:
+                continue
+            text = self.text(rel)
+            if text is None:
+                continue
+            try:
+                return parse(text)
+            except ValueError:
+                self.warn(rel, f"not a cpu {'list' if parse is parse_cpulist else 'mask'}: {text[:40]!r}")
+        return None
+
+    def listdir(self, rel: str) -> Optional[list[str]]:
+        try:
+            return os.listdir(self.path(rel))
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                self.warn(rel, f"unlistable ({e.strerror})")
+            return None
+
+    def exists(self, rel: str) -> bool:
+        return os.path.exists(self.path(rel))
+
+    def resolve(self, rel: str) -> Optional[str]:
+        """The root-relative real path of `rel` after following its links; None if it is missing or
+        leads outside the root."""
+        real = os.path.realpath(self.path(rel))
+        if not os.path.exists(real):
+            return None
+        if self.root == "/":
+            return real.lstrip("/")
+        if not real.startswith(self.root + os.sep):
+            return None
+        return real[len(self.root) + 1:]

@@ -1,0 +1,90 @@
+"""Was an action worth keeping? Median step time of the window after it against the window
+before, beyond a noise band measured from quiet windows; and how long to back off after
+an action that was not.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass
+
+from placement.tune.window import WindowStats
+
+# Quiet-window medians kept for the noise band.
+QUIET_WINDOWS_KEPT = 8
+# Between-window noise is estimated once this many quiet windows were seen.
+MIN_QUIET_FOR_BAND = 3
+# The band is this many times the median relative change between consecutive quiet windows
+# (about two standard deviations for normal noise), and at least twice the standard error
+# of the two medians being compared.
+BAND_SPREAD = 3.0
+BAND_SE = 2.0
+
+
+class NoiseBand:
+    """How much the median step time moves between windows when nothing is done."""
+
+    def __init__(self) -> None:
+        self._medians: deque[float] = deque(maxlen=QUIET_WINDOWS_KEPT)
+
+    def add_quiet(self, stats: WindowStats) -> None:
+        self._medians.append(stats.median_ms)
+
+    def pct(self, before: WindowStats, after: WindowStats) -> float:
+        within = BAND_SE * (before.median_se_pct() ** 2 + after.median_se_pct() ** 2) ** 0.5
+        m = list(self._medians)
+        if len(m) < MIN_QUIET_FOR_BAND:
+            return within
+        changes = [100.0 * abs(b - a) / a for a, b in zip(m, m[1:]) if a > 0]
+        return max(within, BAND_SPREAD * statistics.median(changes)) if changes else within
+
+
+@dataclass(frozen=True)
+class Verdict:
+    keep: bool
+    before_ms: float
+    after_ms: float
+    gain_pct: float  # > 0: the step got faster
+    noise_pct: float
+    why: str
+
+    def effect(self) -> dict[str, float]:
+        return {"before_median_ms": round(self.before_ms, 3), "after_median_ms": round(self.after_ms, 3),
+                "gain_pct": round(self.gain_pct, 2), "noise_pct": round(self.noise_pct, 2)}
+
+
+def judge(before: WindowStats, after: WindowStats, noise_pct: float, min_gain_pct: float) -> Verdict:
+    """Keep when the median step got faster by more than the noise band plus min_gain_pct."""
+    b, a = before.median_ms, after.median_ms
+    gain = 100.0 * (b - a) / b if b > 0 else 0.0
+    need = noise_pct + min_gain_pct
+    if gain > need:
+        why = f"median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, beyond the {need:.1f}% needed)"
+        return Verdict(True, b, a, gain, noise_pct, why)
+    verdict = "worse" if gain < -noise_pct else "no gain"
+    why = f"{verdict}: median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, {need:.1f}% needed)"
+    return Verdict(False, b, a, gain, noise_pct, why)
+
+
+class Backoff:
+    """Per key (rule, role): after the n-th revert in a row the key waits min(2**n, cap) windows."""
+
+    def __init__(self, cap_windows: int) -> None:
+        self.cap = cap_windows
+        self._reverts: dict[tuple[str, str], int] = {}
+        self._until: dict[tuple[str, str], int] = {}
+
+    def blocked(self, key: tuple[str, str], window: int) -> bool:
+        return window < self._until.get(key, 0)
+
+    def on_revert(self, key: tuple[str, str], window: int) -> int:
+        """Record a revert at `window`; return the windows the key now waits."""
+        n = self._reverts.get(key, 0) + 1
+        self._reverts[key] = n
+        wait = min(2 ** n, self.cap)
+        self._until[key] = window + wait + 1
+        return wait
+
+    def on_keep(self, key: tuple[str, str]) -> None:
+        self._reverts.pop(key, None)
+        self._until.pop(key, None)

@@ -1,0 +1,50 @@
+"""What a rule sees (RuleContext) and what it returns (Proposal). Rules decide only;
+the Tuner applies, judges and rolls back."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement.config import TuneConfig
+from placement.roles import ThreadRole
+from placement.tune.facts import HostFacts
+from placement.tune.layout import RoleLayout
+from placement.tune.window import WindowStats
+
+
+@dataclass
+class RuleContext:
+    stats: WindowStats  # the window just finished
+    layout: RoleLayout  # where each role may run now
+    cfg: TuneConfig
+    facts: HostFacts
+    memory_mode: str  # the plan's memory policy for this rank ("bind", "none", ...)
+    background_niced: bool  # background roles run at a higher nice value than hot ones
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A change of one role's CPU set, or (role None) a warning that changes nothing."""
+
+    rule: str
+    role: Optional[ThreadRole]
+    cpus: Optional[frozenset[int]]
+    reason: str  # one line a person reads
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_move(self) -> bool:
+        return self.role is not None and self.cpus is not None
+
+
+class Rule:
+    """A named decision: propose(ctx) -> Proposal | None. May keep small state between windows."""
+
+    name = ""
+
+    def propose(self, ctx: RuleContext) -> Optional[Proposal]:
+        raise NotImplementedError
+
+
+def rounded(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 2)

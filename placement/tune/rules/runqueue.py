@@ -1,0 +1,87 @@
+"""runqueue: a hot thread waits for its CPU. Find who shares its core and move one of them.
+
+Our own co-runners are looked at first (another role of this rank busy on that core),
+then anything else on that core as seen in /proc. Our own co-runner is moved away
+when that is possible; else the hot thread moves to a free core of the rank's share.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from placement.cpuset import format_cpulist
+from placement.roles import HOT_ROLES, ThreadRole
+from placement.tune.rules.base import Proposal, Rule, RuleContext, rounded
+from placement.tune.rules.free import free_cores
+
+# A co-runner of ours is blamed only when it is on-CPU at least this fraction of the time
+# the hot thread waited: a role that barely ran cannot have kept it waiting.
+CO_RUNNER_MIN_FRACTION = 0.5
+
+
+class RunqueueRule(Rule):
+    name = "runqueue"
+
+    def propose(self, ctx: RuleContext) -> Optional[Proposal]:
+        waiting = []
+        for role in HOT_ROLES:
+            rw = ctx.stats.role(role)
+            if (rw is not None and ctx.layout.cpus(role) and rw.runq_share_pct is not None
+                    and rw.runq_share_pct > ctx.cfg.runq_wait_pct):
+                waiting.append((rw.runq_share_pct, role))
+        if not waiting:
+            return None
+        wait_pct, hot = max(waiting)
+        layout = ctx.layout
+        hot_rw = ctx.stats.role(hot)
+        ran_on = hot_rw.cpus & layout.cpus(hot) or layout.cpus(hot)
+        core = layout.cores.cores_of(ran_on)
+        evidence = {"role": hot.value, "runq_pct": rounded(wait_pct), "threshold_pct": ctx.cfg.runq_wait_pct,
+                    "core": sorted(core), "window": [ctx.stats.first_step, ctx.stats.last_step]}
+
+        own = self._own_co_runner(ctx, hot, core, wait_pct)
+        if own is not None:
+            other, busy_pct = own
+            evidence["co_runner"] = {"role": other.value, "cpu_pct": rounded(busy_pct)}
+            move = self._move_own(ctx, other, core)
+            if move is not None:
+                return Proposal(self.name, other, move,
+                                f"{hot} waits {wait_pct:.0f}% of the step behind our {other} on core "
+                                f"{format_cpulist(core)}: move {other} to {format_cpulist(move)}", evidence)
+
+        foreign = ctx.facts.foreign_threads(core)
+        if foreign:
+            evidence["foreign"] = [{"pid": t.pid, "tid": t.tid, "name": t.name, "pinned": t.pinned_within(core)}
+                                   for t in foreign[:8]]
+        cores = free_cores(ctx, hot)
+        if not cores:
+            return None
+        target = layout.shaped_like(hot, cores[0])
+        cause = (f"foreign {foreign[0].name!r} (pid {foreign[0].pid})" if foreign
+                 else "an unseen co-runner" if own is None else f"our {own[0]}")
+        return Proposal(self.name, hot, target,
+                        f"{hot} waits {wait_pct:.0f}% of the step on core {format_cpulist(core)} behind "
+                        f"{cause}: move it to free core {format_cpulist(target)}", evidence)
+
+    @staticmethod
+    def _own_co_runner(ctx: RuleContext, hot: ThreadRole, core: frozenset[int],
+                       wait_pct: float) -> Optional[tuple[ThreadRole, float]]:
+        """The busiest other role of ours whose set overlaps the hot thread's core, if busy enough."""
+        best = None
+        for other in ctx.layout.co_runners(hot, core):
+            rw = ctx.stats.role(other)
+            busy = rw.cpu_share_pct if rw is not None else None
+            if busy is None or busy < CO_RUNNER_MIN_FRACTION * wait_pct:
+                continue
+            if best is None or busy > best[1]:
+                best = (other, busy)
+        return best
+
+    @staticmethod
+    def _move_own(ctx: RuleContext, other: ThreadRole, core: frozenset[int]) -> Optional[frozenset[int]]:
+        """Where our co-runner goes: its own set minus the hot core when that leaves CPUs,
+        else (a hot co-runner on a single core) a free core of its own."""
+        rest = ctx.layout.cpus(other) - core
+        if rest:
+            return rest
+        cores = free_cores(ctx, other)
+        return ctx.layout.shaped_like(other, cores[0]) if cores else None

@@ -1,0 +1,212 @@
+"""The per-rank self-tuner: windows of StepRecords -> rules -> one judged action at a time.
+
+    Tuner(rank_plan, topology, cfg, binder, events).observe(record)  # every step; never raises
+    Tuner.close()
+
+Every `cfg.window` records the window is summarised. If an action is in flight, this
+window judges it against the window before it (kept, or rolled back with the reason and
+an exponential back-off for that rule and role); then `cfg.cooldown_windows` windows
+pass before the next action. Otherwise the rules are asked in priority order and the
+first proposed move is applied through binder.set_role_cpus: at most one action in
+flight, never outside the rank's share. Windows where no rule sees anything feed the
+noise band the judge uses. With cfg.dry_run the would-be actions are logged only.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from placement.config import TuneConfig
+from placement.cpuset import format_cpulist
+from placement.monitor.record import StepRecord
+from placement.plan.model import RankPlan
+from placement.roles import ThreadRole
+from placement.topology.model import Topology
+from placement.tune.facts import HostFacts, LiveFacts
+from placement.tune.judge import Backoff, NoiseBand, judge
+from placement.tune.layout import RoleLayout
+from placement.tune.nice import BACKGROUND_ROLES, renice_background
+from placement.tune.rules import Proposal, RuleContext, make_rules
+from placement.tune.window import WindowStats, summarize
+
+log = logging.getLogger("placement")
+
+# Windows skipped at the start: warm-up steps (allocations, worker start) are not evidence.
+WARMUP_WINDOWS = 1
+
+
+@dataclass
+class InFlight:
+    proposal: Proposal
+    previous: frozenset[int]
+    before: WindowStats
+
+
+class Tuner:
+    def __init__(self, rank_plan: RankPlan, topology: Optional[Topology], cfg: TuneConfig, binder, events,
+                 *, facts: Optional[HostFacts] = None):
+        self.cfg = cfg
+        self.binder = binder
+        self.events = events
+        self.layout = RoleLayout.from_plan(rank_plan, topology)
+        self.memory_mode = rank_plan.memory.mode
+        self.rules = make_rules(cfg.rules)
+        self.facts: HostFacts = facts if facts is not None else LiveFacts(self._own_pids)
+        self.windows = 0  # windows seen
+        self._records: list[StepRecord] = []
+        self._in_flight: Optional[InFlight] = None
+        self._cooldown = 0
+        self._noise = NoiseBand()
+        self._backoff = Backoff(cfg.max_backoff_windows)
+        self._disabled: set[str] = set()
+        self._dry_run_logged: set[tuple[str, str, frozenset[int]]] = set()
+        self._broken = False
+
+    # ---- the two calls training code makes ---------------------------------
+    def observe(self, record: StepRecord) -> None:
+        """Feed one step record. Never raises: a failure stops the tuner (plan stays as it is)."""
+        if not self.cfg.enabled or self._broken:
+            return
+        try:
+            self._records.append(record)
+            if len(self._records) < self.cfg.window:
+                return
+            stats = summarize(self._records)
+            self._records = []
+            self._on_window(stats)
+        except Exception as e:  # the tuner must never break training
+            self._broken = True
+            msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
+            log.warning(msg)
+            self._event("warning", source="tune", message=msg)
+
+    def close(self) -> None:
+        self._records = []
+        self._broken = True
+
+    # ---- one window -----------------------------------------------------------
+    def _on_window(self, stats: WindowStats) -> None:
+        self.windows += 1
+        if self._in_flight is not None:
+            self._judge(stats)
+            self._cooldown = self.cfg.cooldown_windows
+            return
+        if self.cfg.background_nice > 0 and not self.cfg.dry_run:
+            self._renice()
+        if self.windows <= WARMUP_WINDOWS:
+            return
+        if self._cooldown > 0:
+            self._cooldown -= 1
+            return
+        proposals = self._ask_rules(stats)
+        for p in proposals:
+            if not p.is_move:
+                log.warning("placement: %s", p.reason)
+                self._event("warning", source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
+        moves = [p for p in proposals if p.is_move]
+        if not moves:
+            self._noise.add_quiet(stats)
+            return
+        for p in moves:
+            if not self._backoff.blocked((p.rule, p.role.value), self.windows):
+                self._apply(p, stats)
+                return
+
+    def _ask_rules(self, stats: WindowStats) -> list[Proposal]:
+        ctx = RuleContext(stats=stats, layout=self.layout, cfg=self.cfg, facts=self.facts,
+                          memory_mode=self.memory_mode,
+                          background_niced=self.cfg.background_nice > 0 and not self.cfg.dry_run)
+        out = []
+        for rule in self.rules:
+            if rule.name in self._disabled:
+                continue
+            try:
+                p = rule.propose(ctx)
+            except Exception as e:  # one bad rule must not stop the others, nor training
+                self._disabled.add(rule.name)
+                msg = f"tune rule {rule.name} raised {e!r}; it is disabled for the rest of the run"
+                log.warning("placement: %s", msg)
+                self._event("warning", source="tune", rule=rule.name, message=msg)
+                continue
+            if p is None:
+                continue
+            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)):
+                continue  # never leave the share; an empty or same set is no action
+            out.append(p)
+        return out
+
+    # ---- side effects -----------------------------------------------------------
+    def _apply(self, p: Proposal, stats: WindowStats) -> None:
+        previous = self.layout.cpus(p.role)
+        change = {"from": sorted(previous), "to": sorted(p.cpus)}
+        if self.cfg.dry_run:
+            sig = (p.rule, p.role.value, p.cpus)
+            if sig not in self._dry_run_logged:
+                self._dry_run_logged.add(sig)
+                self._event("tune", phase="dry_run", rule=p.rule, role=p.role.value, change=change,
+                            reason=p.reason, evidence=p.evidence, effect=None)
+            self._cooldown = self.cfg.cooldown_windows
+            return
+        results = self.binder.set_role_cpus(p.role, p.cpus, f"tune {p.rule}: {p.reason}")
+        failed = [r for r in results if not r.ok]
+        if results and len(failed) == len(results):
+            self.binder.set_role_cpus(p.role, previous, f"rollback of tune {p.rule}: binder refused")
+            wait = self._backoff.on_revert((p.rule, p.role.value), self.windows)
+            self._event("rollback", rule=p.rule, role=p.role.value, change={"from": change["to"], "to": change["from"]},
+                        evidence=p.evidence, effect=None, backoff_windows=wait,
+                        why=f"binding refused: {failed[0].error}")
+            return
+        self.layout = self.layout.with_role(p.role, p.cpus)
+        self._in_flight = InFlight(p, previous, stats)
+        self._event("tune", phase="applied", rule=p.rule, role=p.role.value, change=change, reason=p.reason,
+                    evidence=p.evidence, effect=None, threads=len(results) - len(failed),
+                    failed=[{"tid": r.tid, "error": r.error} for r in failed])
+        log.info("placement: tune %s: %s", p.rule, p.reason)
+
+    def _judge(self, after: WindowStats) -> None:
+        f, self._in_flight = self._in_flight, None
+        p = f.proposal
+        key = (p.rule, p.role.value)
+        v = judge(f.before, after, self._noise.pct(f.before, after), self.cfg.min_gain_pct)
+        if v.keep:
+            self._backoff.on_keep(key)
+            self._event("tune", phase="kept", rule=p.rule, role=p.role.value,
+                        change={"from": sorted(f.previous), "to": sorted(p.cpus)}, reason=p.reason,
+                        evidence=p.evidence, effect=v.effect(), why=v.why)
+            log.info("placement: tune %s kept: %s", p.rule, v.why)
+            return
+        results = self.binder.set_role_cpus(p.role, f.previous, f"rollback of tune {p.rule}: {v.why}")
+        self.layout = self.layout.with_role(p.role, f.previous)
+        wait = self._backoff.on_revert(key, self.windows)
+        self._event("rollback", rule=p.rule, role=p.role.value,
+                    change={"from": sorted(p.cpus), "to": sorted(f.previous)}, evidence=p.evidence,
+                    effect=v.effect(), why=v.why, backoff_windows=wait,
+                    failed=[{"tid": r.tid, "error": r.error} for r in results if not r.ok])
+        log.info("placement: tune %s rolled back (%s); back off %d windows", p.rule, v.why, wait)
+
+    def _renice(self) -> None:
+        changed = renice_background(self.binder.threads(), self.cfg.background_nice)
+        if changed:
+            roles = ",".join(r.value for r in BACKGROUND_ROLES)
+            self._event("tune", phase="applied", rule="background_nice", role=roles,
+                        change={"nice": self.cfg.background_nice, "tids": changed},
+                        reason=f"{roles} threads at nice {self.cfg.background_nice} so hot threads preempt them",
+                        evidence={"config": "tune.background_nice"}, effect=None)
+
+    def _own_pids(self) -> set[int]:
+        return {t.pid for t in self.binder.threads()}
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        try:
+            self.events.event(kind, **fields)
+        except Exception as e:  # a broken log must not stop tuning, nor training
+            log.warning("placement: cannot log %s event: %r", kind, e)
+
+    # ---- read-only views --------------------------------------------------------
+    def role_cpus(self, role: ThreadRole) -> frozenset[int]:
+        """Where the tuner has `role` now (the plan's set until an action changed it)."""
+        return self.layout.cpus(role)
+
+    def describe(self) -> str:
+        return "; ".join(f"{r}={format_cpulist(c)}" for r, c in sorted(self.layout.roles.items()))

@@ -1,0 +1,95 @@
+"""Shared by the placerun tests: how to start placerun/torchrun, and independent /proc read-backs
+(parsed here, not with placement's own readers, so the tests check the binder from outside)."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from placement.cpuset import parse_cpulist
+
+REPO = Path(__file__).resolve().parents[1]
+JOBS = REPO / "tests" / "placerun_jobs"
+BIN = Path(sys.executable).parent
+
+
+def launcher(name):
+    """The installed console script when there is one, else the module behind it."""
+    script = BIN / name
+    if script.exists():
+        return [str(script)]
+    return [sys.executable, "-m", "placement.launcher" if name == "placerun" else "torch.distributed.run"]
+
+
+def start(cmd, log_prefix: Path, **kw):
+    out = open(f"{log_prefix}.out", "w")
+    err = open(f"{log_prefix}.err", "w")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "OMP_NUM_THREADS"))}
+    return subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True, **kw)
+
+
+def text(log_prefix: Path, stream: str) -> str:
+    return Path(f"{log_prefix}.{stream}").read_text()
+
+
+def wait_for(paths, procs, timeout=120):
+    """Wait until every path exists; fail early, with the launcher's stderr, if a launcher exits."""
+    deadline = time.monotonic() + timeout
+    while not all(Path(p).exists() for p in paths):
+        for p, prefix in procs:
+            if p.poll() is not None:
+                raise AssertionError(f"launcher exited {p.returncode} early:\n{text(prefix, 'err')[-4000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {paths}")
+        time.sleep(0.1)
+
+
+def allowed(pid, tid):
+    try:
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("Cpus_allowed_list:"):
+                    return parse_cpulist(line.split(":", 1)[1])
+    except OSError:
+        return None
+
+
+def comm(pid, tid=None):
+    path = f"/proc/{pid}/comm" if tid is None else f"/proc/{pid}/task/{tid}/comm"
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def tids(pid):
+    try:
+        return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return []
+
+
+def children(pid):
+    kids = []
+    for tid in tids(pid):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/children") as f:
+                kids.extend(int(x) for x in f.read().split())
+        except OSError:
+            pass
+    return kids
+
+
+_KERNEL_POLICY = {"default": "none", "local": "none", "prefer": "preferred", "bind": "bind",
+                  "interleave": "interleave"}
+
+
+def memory_policy(pid, tid):
+    """(mode, nodes) of a thread's policy, as /proc/<pid>/task/<tid>/numa_maps shows it for
+    mappings that have none of their own (the first line's policy field)."""
+    with open(f"/proc/{pid}/task/{tid}/numa_maps") as f:
+        field = f.readline().split()[1]
+    mode, _, nodes = field.partition(":")
+    mode = _KERNEL_POLICY.get(mode.split("=")[0], mode)
+    return mode, sorted(parse_cpulist(nodes)) if mode != "none" else []

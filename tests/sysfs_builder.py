@@ -1,0 +1,548 @@
+"""Fake sysfs/procfs trees, built by code from machine facts, for tests and benchmarks.
+
+`make_tree(tmp_path, name)` writes the tree of one machine in FIXTURES under
+tmp_path/name and returns that root (it holds sys/ and proc/, like "/"). The files
+are those the kernel writes: cpu/cpuN/topology/*, cache/index*/{level,
+shared_cpu_list,shared_cpu_map}, cpufreq, acpi_cppc, node/nodeN/{cpulist,cpumap,
+distance,meminfo}, cpu/online, PCI devices under devices/pci0000:xx/... with
+bus/pci/devices/* links, class/infiniband, class/net, proc/self/cgroup,
+proc/mounts, cgroup cpuset files and proc/sys/kernel/numa_balancing.
+
+`shared_trees()` extracts the real machine trees of ../shared/topologies (or skips).
+
+Machine facts of each fixture (CPU ids use Linux's numbering: first thread of every
+core, package by package, then the SMT siblings in the same order):
+- dgx_h100: 2 packages x 56 cores x 2 threads = 224 CPUs, node = package, one L3 per
+  package; 8 H100 GPUs (0000:18, 2a, 3a, 5d on node 0; 9a, ab, ba, db on node 1), each
+  with one ConnectX-7 (mlx5_N, netdev ibN) as a pair under its own PCIe switch behind
+  its own host bridge (GPU N <-> mlx5_N is PIX, same node NODE, other node SYS); one
+  ethernet NIC eno1 on node 0. numa_balancing 0, governor performance, turbo on.
+- epyc_nps4: 2 packages x 64 cores x 2 threads = 256 CPUs, 8 NUMA nodes (NPS4: 16
+  cores each), one L3 per 8-core CCD, amd-pstate: equal highest_perf, prefcore
+  ranking higher on the first two cores of every CCD. No GPU.
+- container_cgroup2: 2 packages x 16 cores x 2 threads = 64 CPUs on 2 nodes; a
+  cgroup v2 cpuset allows cores 8-15 of node 0 and their siblings (8-15,40-47);
+  membind is refused there (a live-only fact: `membind_allowed` below).
+- vm_numa_minus_one: 16 vCPUs, no SMT, 2 nodes (0-7, 8-15); 2 GPUs on a flat PCI
+  bus whose numa_node files say -1 (local_cpulist 0-7 and 8-15) and a virtio NIC
+  (numa_node -1, local_cpulist 0-15).
+- gpu_nic_cross_node: 2 packages x 8 cores x 2 threads = 32 CPUs on 2 nodes; 2 GPUs
+  on node 0 and the only InfiniBand NIC (mlx5_0) on node 1.
+- numa_balancing_on: 2 packages x 8 cores x 2 threads on 2 nodes, numa_balancing 1,
+  governor powersave, turbo off.
+- small_cpu: 1 node, 8 cores x 2 threads = 16 CPUs, no GPU, no NIC; favoured cores
+  2 and 5 (CPUs 2,5,10,13: higher highest_perf and max frequency).
+- legacy_masks: old sysfs with hex masks only (no *_list files), NUL bytes after
+  values, no cpu/online file; 2 packages x 4 cores x 2 threads, 2 nodes.
+- sparse_offline: sparse ids: CPUs 0-3 and 8-11 present, 10 and 11 offline;
+  packages 0 and 3, nodes 0 and 2 plus node 3 without CPUs but with memory (distance
+  columns follow the online node list 0,2,3).
+- no_numa_dir: a kernel without NUMA (no node/ directory), 4 CPUs.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Optional
+
+import pytest
+
+from placement.cpuset import format_cpulist, format_cpumask
+
+SHARED = Path(__file__).resolve().parents[2] / "shared"
+
+NVIDIA = 0x10DE
+MELLANOX = 0x15B3
+INTEL = 0x8086
+REDHAT_VIRTIO = 0x1AF4
+CLASS_3D = 0x030200
+CLASS_VGA = 0x030000
+CLASS_IB = 0x020700
+CLASS_ETH = 0x020000
+CLASS_BRIDGE = 0x060400
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    id: int
+    package: int  # physical_package_id as the kernel prints it
+    core_id: int
+    node: int
+    l3: int  # CPUs with an equal value share one L3
+    die: int = 0
+    cluster: int = -1  # -1: no cluster object
+    online: bool = True
+    max_khz: Optional[int] = 3_000_000
+    base_khz: Optional[int] = 2_000_000
+    highest_perf: Optional[int] = None
+    prefcore_ranking: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class PciFacts:
+    bdf: str  # "0000:18:00.0"
+    host_bridge: str  # "pci0000:17"
+    parent: Optional[str]  # bdf of the upstream bridge; None: directly on the host bridge
+    cls: int
+    vendor: int
+    device: int = 0
+    numa_node: int = -1
+    local_cpus: frozenset[int] = frozenset()
+
+
+@dataclass(frozen=True)
+class NicFacts:
+    name: str  # class/infiniband name, or the netdev name of an ethernet NIC
+    pci: str
+    kind: str  # "infiniband" | "ethernet"
+    netdevs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class CgroupFacts:
+    version: int  # 1 or 2
+    path: str  # the process's cgroup path, "/kubepods/pod1/ctr"
+    cpus: frozenset[int]
+    mems: frozenset[int]
+
+
+@dataclass
+class Machine:
+    cpus: list[CpuFacts]
+    node_memory_kb: dict[int, int] = field(default_factory=dict)  # also CPU-less nodes
+    distances: dict[int, dict[int, int]] = field(default_factory=dict)
+    pci: list[PciFacts] = field(default_factory=list)
+    nics: list[NicFacts] = field(default_factory=list)
+    cgroup: Optional[CgroupFacts] = None
+    numa_balancing: Optional[int] = 0
+    governor: Optional[str] = "performance"
+    turbo_driver: Optional[str] = "intel_pstate"  # intel_pstate (no_turbo) | boost | None
+    turbo: bool = True
+    mask_only: bool = False  # old kernels: thread_siblings/core_siblings/shared_cpu_map/cpumap only
+    nul_bytes: bool = False  # a NUL byte after each cpu list/mask, as some kernels write
+    cpu_online_file: bool = True
+    numa_dir: bool = True
+    membind_allowed: Optional[bool] = True  # live-only fact, for tests that emulate the machine
+    description: str = ""
+
+
+# ---------------------------------------------------------------- machine facts
+
+
+def smp_cpus(packages: int, cores: int, threads: int, *,
+             node_of: Callable[[int, int], int] = lambda pkg, core: pkg,
+             l3_of: Callable[[int, int], int] = lambda pkg, core: pkg,
+             package_ids: Optional[list[int]] = None, **per_cpu) -> list[CpuFacts]:
+    """CPUs of an SMP machine in Linux order; per_cpu values may be callables of (pkg, core)."""
+    out = []
+    for t in range(threads):
+        for pkg in range(packages):
+            for core in range(cores):
+                cpu_id = (t * packages + pkg) * cores + core
+                extra = {k: (v(pkg, core) if callable(v) else v) for k, v in per_cpu.items()}
+                out.append(CpuFacts(id=cpu_id, package=(package_ids or list(range(packages)))[pkg],
+                                    core_id=core, node=node_of(pkg, core), l3=l3_of(pkg, core), **extra))
+    return sorted(out, key=lambda c: c.id)
+
+
+def two_level_distances(nodes: list[int], same_package: Callable[[int, int], bool],
+                        near: int, far: int) -> dict[int, dict[int, int]]:
+    return {a: {b: 10 if a == b else (near if same_package(a, b) else far) for b in nodes} for a in nodes}
+
+
+def gpu_nic_pairs(gpu_bus: list[int], node_of_gpu: Callable[[int], int],
+                  cpus_of_node: Callable[[int], frozenset[int]]) -> tuple[list[PciFacts], list[NicFacts]]:
+    """Per GPU bus B, its own host bridge and PCIe switch holding the GPU (B) and a NIC (B+1):
+    root port (B-3) -> switch upstream port (B-2) -> 2 downstream ports (B-1) -> GPU, NIC."""
+    pci, nics = [], []
+    for i, bus in enumerate(gpu_bus):
+        node = node_of_gpu(i)
+        local = cpus_of_node(node)
+        hb = f"pci0000:{bus - 3:02x}"
+        rp, usp = f"0000:{bus - 3:02x}:01.0", f"0000:{bus - 2:02x}:00.0"
+        dsp_gpu, dsp_nic = f"0000:{bus - 1:02x}:00.0", f"0000:{bus - 1:02x}:01.0"
+        gpu, nic = f"0000:{bus:02x}:00.0", f"0000:{bus + 1:02x}:00.0"
+        bridge = dict(host_bridge=hb, cls=CLASS_BRIDGE, vendor=INTEL, numa_node=node, local_cpus=local)
+        pci += [PciFacts(rp, parent=None, **bridge), PciFacts(usp, parent=rp, **bridge),
+                PciFacts(dsp_gpu, parent=usp, **bridge), PciFacts(dsp_nic, parent=usp, **bridge),
+                PciFacts(gpu, hb, dsp_gpu, CLASS_3D, NVIDIA, 0x2330, node, local),
+                PciFacts(nic, hb, dsp_nic, CLASS_IB, MELLANOX, 0x1021, node, local)]
+        nics.append(NicFacts(f"mlx5_{i}", nic, "infiniband", (f"ib{i}",)))
+    return pci, nics
+
+
+def cpus_where(cpus: list[CpuFacts], pred: Callable[[CpuFacts], bool]) -> frozenset[int]:
+    return frozenset(c.id for c in cpus if pred(c))
+
+
+def dgx_h100() -> Machine:
+    cpus = smp_cpus(2, 56, 2, max_khz=3_800_000, base_khz=2_000_000, highest_perf=170)
+    node_cpus = {n: cpus_where(cpus, lambda c, n=n: c.node == n) for n in (0, 1)}
+    pci, nics = gpu_nic_pairs([0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb],
+                              lambda i: 0 if i < 4 else 1, node_cpus.__getitem__)
+    pci.append(PciFacts("0000:03:00.0", "pci0000:00", None, CLASS_ETH, INTEL, 0x1533, 0, node_cpus[0]))
+    nics.append(NicFacts("eno1", "0000:03:00.0", "ethernet", ("eno1",)))
+    return Machine(cpus, {0: 1_056_000_000, 1: 1_056_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 21), pci, nics,
+                   description="DGX H100-like: 2x56 cores SMT, 8 GPUs + 8 IB NICs in PIX pairs")
+
+
+def epyc_nps4() -> Machine:
+    cpus = smp_cpus(2, 64, 2, node_of=lambda pkg, core: pkg * 4 + core // 16,
+                    l3_of=lambda pkg, core: pkg * 8 + core // 8,
+                    max_khz=3_700_000, base_khz=2_400_000, highest_perf=166,
+                    prefcore_ranking=lambda pkg, core: 236 if core % 8 < 2 else 196)
+    nodes = list(range(8))
+    return Machine(cpus, {n: 192_000_000 for n in nodes},
+                   two_level_distances(nodes, lambda a, b: a // 4 == b // 4, 12, 32),
+                   turbo_driver="boost", description="AMD EPYC 2P NPS4: 8 nodes, L3 per 8-core CCD")
+
+
+def container_cgroup2() -> Machine:
+    cpus = smp_cpus(2, 16, 2)
+    allowed = cpus_where(cpus, lambda c: c.package == 0 and c.core_id >= 8)
+    return Machine(cpus, {0: 128_000_000, 1: 128_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 21),
+                   cgroup=CgroupFacts(2, "/kubepods.slice/pod42/ctr", allowed, frozenset({0})),
+                   membind_allowed=False, description="container: cgroup v2 cpuset 8-15,40-47, membind refused")
+
+
+def vm_numa_minus_one() -> Machine:
+    cpus = smp_cpus(2, 8, 1, max_khz=None, base_khz=None)
+    halves = [cpus_where(cpus, lambda c, n=n: c.node == n) for n in (0, 1)]
+    pci = [PciFacts("0000:00:05.0", "pci0000:00", None, CLASS_3D, NVIDIA, 0x20B5, -1, halves[0]),
+           PciFacts("0000:00:06.0", "pci0000:00", None, CLASS_3D, NVIDIA, 0x20B5, -1, halves[1]),
+           PciFacts("0000:00:03.0", "pci0000:00", None, CLASS_ETH, REDHAT_VIRTIO, 0x1041, -1, halves[0] | halves[1])]
+    return Machine(cpus, {0: 64_000_000, 1: 64_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 20), pci,
+                   [NicFacts("eth0", "0000:00:03.0", "ethernet", ("eth0",))],
+                   governor=None, turbo_driver=None, description="VM: PCI numa_node -1 everywhere")
+
+
+def gpu_nic_cross_node() -> Machine:
+    cpus = smp_cpus(2, 8, 2)
+    node_cpus = {n: cpus_where(cpus, lambda c, n=n: c.node == n) for n in (0, 1)}
+    gpus_pci, _ = gpu_nic_pairs([0x18, 0x2a], lambda i: 0, node_cpus.__getitem__)
+    nics_pci, nics = gpu_nic_pairs([0x9a], lambda i: 1, node_cpus.__getitem__)
+    pci = [p for p in gpus_pci if p.cls != CLASS_IB] + [p for p in nics_pci if p.cls != CLASS_3D]
+    return Machine(cpus, {0: 256_000_000, 1: 256_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 21), pci, nics,
+                   description="GPUs on node 0, the only NIC on node 1")
+
+
+def numa_balancing_on() -> Machine:
+    cpus = smp_cpus(2, 8, 2)
+    return Machine(cpus, {0: 64_000_000, 1: 64_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 21),
+                   numa_balancing=1, governor="powersave", turbo=False,
+                   description="kernel.numa_balancing=1, powersave, turbo off")
+
+
+def small_cpu() -> Machine:
+    favoured = {2, 5}
+    cpus = smp_cpus(1, 8, 2,
+                    highest_perf=lambda pkg, core: 67 if core in favoured else 64,
+                    max_khz=lambda pkg, core: 5_200_000 if core in favoured else 5_000_000,
+                    base_khz=1_900_000)
+    return Machine(cpus, {0: 32_000_000}, {0: {0: 10}}, description="1 node, 8 cores SMT, favoured cores 2 and 5")
+
+
+def legacy_masks() -> Machine:
+    return Machine(smp_cpus(2, 4, 2, max_khz=None, base_khz=None), {0: 8_000_000, 1: 8_000_000},
+                   two_level_distances([0, 1], lambda a, b: a == b, 10, 20),
+                   mask_only=True, nul_bytes=True, cpu_online_file=False, governor=None, turbo_driver=None,
+                   description="old sysfs: masks only, NUL bytes, no cpu/online")
+
+
+def sparse_offline() -> Machine:
+    cpus = [CpuFacts(i, package=0 if i < 8 else 3, core_id=i % 4, node=0 if i < 8 else 2, l3=0 if i < 8 else 3)
+            for i in (0, 1, 2, 3, 8, 9, 10, 11)]
+    cpus = [replace(c, online=c.id not in (10, 11)) for c in cpus]
+    dist = {0: {0: 10, 2: 20, 3: 30}, 2: {0: 20, 2: 10, 3: 25}, 3: {0: 30, 2: 25, 3: 10}}
+    return Machine(cpus, {0: 4_000_000, 2: 4_000_000, 3: 2_000_000}, dist,
+                   description="sparse cpu/package/node ids, offline CPUs 10-11, CPU-less node 3")
+
+
+def no_numa_dir() -> Machine:
+    return Machine(smp_cpus(1, 4, 1), numa_dir=False, description="kernel without NUMA")
+
+
+FIXTURES: dict[str, Callable[[], Machine]] = {
+    "dgx_h100": dgx_h100,
+    "epyc_nps4": epyc_nps4,
+    "container_cgroup2": container_cgroup2,
+    "vm_numa_minus_one": vm_numa_minus_one,
+    "gpu_nic_cross_node": gpu_nic_cross_node,
+    "numa_balancing_on": numa_balancing_on,
+    "small_cpu": small_cpu,
+    "legacy_masks": legacy_masks,
+    "sparse_offline": sparse_offline,
+    "no_numa_dir": no_numa_dir,
+}
+
+
+# ---------------------------------------------------------------- writing the tree
+
+
+class _Tree:
+    """Collects the tree as (path, text) files and (path, target) links; `materialize` writes them."""
+
+    def __init__(self, machine: Machine):
+        self.m = machine
+        self.files: list[tuple[str, str]] = []
+        self.links: list[tuple[str, str]] = []
+        self.dirs: list[str] = []
+
+    def write(self, rel: str, text: str) -> None:
+        self.files.append((rel, text))
+
+    def link(self, rel: str, target: str) -> None:
+        self.links.append((rel, target))
+
+    def mkdir(self, rel: str) -> None:
+        self.dirs.append(rel)
+
+    def cpuset(self, rel_base: str, cpus: frozenset[int], *, list_suffix: str = "_list",
+               mask_name: Optional[str] = None) -> None:
+        """Write a set as `<base>_list` and/or the mask file, the way the machine's kernel would."""
+        tail = "\n\x00" if self.m.nul_bytes else "\n"
+        self.write(mask_name or rel_base, format_cpumask(cpus) + tail)
+        if not self.m.mask_only:
+            self.write(rel_base + list_suffix, format_cpulist(cpus) + tail)
+
+    def materialize(self, root: Path) -> None:
+        made: set[str] = set()
+
+        def parent_of(rel: str) -> None:
+            d = os.path.dirname(rel)
+            if d not in made:
+                os.makedirs(root / d, exist_ok=True)
+                made.add(d)
+
+        for rel in self.dirs:
+            os.makedirs(root / rel, exist_ok=True)
+        for rel, text in self.files:
+            parent_of(rel)
+            with open(root / rel, "w") as f:
+                f.write(text)
+        for rel, target in self.links:
+            parent_of(rel)
+            os.symlink(target, root / rel)
+
+
+def build(root: Path, machine: Machine) -> None:
+    """Write the sysfs/procfs tree of `machine` under root."""
+    _plan_tree(machine).materialize(root)
+
+
+def _plan_tree(machine: Machine) -> _Tree:
+    t = _Tree(machine)
+    online = [c for c in machine.cpus if c.online]
+    present = frozenset(c.id for c in machine.cpus)
+    on_ids = frozenset(c.id for c in online)
+
+    def groups_by(key: Callable[[CpuFacts], object]) -> dict[object, frozenset[int]]:
+        out: dict[object, set[int]] = {}
+        for o in online:
+            out.setdefault(key(o), set()).add(o.id)
+        return {k: frozenset(v) for k, v in out.items()}
+
+    cores = groups_by(lambda o: (o.package, o.die, o.core_id))
+    packages = groups_by(lambda o: o.package)
+    dies = groups_by(lambda o: (o.package, o.die))
+    clusters = groups_by(lambda o: o.cluster)
+    l3s = groups_by(lambda o: o.l3)
+    nodes_cpus = groups_by(lambda o: o.node)
+
+    sysc = "sys/devices/system/cpu"
+    for c in machine.cpus:
+        d = f"{sysc}/cpu{c.id}"
+        if c.id != 0 or not c.online:
+            t.write(f"{d}/online", "1\n" if c.online else "0\n")
+        if not c.online:
+            continue  # the kernel removes topology/ and cache/ of an offline CPU
+        core = cores[(c.package, c.die, c.core_id)]
+        pkg = packages[c.package]
+        t.write(f"{d}/topology/physical_package_id", f"{c.package}\n")
+        t.write(f"{d}/topology/core_id", f"{c.core_id}\n")
+        t.cpuset(f"{d}/topology/thread_siblings", core)
+        t.cpuset(f"{d}/topology/core_siblings", pkg)
+        if not machine.mask_only:
+            t.write(f"{d}/topology/die_id", f"{c.die}\n")
+            t.write(f"{d}/topology/cluster_id", f"{c.cluster}\n")
+            t.cpuset(f"{d}/topology/core_cpus", core)
+            t.cpuset(f"{d}/topology/package_cpus", pkg)
+            t.cpuset(f"{d}/topology/die_cpus", dies[(c.package, c.die)])
+            t.cpuset(f"{d}/topology/cluster_cpus", clusters[c.cluster] if c.cluster != -1 else core)
+        for index, level, shared in ((0, 1, core), (1, 1, core), (2, 2, core), (3, 3, l3s[c.l3])):
+            t.write(f"{d}/cache/index{index}/level", f"{level}\n")
+            t.cpuset(f"{d}/cache/index{index}/shared_cpu", shared, mask_name=f"{d}/cache/index{index}/shared_cpu_map")
+        if c.max_khz is not None:
+            t.write(f"{d}/cpufreq/cpuinfo_max_freq", f"{c.max_khz}\n")
+        if c.base_khz is not None:
+            t.write(f"{d}/cpufreq/base_frequency", f"{c.base_khz}\n")
+        if machine.governor is not None:
+            t.write(f"{d}/cpufreq/scaling_governor", f"{machine.governor}\n")
+        if c.prefcore_ranking is not None:
+            t.write(f"{d}/cpufreq/amd_pstate_prefcore_ranking", f"{c.prefcore_ranking}\n")
+        if c.highest_perf is not None:
+            t.write(f"{d}/acpi_cppc/highest_perf", f"{c.highest_perf}\n")
+    if machine.cpu_online_file:
+        t.write(f"{sysc}/online", format_cpulist(on_ids) + "\n")
+        t.write(f"{sysc}/present", format_cpulist(present) + "\n")
+        t.write(f"{sysc}/possible", format_cpulist(present) + "\n")
+        t.write(f"{sysc}/offline", format_cpulist(present - on_ids) + "\n")
+    if machine.turbo_driver == "intel_pstate":
+        t.write(f"{sysc}/intel_pstate/no_turbo", "0\n" if machine.turbo else "1\n")
+    elif machine.turbo_driver == "boost":
+        t.write(f"{sysc}/cpufreq/boost", "1\n" if machine.turbo else "0\n")
+
+    if machine.numa_dir:
+        nodes = sorted(set(machine.node_memory_kb) | {c.node for c in machine.cpus})
+        for n in nodes:
+            d = f"sys/devices/system/node/node{n}"
+            t.cpuset(f"{d}/cpu", nodes_cpus.get(n, frozenset()), mask_name=f"{d}/cpumap")
+            row = machine.distances.get(n, {n: 10})
+            t.write(f"{d}/distance", " ".join(str(row[b]) for b in sorted(row)) + "\n")
+            kb = machine.node_memory_kb.get(n, 0)
+            t.write(f"{d}/meminfo", f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb // 2} kB\n")
+        if not machine.mask_only:
+            t.write("sys/devices/system/node/online", format_cpulist(nodes) + "\n")
+            t.write("sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
+
+    _write_pci(t, machine)
+    _write_proc(t, machine)
+    return t
+
+
+def _pci_dir(machine: Machine, bdf: str) -> str:
+    by_bdf = {p.bdf: p for p in machine.pci}
+    chain = []
+    p: Optional[PciFacts] = by_bdf[bdf]
+    while p is not None:
+        chain.append(p.bdf)
+        p = by_bdf[p.parent] if p.parent else None
+    return "/".join(["sys/devices", by_bdf[bdf].host_bridge] + chain[::-1])
+
+
+def _write_pci(t: _Tree, machine: Machine) -> None:
+    for p in machine.pci:
+        d = _pci_dir(machine, p.bdf)
+        t.write(f"{d}/class", f"0x{p.cls:06x}\n")
+        t.write(f"{d}/vendor", f"0x{p.vendor:04x}\n")
+        t.write(f"{d}/device", f"0x{p.device:04x}\n")
+        t.write(f"{d}/numa_node", f"{p.numa_node}\n")
+        t.write(f"{d}/local_cpulist", format_cpulist(p.local_cpus) + "\n")
+        t.write(f"{d}/local_cpus", format_cpumask(p.local_cpus) + "\n")
+        t.link(f"sys/bus/pci/devices/{p.bdf}", "../../../" + d.removeprefix("sys/"))
+    for nic in machine.nics:
+        d = _pci_dir(machine, nic.pci).removeprefix("sys/")
+        if nic.kind == "infiniband":
+            t.link(f"sys/class/infiniband/{nic.name}", f"../../{d}/infiniband/{nic.name}")
+            t.link(f"sys/{d}/infiniband/{nic.name}/device", f"../../../{nic.pci}")
+        for netdev in nic.netdevs:
+            t.link(f"sys/class/net/{netdev}", f"../../{d}/net/{netdev}")
+            t.link(f"sys/{d}/net/{netdev}/device", f"../../../{nic.pci}")
+    t.link("sys/class/net/lo", "../../devices/virtual/net/lo")
+    t.mkdir("sys/devices/virtual/net/lo")
+
+
+def _write_proc(t: _Tree, machine: Machine) -> None:
+    if machine.numa_balancing is not None:
+        t.write("proc/sys/kernel/numa_balancing", f"{machine.numa_balancing}\n")
+    mounts = ["sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0",
+              "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0"]
+    cg = machine.cgroup
+    if cg is None or cg.version == 2:
+        mounts.append("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0")
+        path = cg.path if cg else "/"
+        t.write("proc/self/cgroup", f"0::{path}\n")
+        if cg is not None:
+            t.write("sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
+            t.write(f"sys/fs/cgroup{cg.path}/cpuset.cpus.effective", format_cpulist(cg.cpus) + "\n")
+            t.write(f"sys/fs/cgroup{cg.path}/cpuset.mems.effective", format_cpulist(cg.mems) + "\n")
+    else:
+        mounts += ["tmpfs /sys/fs/cgroup tmpfs ro,nosuid,nodev,noexec,mode=755 0 0",
+                   "cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,nodev,noexec,relatime,cpuset 0 0",
+                   "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0"]
+        t.write("proc/self/cgroup", f"4:memory:{cg.path}\n3:cpuset:{cg.path}\n0::/\n")
+        t.write(f"sys/fs/cgroup/cpuset{cg.path}/cpuset.cpus", format_cpulist(cg.cpus) + "\n")
+        t.write(f"sys/fs/cgroup/cpuset{cg.path}/cpuset.mems", format_cpulist(cg.mems) + "\n")
+    t.write("proc/mounts", "\n".join(mounts) + "\n")
+
+
+_planned: dict[str, _Tree] = {}
+_fast_dir: list[str] = []
+
+
+def _fast_base() -> Optional[str]:
+    """A per-process directory on tmpfs (/dev/shm) when there is one: creating thousands of small
+    files there takes a fraction of the time it takes on a disk-backed /tmp."""
+    if not _fast_dir:
+        shm = "/dev/shm"
+        if not (os.path.isdir(shm) and os.access(shm, os.W_OK)):
+            return None
+        _fast_dir.append(tempfile.mkdtemp(prefix="placement-trees-", dir=shm))
+        atexit.register(shutil.rmtree, _fast_dir[0], True)
+    return _fast_dir[0]
+
+
+def make_tree(tmp_path, name: str) -> str:
+    """Write fixture `name` as a fresh, writable tree and return its root (holding sys/ and proc/).
+
+    The tree lies on tmpfs when the machine has one (tmp_path/name then links to it), else
+    under tmp_path/name. Each call writes a new tree, so a test may change its files.
+    """
+    if name not in FIXTURES:
+        raise KeyError(f"unknown fixture {name!r}; choose from {', '.join(FIXTURES)}")
+    if name not in _planned:
+        _planned[name] = _plan_tree(FIXTURES[name]())
+    link = Path(tmp_path) / name
+    base = _fast_base()
+    root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base)) if base else link
+    _planned[name].materialize(root)
+    if base:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(root, target_is_directory=True)
+    return str(root)
+
+
+def machine(name: str) -> Machine:
+    """The facts fixture `name` is built from (what tests compare discovery against)."""
+    return FIXTURES[name]()
+
+
+# ---------------------------------------------------------------- the real trees of ../shared
+
+_extracted: dict[str, str] = {}
+
+
+def shared_tarballs() -> list[Path]:
+    return sorted((SHARED / "topologies").glob("*.tar.bz2"))
+
+
+def shared_trees() -> list[str]:
+    """Roots of the real machine trees in ../shared/topologies, extracted once per session.
+
+    Skips the calling test when ../shared is absent.
+    """
+    tarballs = shared_tarballs()
+    if not tarballs:
+        pytest.skip(f"no real topology trees: {SHARED / 'topologies'} is absent")
+    out = []
+    for tarball in tarballs:
+        if tarball.name not in _extracted:
+            tmp = tempfile.mkdtemp(prefix="shared-", dir=_fast_base())
+            if _fast_base() is None:
+                atexit.register(shutil.rmtree, tmp, True)
+            with tarfile.open(tarball) as tf:
+                tf.extractall(tmp, filter="tar")
+            entries = [e for e in os.listdir(tmp) if not e.startswith(".")]
+            _extracted[tarball.name] = os.path.join(tmp, entries[0]) if len(entries) == 1 else tmp
+        out.append(_extracted[tarball.name])
+    return out

@@ -1,0 +1,222 @@
+"""Stage 2 on real threads with the real names (`pt_data_pin`, `NCCL Progress 0`, `pt_autograd_0`)
+and on real DataLoader worker processes that respawn every epoch. Every check reads /proc."""
+import json
+import os
+import threading
+import time
+
+import pytest
+import torch
+import torch.multiprocessing
+from torch.utils.data import DataLoader, Dataset
+
+from placement.bind import RoleBinder
+from placement.bind.fork import rehome_forked_children, stop_rehoming
+from placement.cpuset import parse_cpulist
+from placement.events import EventLog
+from placement.plan.model import GpuRef, MemoryPolicy, RankPlan, RoleAssignment
+from placement.roles import ThreadRole
+
+ALLOWED = sorted(os.sched_getaffinity(0))
+pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="role sets that differ need 2 allowed CPUs")
+A, B = frozenset(ALLOWED[:1]), frozenset(ALLOWED[1:2])
+BOTH = A | B
+
+
+def proc_allowed(pid, tid=None):
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
+    with open(path) as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return parse_cpulist(line.split(":", 1)[1])
+    raise AssertionError(path)
+
+
+def rank_plan(gpu=None, dataloader=B):
+    roles = {ThreadRole.MAIN: A, ThreadRole.NCCL: B, ThreadRole.PIN_MEMORY: B,
+             ThreadRole.DATALOADER: dataloader, ThreadRole.OTHER: BOTH}
+    return RankPlan(local_rank=0, gpu=gpu, numa=[0], memory=MemoryPolicy("none"),
+                    roles={r: RoleAssignment(sorted(c), f"test {r}") for r, c in roles.items()})
+
+
+@pytest.fixture(autouse=True)
+def restore_affinity():
+    """The binder moves this process's own threads: put every one back afterwards."""
+    yield
+    stop_rehoming()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), ALLOWED)
+        except OSError:
+            pass
+
+
+class NamedThread:
+    """A real thread that names itself (the kernel comm) as torch and NCCL do, then waits."""
+
+    def __init__(self, name, rename_to=None):
+        self.ready, self.renamed, self.stop = threading.Event(), threading.Event(), threading.Event()
+        self.rename_to = rename_to
+        self._t = threading.Thread(target=self._body, args=(name,))
+        self._t.start()
+        self.ready.wait()
+
+    def _body(self, name):
+        self.tid = threading.get_native_id()
+        torch.multiprocessing._set_thread_name(name)
+        self.ready.set()
+        if self.rename_to:
+            self.renamed.wait()
+            torch.multiprocessing._set_thread_name(self.rename_to)
+            self.renamed.clear()
+        self.stop.wait()
+
+    def rename(self):
+        self.renamed.set()
+        while self.renamed.is_set():
+            time.sleep(0.001)
+
+    def close(self):
+        self.stop.set()
+        self._t.join()
+
+
+@pytest.fixture
+def threads():
+    made = []
+    yield lambda *a, **k: made.append(NamedThread(*a, **k)) or made[-1]
+    for t in made:
+        t.close()
+
+
+def events_of(path):
+    return [json.loads(line) for line in open(path)]
+
+
+def test_real_thread_names_land_on_their_role_sets(threads, tmp_path):
+    pin, autograd = threads("pt_data_pin"), threads("pt_autograd_0")
+    log = EventLog(str(tmp_path / "rank0.jsonl"))
+    binder = RoleBinder(rank_plan(), log)
+    results = binder.rescan()
+    pid = os.getpid()
+    assert proc_allowed(pid, pid) == A  # main: CPU-only rank, narrowed at once
+    assert proc_allowed(pid, pin.tid) == B  # pin_memory
+    assert proc_allowed(pid, autograd.tid) == BOTH  # other
+    roles = {t.tid: t.role for t in binder.threads()}
+    assert roles[pid] is ThreadRole.MAIN and roles[pin.tid] is ThreadRole.PIN_MEMORY
+    assert roles[autograd.tid] is ThreadRole.OTHER
+    assert all(r.ok for r in results)
+    log.close()
+    binds = {e["tid"]: e for e in events_of(tmp_path / "rank0.jsonl") if e["type"] == "bind"}
+    assert binds[pin.tid]["planned"] == binds[pin.tid]["applied"] == sorted(B)
+    assert binds[pin.tid]["role"] == "pin_memory" and binds[pin.tid]["reason"] == "test pin_memory"
+
+
+def test_rescan_is_idempotent_and_binds_only_newcomers(threads, monkeypatch):
+    monkeypatch.setattr("placement.bind.binder.SETTLE_S", 0.0)
+    binder = RoleBinder(rank_plan(), None)
+    binder.rescan()
+    assert binder.rescan() == []  # nothing changed: nothing re-bound
+    nccl = threads("NCCL Progress 0")
+    (r,) = binder.rescan()
+    assert r.tid == nccl.tid and r.role is ThreadRole.NCCL and r.ok
+    assert proc_allowed(os.getpid(), nccl.tid) == B
+    assert binder.rescan() == []
+
+
+def test_thread_named_after_its_first_scan_is_rehomed(threads):
+    late = threads("python", rename_to="NCCL Service 0")  # seen with the inherited name first
+    binder = RoleBinder(rank_plan(), None)
+    binder.rescan()
+    assert proc_allowed(os.getpid(), late.tid) == BOTH  # `other`, for now
+    late.rename()
+    (r,) = binder.rescan()
+    assert r.role is ThreadRole.NCCL and proc_allowed(os.getpid(), late.tid) == B
+
+
+def test_main_waits_for_nccl_threads_on_a_gpu_rank(threads):
+    binder = RoleBinder(rank_plan(gpu=GpuRef(0, "0000:18:00.0")), None)
+    pid = os.getpid()
+    binder.rescan()
+    assert proc_allowed(pid, pid) == frozenset(ALLOWED)  # NCCL not up yet: main keeps the wide mask
+    threads("NCCL Progress 0")
+    binder.rescan()
+    assert proc_allowed(pid, pid) == A
+
+
+def test_set_role_cpus_rehomes_live_threads_now_and_later_ones(threads, tmp_path):
+    log = EventLog(str(tmp_path / "rank0.jsonl"))
+    binder = RoleBinder(rank_plan(), log)
+    first = threads("pt_autograd_0")
+    binder.rescan()
+    results = binder.set_role_cpus(ThreadRole.OTHER, A, "tuner: move other off the nccl core")
+    assert {r.tid for r in results} >= {first.tid} and all(r.role is ThreadRole.OTHER for r in results)
+    assert proc_allowed(os.getpid(), first.tid) == A
+    second = threads("pt_autograd_1")
+    binder.rescan()
+    assert proc_allowed(os.getpid(), second.tid) == A
+    log.close()
+    moved = [e for e in events_of(tmp_path / "rank0.jsonl") if e["type"] == "bind" and e["tid"] == first.tid]
+    assert moved[-1]["reason"] == "tuner: move other off the nccl core" and moved[-1]["applied"] == sorted(A)
+
+
+def test_watcher_rehomes_threads_born_later(threads):
+    binder = RoleBinder(rank_plan(), None)
+    binder.start_watcher(0.02)
+    try:
+        pin = threads("pt_data_pin")
+        deadline = time.monotonic() + 30
+        while proc_allowed(os.getpid(), pin.tid) != B and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proc_allowed(os.getpid(), pin.tid) == B
+    finally:
+        binder.stop_watcher()
+    assert not any(t.name == "placement_watch" for t in threading.enumerate() if t.is_alive())
+
+
+class WhereAmI(Dataset):
+    """Each item reports the worker process that made it and the CPUs it was allowed at that moment."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        return torch.tensor([os.getpid(), *sorted(proc_allowed(os.getpid()))])
+
+
+def test_dataloader_workers_respawn_and_are_rehomed_every_epoch(tmp_path):
+    pid = os.getpid()
+    binder = RoleBinder(rank_plan(dataloader=B), None, background_nice=5)
+    binder.rescan()
+    assert proc_allowed(pid, pid) == A  # main is narrow: forked workers would inherit A
+    rehome_forked_children(binder)
+    loader = DataLoader(WhereAmI(), batch_size=1, num_workers=2, persistent_workers=False)
+    epochs = []
+    for _ in range(2):
+        seen = {}
+        for batch in loader:
+            worker, *cpus = batch[0].tolist()
+            seen[worker] = cpus
+            assert frozenset(cpus) == B  # at-fork: on the dataloader set before any rescan
+            binder.rescan()  # stage 2 finds them by name and binds every thread they have
+            if os.path.exists(f"/proc/{worker}"):
+                for tid in os.listdir(f"/proc/{worker}/task"):
+                    assert proc_allowed(worker, int(tid)) == B
+                assert os.getpriority(os.PRIO_PROCESS, worker) == 5
+        epochs.append(set(seen))
+    assert len(epochs[0]) == 2 and epochs[0].isdisjoint(epochs[1])  # respawned: new processes
+    dl_threads = [t for t in binder.threads() if t.role is ThreadRole.DATALOADER]
+    assert all(t.pid != pid for t in dl_threads)
+
+
+def test_spawned_workers_are_found_by_name(tmp_path):
+    """Workers started by spawn are not forked from main: the rescan binds them by `pt_data_worker`."""
+    binder = RoleBinder(rank_plan(dataloader=B), None)
+    binder.rescan()
+    loader = DataLoader(WhereAmI(), batch_size=1, num_workers=1, multiprocessing_context="spawn")
+    it = iter(loader)
+    worker = int(next(it)[0][0])
+    binder.rescan()
+    for tid in os.listdir(f"/proc/{worker}/task"):
+        assert proc_allowed(worker, int(tid)) == B
+    del it

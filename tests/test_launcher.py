@@ -1,0 +1,97 @@
+"""placerun's argument handling against torch's own torchrun parser and config_from_args; bad
+input ends before any worker with one line and exit 2. No workers are started here."""
+import os
+import sys
+
+import pytest
+from torch.distributed import run as torchrun
+
+from placement.launcher import main, parse_placerun_args, worker_command
+
+TORCH_FLAGS = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+               "127.0.0.1:29999", "--rdzv-id", "job7", "--max-restarts", "3", "--monitor-interval", "0.5",
+               "--log-dir", "/tmp/elastic", "--redirects", "3", "--tee", "1", "--role", "trainer",
+               "--local-ranks-filter", "0"]
+
+
+def test_torch_flags_parse_exactly_as_torchrun_parses_them():
+    pa = parse_placerun_args([*TORCH_FLAGS, "placement.policy=exclusive", "train.py", "--epochs", "2"])
+    assert vars(pa.torch_args) == vars(torchrun.parse_args([*TORCH_FLAGS, "train.py", "--epochs", "2"]))
+    assert pa.overrides == ["placement.policy=exclusive"] and pa.config_file is None and not pa.dry_run
+
+
+def test_placement_args_may_sit_anywhere_before_the_script_and_script_args_are_untouched():
+    argv = ["--standalone", "placement.memory=preferred", "--nproc_per_node=2", "--placement-config", "p.yaml",
+            "+placement.smt=use", "--dry-run", "-m", "pkg.train", "placement.policy=node", "--dry-run"]
+    pa = parse_placerun_args(argv)
+    assert pa.overrides == ["placement.memory=preferred", "+placement.smt=use"]
+    assert pa.config_file == "p.yaml" and pa.dry_run
+    t = pa.torch_args
+    assert t.standalone and t.nproc_per_node == "2" and t.module
+    assert t.training_script == "pkg.train"
+    assert t.training_script_args == ["placement.policy=node", "--dry-run"]  # the script's own
+    assert not hasattr(t, "placement_config") and not hasattr(t, "placement_dry_run")
+
+
+@pytest.mark.parametrize("flags, expect_cmd, expect_args", [
+    ([], sys.executable, ["-u", "-m", "placement.bootstrap", "train.py", "--x", "1"]),
+    (["-m"], sys.executable, ["-u", "-m", "placement.bootstrap", "-m", "train.py", "--x", "1"]),
+    (["--no-python"], sys.executable, ["-u", "-m", "placement.bootstrap", "--no-python", "train.py", "--x", "1"]),
+])
+def test_worker_command_wraps_the_original_command(flags, expect_cmd, expect_args):
+    """What torch's own config_from_args makes of the rewritten args: the command workers run."""
+    pa = parse_placerun_args(["--nproc-per-node", "1", *flags, "train.py", "--x", "1"])
+    _, cmd, cmd_args = torchrun.config_from_args(worker_command(pa.torch_args))
+    assert cmd == os.getenv("PYTHON_EXEC", expect_cmd) and cmd_args == expect_args
+    assert pa.torch_args.training_script == "train.py"  # the parsed args are not modified
+
+
+def test_run_path_stays_in_process_through_bootstrap():
+    import placement.bootstrap
+
+    pa = parse_placerun_args(["--nproc-per-node", "1", "--run-path", "/abs/train.py", "--x"])
+    _, cmd, cmd_args = torchrun.config_from_args(worker_command(pa.torch_args))
+    assert cmd is torchrun.run_script_path
+    assert cmd_args == [os.path.abspath(placement.bootstrap.__file__), "--run-path", "/abs/train.py", "--x"]
+
+
+def one_line_exit_2(capsys, argv, *needles):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("placerun: "), err
+    for n in needles:
+        assert n in err, err
+
+
+def test_unknown_override_key(capsys):
+    one_line_exit_2(capsys, ["--nproc-per-node", "2", "placement.polcy=node", "t.py"],
+                    "placement.polcy", "placement.policy")
+
+
+def test_bad_override_value_lists_choices(capsys):
+    one_line_exit_2(capsys, ["placement.policy=fastest", "t.py"], "'fastest'", "auto, node, socket, exclusive")
+
+
+def test_override_without_prefix(capsys):
+    one_line_exit_2(capsys, ["--nproc-per-node", "2", "policy=node", "t.py"], "placement.policy=node")
+
+
+def test_unreadable_config_file(capsys, tmp_path):
+    one_line_exit_2(capsys, ["--placement-config", str(tmp_path / "missing.yaml"), "t.py"], "missing.yaml")
+
+
+def test_both_no_python_and_module(capsys):
+    one_line_exit_2(capsys, ["--no-python", "-m", "t"], "--no-python", "--module")
+
+
+def test_bad_nproc_per_node(capsys):
+    one_line_exit_2(capsys, ["--nproc-per-node", "lots", "t.py"], "'lots'", "integer")
+
+
+def test_torchrun_flag_errors_are_argparse_errors_as_with_torchrun(capsys):
+    with pytest.raises(SystemExit) as e:
+        parse_placerun_args(["--no-such-flag", "t.py"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        parse_placerun_args(["placement.policy=node"])  # an override but no script
+    assert e.value.code == 2

@@ -1,0 +1,92 @@
+"""placerun end to end: 2 real ranks on gloo with real DataLoader workers, read from /proc while
+they run: every thread and worker process on exactly the planned CPUs, memory policy as planned
+(or as the logged fallback), and the plan applied is the plan `placement plan` computes."""
+import json
+import os
+import time
+
+import pytest
+
+from placement.config import load_config
+from placement.plan import plan_for_node
+from placement.plan.model import Plan
+from placement.roles import ThreadRole, role_of
+from placerun_helpers import (JOBS, allowed, children, comm, launcher, memory_policy, start, text, tids,
+                              wait_for)
+
+pytestmark = pytest.mark.slow
+
+
+def expected_sets(rank_plan):
+    """Role -> the CPUs its threads must show. A role without a set is left on the stage-1 mask."""
+    return {role: rank_plan.cpus(role) or rank_plan.share() for role in ThreadRole}
+
+
+def observe(pid, sets):
+    """{(pid, tid): (comm, role, allowed, expected)} for the rank process and its DataLoader workers."""
+    seen = {}
+    for tid in tids(pid):
+        name = comm(pid, tid)
+        role = role_of(name or "", is_main_thread=(tid == pid))
+        seen[(pid, tid)] = (name, role.value, allowed(pid, tid), sets[role])
+    for child in children(pid):
+        if (comm(child) or "").startswith("pt_data_worker"):
+            for tid in tids(child):
+                seen[(child, tid)] = (comm(child, tid), "dataloader", allowed(child, tid), sets[ThreadRole.DATALOADER])
+    return {k: v for k, v in seen.items() if v[2] is not None}  # drop threads that ended meanwhile
+
+
+def test_two_ranks_run_on_exactly_the_planned_cpus(tmp_path):
+    out, logs = tmp_path / "out", tmp_path / "logs"
+    out.mkdir()
+    override = f"placement.monitor.log_dir={logs}"
+    cmd = [*launcher("placerun"), "--standalone", "--nproc-per-node", "2", override, str(JOBS / "hold.py"), str(out)]
+    proc = start(cmd, tmp_path / "placerun")
+    try:
+        wait_for([out / "rank0.json", out / "rank1.json"], [(proc, tmp_path / "placerun")])
+        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
+        _, plan = plan_for_node(load_config([override]), 2)
+        for report in reports:
+            assert report["plan"] == plan.to_dict()  # what workers got is what `placement plan` prints
+        applied = {}
+        for report in reports:
+            rank_plan = Plan.from_dict(report["plan"]).for_local_rank(report["local_rank"])
+            sets = expected_sets(rank_plan)
+            deadline = time.monotonic() + 30  # the watcher rescans every second
+            while True:
+                seen = observe(report["pid"], sets)
+                wrong = {k: v for k, v in seen.items() if v[2] != v[3]}
+                if not wrong or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert not wrong, f"rank {report['rank']}: threads off their planned CPUs: {wrong}"
+            roles = {v[1] for v in seen.values()}
+            assert {"main", "other", "dataloader"} <= roles
+            workers = {k[0] for k, v in seen.items() if v[1] == "dataloader"}
+            assert len(workers) == 2
+            applied[report["rank"]] = (rank_plan, seen)
+        if len(os.sched_getaffinity(0)) >= 2:  # ranks on one node do not overlap
+            assert applied[0][0].share().isdisjoint(applied[1][0].share())
+
+        for rank, (rank_plan, seen) in applied.items():
+            memory = [json.loads(line) for line in open(logs / f"rank{rank}.jsonl")]
+            (event,) = [e for e in memory if e["type"] == "memory"]
+            planned = (rank_plan.memory.mode, sorted(rank_plan.memory.nodes))
+            assert (event["planned"]["mode"], event["planned"]["nodes"]) == planned
+            want = planned if event["fallback"] is None else (event["applied"]["mode"], event["applied"]["nodes"])
+            for pid, tid in seen:  # every thread of the rank and of its workers
+                assert memory_policy(pid, tid) == want, (pid, tid, comm(pid, tid))
+    finally:
+        (out / "done").touch()
+        rc = proc.wait(timeout=120)
+    assert rc == 0, text(tmp_path / "placerun", "err")[-4000:]
+
+    err = text(tmp_path / "placerun", "err")
+    assert "main" in err and "dataloader" in err  # the plan table, printed at start
+    for rank in (0, 1):
+        events = [json.loads(line) for line in open(logs / f"rank{rank}.jsonl")]
+        kinds = [e["type"] for e in events]
+        assert kinds[0] == "start" and kinds[-1] == "end" and "bind" in kinds
+        assert all(e["ok"] for e in events if e["type"] == "bind"), [e for e in events if e["type"] == "bind"]
+        # a container may refuse the memory policy (logged, checked above); nothing else may warn
+        assert not [e for e in events if e["type"] == "warning" and not e["message"].startswith("memory policy")]

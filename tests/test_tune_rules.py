@@ -1,0 +1,236 @@
+"""Each tune rule fires on its evidence and stays quiet on noise (synthetic record streams)."""
+from __future__ import annotations
+
+import pytest
+
+from placement.config import TUNE_RULES
+from placement.roles import ThreadRole
+from placement.tune.layout import RoleLayout
+from placement.tune.rules import RULES, RuleContext
+from placement.tune.window import summarize
+from tune_fakes import FakeFacts, hog, rank_plan, topology, tune_cfg, window
+
+MAIN, NCCL, PIN, DL, OTHER = (ThreadRole.MAIN, ThreadRole.NCCL, ThreadRole.PIN_MEMORY,
+                              ThreadRole.DATALOADER, ThreadRole.OTHER)
+
+
+def ctx(records, roles, *, topo=None, facts=None, niced=True, memory="bind", **cfg):
+    topo = topo or topology(8)
+    return RuleContext(stats=summarize(records), layout=RoleLayout.from_plan(rank_plan(roles, memory), topo),
+                       cfg=tune_cfg(**cfg), facts=facts or FakeFacts(), memory_mode=memory,
+                       background_niced=niced)
+
+
+PLAN = {"main": [0], "nccl": [1], "pin_memory": [1], "dataloader": [4, 5], "other": [2, 3, 4, 5, 6, 7]}
+
+
+def test_rule_names_match_config():
+    assert tuple(RULES) == TUNE_RULES
+
+
+# ---- runqueue -------------------------------------------------------------------
+def test_runqueue_moves_main_off_a_foreign_hog_to_the_fastest_free_core():
+    topo = topology(8, perf_rank={6: 0, 7: 0, 2: 1, 3: 1, 0: 1, 1: 1, 4: 1, 5: 1})
+    roles = {"main": [0], "nccl": [1], "dataloader": [4, 5], "other": [2, 3, 6, 7]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}})
+    facts = FakeFacts(foreign=[hog(0)])
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topo, facts=facts))
+    assert p is not None and p.role is MAIN
+    assert p.cpus == {6}  # fastest free core; 0 has the hog, 1 is nccl's
+    assert p.evidence["foreign"][0]["pid"] == 4242 and p.evidence["foreign"][0]["pinned"]
+    assert p.evidence["runq_pct"] == pytest.approx(40.0)
+    assert "hog" in p.reason
+
+
+def test_runqueue_skips_a_core_with_a_pinned_foreign_thread():
+    roles = {"main": [0], "nccl": [1], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}})
+    facts = FakeFacts(foreign=[hog(0), hog(2, pid=99)])
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4), facts=facts))
+    assert p.cpus == {3}
+
+
+def test_runqueue_moves_our_busy_co_runner_before_the_hot_thread():
+    roles = {"main": [0], "nccl": [2], "pin_memory": [0], "other": [3, 4, 5, 6, 7]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3},
+                             "pin_memory": {"cpu_ms": 0.4, "runq_ms": 0.1}})
+    facts = FakeFacts()
+    p = RULES["runqueue"]().propose(ctx(recs, roles, facts=facts))
+    assert p.role is PIN and p.cpus == {3}  # a free core of the share (1 is not in it), not main's
+    assert p.evidence["co_runner"]["role"] == "pin_memory"
+
+
+def test_runqueue_takes_the_hot_core_out_of_a_background_set():
+    roles = {"main": [0], "nccl": [1], "dataloader": [0, 2, 3], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "dataloader": {"cpu_ms": 1.2}})
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4)))
+    assert p.role is DL and p.cpus == {2, 3}
+
+
+def test_runqueue_ignores_an_idle_co_runner_and_looks_in_proc():
+    roles = {"main": [0], "nccl": [1], "pin_memory": [0], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "pin_memory": {"cpu_ms": 0.01}})
+    facts = FakeFacts(foreign=[hog(0)])
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4), facts=facts))
+    assert p.role is MAIN and p.cpus == {2}
+    assert facts.foreign_calls >= 1
+
+
+def test_runqueue_quiet_on_noise_below_threshold():
+    recs = window(40, jitter=0.3, roles={"main": {"cpu_ms": 0.8, "runq_ms": 0.05}, "nccl": {"runq_ms": 0.08}})
+    facts = FakeFacts(foreign=[hog(0)])
+    assert RULES["runqueue"]().propose(ctx(recs, PLAN, facts=facts)) is None
+    assert facts.foreign_calls == 0  # no /proc scan without evidence
+
+
+def test_runqueue_quiet_when_only_a_few_steps_wait():
+    recs = window(20, roles={"main": {"cpu_ms": 0.8, "runq_ms": 0.0}})
+    for r in recs[:8]:  # 8 of 20 steps: the median does not move
+        r.roles["main"].runq_ms = 0.5 * r.step_ms
+    assert RULES["runqueue"]().propose(ctx(recs, PLAN)) is None
+
+
+def test_runqueue_gives_up_without_a_free_core():
+    roles = {"main": [0], "nccl": [1]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})
+    assert RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(2), facts=FakeFacts(foreign=[hog(0)]))) is None
+
+
+def test_runqueue_moves_a_whole_core_when_main_holds_a_whole_core():
+    topo = topology(8, smt=True)  # cores {0,4} {1,5} {2,6} {3,7}
+    roles = {"main": [0, 4], "nccl": [1, 5], "other": [2, 3, 6, 7]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topo, facts=FakeFacts(foreign=[hog(4)])))
+    assert p.cpus == {2, 6}
+    roles.update(main=[0], other=[2, 3, 4, 6, 7])  # one thread of its core: moves to one thread of another
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topo, facts=FakeFacts(foreign=[hog(0)])))
+    assert p.cpus == {2}
+
+
+# ---- nccl_core ---------------------------------------------------------------------
+def test_nccl_core_fires_when_comm_heavy_and_sharing_main():
+    roles = {"main": [0], "nccl": [0], "pin_memory": [1], "other": [2, 3, 4, 5, 6, 7]}
+    recs = window(20, comm_frac=0.5, roles={"main": {"cpu_ms": 0.4}, "nccl": {"cpu_ms": 0.3, "threads": 2}})
+    p = RULES["nccl_core"]().propose(ctx(recs, roles))
+    assert p.role is NCCL and p.cpus == {2}
+    assert p.evidence["shares_with"] == "main" and p.evidence["comm_pct"] == pytest.approx(50.0)
+
+
+def test_nccl_core_spreads_threads_crowded_on_one_core():
+    roles = {"main": [0], "nccl": [1], "other": [2, 3, 4, 5, 6, 7]}
+    recs = window(20, comm_frac=0.5, roles={"main": {"cpu_ms": 0.4}, "nccl": {"cpu_ms": 0.3, "threads": 3}})
+    p = RULES["nccl_core"]().propose(ctx(recs, roles))
+    assert p.cpus == {1, 2}
+
+
+@pytest.mark.parametrize("comm_frac, roles", [
+    (0.1, {"main": [0], "nccl": [0], "other": [2, 3]}),  # comm light
+    (0.5, {"main": [0], "nccl": [1], "other": [2, 3]}),  # a core of its own already
+])
+def test_nccl_core_quiet(comm_frac, roles):
+    recs = window(20, comm_frac=comm_frac, jitter=0.2, roles={"main": {"cpu_ms": 0.4}, "nccl": {"cpu_ms": 0.3}})
+    assert RULES["nccl_core"]().propose(ctx(recs, roles, topo=topology(4))) is None
+
+
+# ---- dataloader_size ---------------------------------------------------------------
+def test_dataloader_grows_onto_a_spare_core_when_saturated():
+    roles = {"main": [0], "nccl": [1], "dataloader": [2], "other": [2, 3]}
+    recs = window(20, data_frac=0.4, roles={"main": {"cpu_ms": 0.5}, "dataloader": {"cpu_ms": 0.95, "threads": 2}})
+    p = RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(4)))
+    assert p.role is DL and p.cpus == {2, 3}
+    assert p.evidence["workers_busy_pct_per_cpu"] == pytest.approx(95.0)
+
+
+def test_dataloader_borrows_a_waiting_hot_core_only_when_workers_are_niced():
+    roles = {"main": [0], "dataloader": [1]}
+    recs = window(20, data_frac=0.5, roles={"main": {"cpu_ms": 0.3}, "dataloader": {"cpu_ms": 0.9, "runq_ms": 0.1}})
+    p = RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(2), niced=True))
+    assert p.cpus == {0, 1} and "niced" in p.reason
+    assert RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(2), niced=False)) is None
+
+
+def test_dataloader_shrinks_when_idle_and_main_waits_on_a_shared_core():
+    roles = {"main": [0], "nccl": [1], "dataloader": [0, 2, 3], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.2}, "dataloader": {"cpu_ms": 0.1}})
+    p = RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(4)))
+    assert p.cpus == {2, 3} and p.evidence["removed"] == [0]
+
+
+@pytest.mark.parametrize("data_frac, dl_cpu, main_runq", [
+    (0.05, 0.95, 0.0),  # saturated workers but the step does not wait for data
+    (0.5, 0.5, 0.0),  # waits for data, workers not saturated: more CPUs would not help
+    (0.0, 0.1, 0.02),  # idle workers, main does not wait
+])
+def test_dataloader_quiet(data_frac, dl_cpu, main_runq):
+    roles = {"main": [0], "nccl": [1], "dataloader": [0, 2], "other": [2, 3]}
+    recs = window(20, data_frac=data_frac, jitter=0.2,
+                  roles={"main": {"cpu_ms": 0.5, "runq_ms": main_runq}, "dataloader": {"cpu_ms": 2 * dl_cpu}})
+    assert RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(4))) is None
+
+
+# ---- faster_core -------------------------------------------------------------------
+def test_faster_core_by_perf_rank():
+    topo = topology(4, perf_rank={0: 2, 1: 1, 2: 0, 3: 1})
+    roles = {"main": [0], "nccl": [1], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.9, "cpus": [0]}})
+    p = RULES["faster_core"]().propose(ctx(recs, roles, topo=topo))
+    assert p.role is MAIN and p.cpus == {2}
+    assert p.evidence["perf_rank"] == 2 and p.evidence["free_perf_rank"] == 0
+
+
+def test_faster_core_by_measured_mhz_when_ranks_tie():
+    roles = {"main": [0], "nccl": [1], "other": [2, 3]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.9, "mhz": 2000.0}})
+    facts = FakeFacts(mhz={2: 2100.0, 3: 3400.0})
+    p = RULES["faster_core"]().propose(ctx(recs, roles, topo=topology(4), facts=facts))
+    assert p.cpus == {3} and p.evidence["free_mhz"] == 3400.0
+
+
+@pytest.mark.parametrize("cpu_frac, mhz", [(0.9, {2: 2100.0, 3: 2150.0}), (0.1, {3: 3400.0})])
+def test_faster_core_quiet(cpu_frac, mhz):
+    roles = {"main": [0], "nccl": [1], "other": [2, 3]}
+    recs = window(20, jitter=0.2, roles={"main": {"cpu_ms": cpu_frac, "mhz": 2000.0}})
+    assert RULES["faster_core"]().propose(ctx(recs, roles, topo=topology(4), facts=FakeFacts(mhz=mhz))) is None
+
+
+# ---- numa_balancing ----------------------------------------------------------------
+def _bursty(n=40, bursts=(5, 17, 30)):
+    recs = window(n, jitter=0.05, roles={"main": {"cpu_ms": 0.8, "minflt": 10, "migrations": 0}})
+    for i in bursts:
+        recs[i].step_ms *= 3
+        recs[i].roles["main"].minflt = 5000
+        recs[i].roles["main"].migrations = 4
+    return recs
+
+
+def test_numa_balancing_warns_once_and_says_memory_binding_is_off():
+    facts = FakeFacts(balancing=1, policy="default",
+                      counters=[{"numa_hint_faults": 100}, {"numa_hint_faults": 900}])
+    rule = RULES["numa_balancing"]()
+    p = rule.propose(ctx(_bursty(), PLAN, facts=facts, memory="bind"))
+    assert p is not None and not p.is_move
+    assert p.evidence["coinciding_steps"] == 3 and p.evidence["kernel.numa_balancing"] == 1
+    assert "NOT in force" in p.reason and "kernel.numa_balancing=1" in p.reason
+    assert rule.propose(ctx(_bursty(), PLAN, facts=facts)) is None  # once per run
+
+
+def test_numa_balancing_reports_counter_growth_and_binding_in_force():
+    facts = FakeFacts(balancing=0, policy="bind", counters=[{"numa_hint_faults": 100}, {"numa_hint_faults": 900}])
+    rule = RULES["numa_balancing"]()
+    assert rule.propose(ctx(window(40), PLAN, facts=facts)) is None  # first window: quiet steps
+    p = rule.propose(ctx(_bursty(), PLAN, facts=facts))
+    assert p.evidence["numa_counter_deltas"] == {"numa_hint_faults": 800}
+    assert "is in force (policy bind)" in p.reason
+
+
+@pytest.mark.parametrize("recs", [
+    window(40, jitter=0.3, roles={"main": {"minflt": 10, "migrations": 1}}),  # noise: no bursts
+    _bursty(bursts=(7,)),  # a single burst is not a pattern
+])
+def test_numa_balancing_quiet_on_noise(recs):
+    assert RULES["numa_balancing"]().propose(ctx(recs, PLAN, facts=FakeFacts(balancing=1))) is None
+
+
+def test_numa_balancing_quiet_when_the_kernel_does_not_balance():
+    facts = FakeFacts(balancing=0, counters=[{"numa_hint_faults": 5}])
+    assert RULES["numa_balancing"]().propose(ctx(_bursty(), PLAN, facts=facts)) is None

@@ -1,0 +1,201 @@
+"""The Tuner's safety on synthetic record streams: judged actions, rollback, back-off, dry run,
+one action in flight, never outside the share, failures contained."""
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from placement.roles import ThreadInfo, ThreadRole
+from placement.tune.facts import ForeignThread
+from placement.tune.tuner import Tuner
+from tune_fakes import FakeBinder, FakeFacts, ListEvents, hog, rank_plan, topology, tune_cfg, window
+
+MAIN = ThreadRole.MAIN
+PLAN = {"main": [0], "nccl": [1], "dataloader": [2, 3], "other": [2, 3]}
+QUIET = {"main": {"cpu_ms": 0.8, "runq_ms": 0.01, "cpus": [0]}}
+HOGGED = {"main": {"cpu_ms": 0.5, "runq_ms": 0.45, "cpus": [0]}}
+
+
+class Run:
+    """A tuner on a 4-CPU fake machine, fed window by window."""
+
+    def __init__(self, plan=PLAN, facts=None, binder=None, **cfg):
+        self.cfg = tune_cfg(**cfg)
+        self.binder = binder or FakeBinder()
+        self.events = ListEvents()
+        self.facts = facts or FakeFacts(foreign=[hog(0)])
+        self.tuner = Tuner(rank_plan(plan), topology(4), self.cfg, self.binder, self.events, facts=self.facts)
+        self.step = 0
+
+    def feed(self, windows=1, **kw):
+        for _ in range(windows):
+            for r in window(self.cfg.window, self.step, **kw):
+                self.tuner.observe(r)
+            self.step += self.cfg.window
+
+    def quiet(self, windows=1, step_ms=10.0):
+        self.feed(windows, step_ms=step_ms, jitter=0.02, roles=QUIET)
+
+    def hogged(self, windows=1, step_ms=20.0):
+        self.feed(windows, step_ms=step_ms, jitter=0.02, roles=HOGGED)
+
+
+def test_a_move_that_helps_is_kept_and_logged_with_its_effect():
+    run = Run()
+    run.quiet(3)  # warm-up window, then two quiet windows for the noise band
+    assert run.binder.calls == []
+    run.hogged()
+    assert [(r, c) for r, c, _ in run.binder.calls] == [(MAIN, frozenset({2}))]
+    applied = run.events.of("tune", phase="applied", rule="runqueue")
+    assert applied and applied[0]["change"] == {"from": [0], "to": [2]} and applied[0]["effect"] is None
+    assert applied[0]["evidence"]["foreign"][0]["name"] == "hog"
+    run.quiet()  # the window after the move: back to 10 ms
+    kept = run.events.of("tune", phase="kept", rule="runqueue")
+    assert len(kept) == 1
+    assert kept[0]["effect"]["gain_pct"] > 40 and kept[0]["effect"]["before_median_ms"] > 19
+    assert run.tuner.role_cpus(MAIN) == {2}
+    assert run.events.of("rollback") == []
+
+
+def test_a_move_that_makes_things_worse_is_rolled_back():
+    run = Run()
+    run.quiet(3)
+    run.hogged()
+    run.hogged(step_ms=26.0)  # after the move the step got slower
+    rb = run.events.of("rollback", rule="runqueue")
+    assert len(rb) == 1 and rb[0]["why"].startswith("worse")
+    assert rb[0]["change"] == {"from": [2], "to": [0]} and rb[0]["effect"]["gain_pct"] < -20
+    assert [c for _, c, _ in run.binder.calls] == [frozenset({2}), frozenset({0})]
+    assert run.tuner.role_cpus(MAIN) == {0}
+
+
+def test_no_gain_within_the_noise_band_is_rolled_back():
+    run = Run()
+    run.quiet(1)
+    for ms in (10.0, 12.0, 10.0, 12.0, 10.0):  # quiet windows 20% apart: a wide noise band
+        run.quiet(step_ms=ms)
+    run.hogged(step_ms=20.0)
+    run.hogged(step_ms=17.0)  # 15% faster: inside the band
+    rb = run.events.of("rollback")
+    assert len(rb) == 1 and rb[0]["why"].startswith("no gain") and rb[0]["effect"]["noise_pct"] > 15
+
+
+def test_back_off_grows_exponentially_up_to_the_cap():
+    run = Run(cooldown_windows=0, max_backoff_windows=8)
+    run.quiet(3)
+    run.hogged(40)  # the hog stays whatever we do: every move is rolled back
+    waits = [e["backoff_windows"] for e in run.events.of("rollback")]
+    assert waits[:4] == [2, 4, 8, 8]
+    applied_at = [e for e in run.events.records if e.get("phase") == "applied"]
+    assert len(applied_at) == len(waits) or len(applied_at) == len(waits) + 1
+    # between the n-th rollback and the next move the tuner sat out exactly `wait` windows
+    steps = [e["evidence"]["window"][0] for e in applied_at]
+    gaps = [(b - a) // run.cfg.window for a, b in zip(steps, steps[1:])]
+    assert gaps[:3] == [w + 2 for w in waits[:3]]
+
+
+def test_a_kept_move_resets_the_back_off():
+    run = Run(cooldown_windows=0)
+    run.quiet(3)
+    run.hogged()
+    run.hogged()  # no gain: rolled back, wait 2
+    run.hogged(3)  # wait, then move again
+    run.quiet()  # that one helped
+    assert [e["backoff_windows"] for e in run.events.of("rollback")] == [2]
+    assert len(run.events.of("tune", phase="kept")) == 1
+    assert run.tuner._backoff.blocked(("runqueue", "main"), run.tuner.windows + 1) is False
+
+
+def test_dry_run_changes_nothing_and_logs_what_it_would_do_once():
+    run = Run(dry_run=True)
+    run.quiet(3)
+    run.hogged(6)
+    assert run.binder.calls == []
+    would = run.events.of("tune", phase="dry_run")
+    assert len(would) == 1 and would[0]["change"] == {"from": [0], "to": [2]} and would[0]["rule"] == "runqueue"
+    assert run.tuner.role_cpus(MAIN) == {0}
+
+
+def test_disabled_tuner_leaves_the_static_plan():
+    run = Run(enabled=False)
+    run.quiet(3)
+    run.hogged(5)
+    assert run.binder.calls == [] and run.events.records == []
+
+
+def test_a_raising_rule_is_disabled_with_one_warning_and_the_others_go_on():
+    run = Run(rules=["runqueue", "faster_core"])
+    calls = []
+
+    def broken(ctx):
+        calls.append(1)
+        raise ZeroDivisionError("synthetic")
+
+    run.tuner.rules[1].propose = broken  # faster_core
+    run.quiet(5)
+    run.hogged()
+    run.quiet()
+    warnings = run.events.of("warning", rule="faster_core")
+    assert len(warnings) == 1 and "ZeroDivisionError" in warnings[0]["message"]
+    assert len(calls) == 1
+    assert len(run.events.of("tune", phase="kept", rule="runqueue")) == 1
+
+
+def test_an_internal_failure_stops_the_tuner_without_raising():
+    class ExplodingBinder(FakeBinder):
+        def set_role_cpus(self, role, cpus, reason):
+            raise RuntimeError("binder exploded")
+
+    run = Run(binder=ExplodingBinder())
+    run.quiet(3)
+    run.hogged(3)  # must not raise
+    msgs = [e["message"] for e in run.events.of("warning")]
+    assert len(msgs) == 1 and "binder exploded" in msgs[0]
+
+
+def test_refused_binding_is_rolled_back_at_once():
+    run = Run(binder=FakeBinder(refuse=True))
+    run.quiet(3)
+    run.hogged()
+    rb = run.events.of("rollback")
+    assert len(rb) == 1 and "EINVAL" in rb[0]["why"]
+    assert run.tuner.role_cpus(MAIN) == {0}
+    assert run.binder.calls[-1][1] == {0}
+
+
+def test_one_action_in_flight_at_a_time():
+    plan = {"main": [0], "nccl": [0], "other": [1, 2, 3]}
+    both = {"main": {"cpu_ms": 0.5, "runq_ms": 0.45}, "nccl": {"cpu_ms": 0.3, "threads": 2}}
+    run = Run(plan=plan, binder=FakeBinder([ThreadInfo(1, 1, "python", MAIN), ThreadInfo(1, 2, "NCCL", ThreadRole.NCCL)]))
+    run.quiet(3)
+    run.feed(1, step_ms=20.0, comm_frac=0.5, roles=both)  # runqueue and nccl_core both have evidence
+    assert len(run.binder.calls) == 1
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    share=st.sets(st.integers(0, 7), min_size=1, max_size=8),
+    data=st.data(),
+)
+def test_every_change_stays_inside_the_share_and_one_is_in_flight(share, data):
+    share = sorted(share)
+    roles = {r: sorted(data.draw(st.sets(st.sampled_from(share), min_size=1)))
+             for r in ("main", "nccl", "pin_memory", "dataloader", "other")}
+    foreign = [ForeignThread(9, 9, "x", c, frozenset({c})) for c in data.draw(st.sets(st.integers(0, 7)))]
+    facts = FakeFacts(foreign=foreign, mhz={c: data.draw(st.floats(800, 4000)) for c in range(8)}, balancing=1)
+    threads = [ThreadInfo(1, i, r, ThreadRole(r)) for i, r in enumerate(roles)]
+    run = Run(plan=roles, facts=facts, binder=FakeBinder(threads), cooldown_windows=data.draw(st.integers(0, 2)))
+    frac = st.floats(0.0, 1.0)
+    for _ in range(data.draw(st.integers(2, 12))):
+        run.feed(1, step_ms=data.draw(st.floats(1.0, 50.0)), data_frac=data.draw(frac), comm_frac=data.draw(frac),
+                 roles={r: {"cpu_ms": data.draw(frac), "runq_ms": data.draw(frac), "threads": 2} for r in roles})
+    for _, cpus, _ in run.binder.calls:
+        assert cpus and cpus <= set(share)
+    in_flight = 0
+    for e in run.events.records:
+        if e.get("rule") == "background_nice":
+            continue
+        if e["type"] == "tune" and e.get("phase") == "applied":
+            in_flight += 1
+        elif e["type"] == "rollback" or (e["type"] == "tune" and e.get("phase") == "kept"):
+            in_flight -= 1
+        assert in_flight in (0, 1)
