@@ -29,7 +29,9 @@ import warnings
 import torch
 import torch.distributed as dist
 
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex are not installed.*")
+# megatron-core says at import which optional kernels (Transformer Engine, Apex) it falls back from.
+warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex) (and Apex )?(is|are) not installed.*")
+warnings.filterwarnings("ignore", message="full scope is deprecated")
 
 from megatron.core import parallel_state  # noqa: E402
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder  # noqa: E402
@@ -213,7 +215,7 @@ def train_cpu(args: argparse.Namespace, model: GPTModel, log) -> None:
             average_gradients(model)
             optimizer.step()  # also ends this step's placement record
             if step % args.log_every == 0:
-                log(step, float(loss))
+                log(step, loss.item())
 
 
 def main(argv=None) -> int:

@@ -349,13 +349,12 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
     from placement.monitor.exchange import Exchange
     from placement.monitor.step_monitor import StepMonitor
-    from placement.monitor.threads import RoleSampler
+    from placement.monitor.threads import RoleSampler, ThreadScan
     from placement.monitor.warn import WarnOnce
-    from placement.roles import scan_threads
 
     warn = WarnOnce(events)
     binder = None if session is None else session.binder
-    sampler = RoleSampler(binder.threads if binder is not None else scan_threads, warn)
+    sampler = RoleSampler(binder.threads if binder is not None else ThreadScan(), warn)
     dist = _dist()
     backend = None if dist is None else str(dist.get_backend()).lower()
     comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)

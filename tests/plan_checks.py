@@ -88,11 +88,13 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
                 f"rank {r.local_rank}: main shares its core with nccl/pin_memory without a warning")
         background = r.cpus(ThreadRole.DATALOADER) | r.cpus(ThreadRole.OTHER)
         assert r.cpus(ThreadRole.DATALOADER) <= r.cpus(ThreadRole.OTHER)
-        if not warned(plan, f"local rank {r.local_rank} has no core beyond"):
+        if not (warned(plan, f"local rank {r.local_rank} has no core beyond")
+                or warned(plan, f"local rank {r.local_rank} has one free physical core")):
             hot_threads = set().union(*(threads_of_core[c] for c in main_core | nccl_core | pin_core))
             assert not hot_threads & background, f"rank {r.local_rank}: background roles on hot cores"
         else:
-            assert not threads_of_core[next(iter(main_core))] & background or warned(plan, "has one free physical core")
+            assert (not threads_of_core[next(iter(main_core))] & background
+                    or warned(plan, f"local rank {r.local_rank} has one free physical core"))
         for other in plan.ranks:
             if other.local_rank != r.local_rank and not shared_cores:
                 hot = set().union(*(threads_of_core[c] for c in main_core | nccl_core | pin_core))

@@ -307,13 +307,12 @@ class _Tree:
     def mkdir(self, rel: str) -> None:
         self.dirs.append(rel)
 
-    def cpuset(self, rel_base: str, cpus: frozenset[int], *, list_suffix: str = "_list",
-               mask_name: Optional[str] = None) -> None:
+    def cpuset(self, rel_base: str, cpus: frozenset[int], *, mask_name: Optional[str] = None) -> None:
         """Write a set as `<base>_list` and/or the mask file, the way the machine's kernel would."""
         tail = "\n\x00" if self.m.nul_bytes else "\n"
         self.write(mask_name or rel_base, format_cpumask(cpus) + tail)
         if not self.m.mask_only:
-            self.write(rel_base + list_suffix, format_cpulist(cpus) + tail)
+            self.write(rel_base + "_list", format_cpulist(cpus) + tail)
 
     def materialize(self, root: Path) -> None:
         made: set[str] = set()
@@ -333,11 +332,6 @@ class _Tree:
         for rel, target in self.links:
             parent_of(rel)
             os.symlink(target, root / rel)
-
-
-def build(root: Path, machine: Machine) -> None:
-    """Write the sysfs/procfs tree of `machine` under root."""
-    _plan_tree(machine).materialize(root)
 
 
 def _plan_tree(machine: Machine) -> _Tree:
@@ -448,6 +442,7 @@ def _write_pci(t: _Tree, machine: Machine) -> None:
         for netdev in nic.netdevs:
             t.link(f"sys/class/net/{netdev}", f"../../{d}/net/{netdev}")
             t.link(f"sys/{d}/net/{netdev}/device", f"../../../{nic.pci}")
+            t.write(f"sys/{d}/net/{netdev}/type", "32\n" if nic.kind == "infiniband" else "1\n")
     t.link("sys/class/net/lo", "../../devices/virtual/net/lo")
     t.mkdir("sys/devices/virtual/net/lo")
 
@@ -502,10 +497,19 @@ def make_tree(tmp_path, name: str) -> str:
         raise KeyError(f"unknown fixture {name!r}; choose from {', '.join(FIXTURES)}")
     if name not in _planned:
         _planned[name] = _plan_tree(FIXTURES[name]())
+    return _materialize(_planned[name], tmp_path, name)
+
+
+def make_machine_tree(tmp_path, machine: Machine, name: str = "machine") -> str:
+    """Like make_tree, for a Machine a test describes itself."""
+    return _materialize(_plan_tree(machine), tmp_path, name)
+
+
+def _materialize(tree: _Tree, tmp_path, name: str) -> str:
     link = Path(tmp_path) / name
     base = _fast_base()
     root = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=base)) if base else link
-    _planned[name].materialize(root)
+    tree.materialize(root)
     if base:
         link.parent.mkdir(parents=True, exist_ok=True)
         link.symlink_to(root, target_is_directory=True)
@@ -526,6 +530,30 @@ def shared_tarballs() -> list[Path]:
     return sorted((SHARED / "topologies").glob("*.tar.bz2"))
 
 
+def extract_tree(tarball: Path, dest: str) -> str:
+    """Extract a gathered tree (regular files, directories, symlinks) and return its root.
+
+    Writes only contents and links, none of tarfile's per-member ownership/mode/time calls,
+    which cost several times more than the data on these trees of thousands of tiny files.
+    """
+    with tarfile.open(tarball) as tf:
+        for m in tf:
+            if m.name.startswith("/") or ".." in m.name.split("/"):
+                raise ValueError(f"{tarball}: member {m.name!r} leaves the tree")
+            path = os.path.join(dest, m.name)
+            if m.isdir():
+                os.makedirs(path, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            if m.isreg():
+                with open(path, "wb") as f:
+                    f.write(tf.extractfile(m).read())
+            elif m.issym():
+                os.symlink(m.linkname, path)
+    entries = [e for e in os.listdir(dest) if not e.startswith(".")]
+    return os.path.join(dest, entries[0]) if len(entries) == 1 else dest
+
+
 def shared_trees() -> list[str]:
     """Roots of the real machine trees in ../shared/topologies, extracted once per session.
 
@@ -534,15 +562,11 @@ def shared_trees() -> list[str]:
     tarballs = shared_tarballs()
     if not tarballs:
         pytest.skip(f"no real topology trees: {SHARED / 'topologies'} is absent")
-    out = []
     for tarball in tarballs:
         if tarball.name not in _extracted:
-            tmp = tempfile.mkdtemp(prefix="shared-", dir=_fast_base())
-            if _fast_base() is None:
+            base = _fast_base()
+            tmp = tempfile.mkdtemp(prefix="shared-", dir=base)
+            if base is None:
                 atexit.register(shutil.rmtree, tmp, True)
-            with tarfile.open(tarball) as tf:
-                tf.extractall(tmp, filter="tar")
-            entries = [e for e in os.listdir(tmp) if not e.startswith(".")]
-            _extracted[tarball.name] = os.path.join(tmp, entries[0]) if len(entries) == 1 else tmp
-        out.append(_extracted[tarball.name])
-    return out
+            _extracted[tarball.name] = extract_tree(tarball, tmp)
+    return [_extracted[t.name] for t in tarballs]

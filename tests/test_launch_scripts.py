@@ -170,9 +170,22 @@ def test_slurm_dry_run_plans_inside_the_task_cpuset(tmp_path):
                PLACERUN_ARGS="--dry-run placement.strict=false")
     proc, _ = _run(LAUNCH / "slurm.sbatch", ["train.py"], tmp_path, env, fake)
     assert proc.returncode == 0, proc.stderr
-    cpus_cells = re.findall(r"^\s*(?:\S+\s+){0,5}(main|nccl|pin_memory|dataloader|other)\s+(\S+)", proc.stdout, re.M)
-    assert cpus_cells, proc.stdout
-    assert {cells for _, cells in cpus_cells} == {str(last)}, proc.stdout
+    assert set(_planned_cpus(proc.stdout)) == {"main", "nccl", "pin_memory", "dataloader", "other"}, proc.stdout
+    assert set(_planned_cpus(proc.stdout).values()) == {str(last)}, proc.stdout
+
+
+def _planned_cpus(table: str) -> dict[str, str]:
+    """role -> cpus column of `placerun --dry-run`'s plan table (fixed-width columns)."""
+    lines = table.splitlines()
+    i = next(n for n, line in enumerate(lines) if line.startswith("rank "))
+    header = lines[i]
+    role, cpus, reason = header.index("role"), header.index("cpus"), header.index("reason")
+    out = {}
+    for line in lines[i + 1:]:
+        if line.startswith(("env ", "warning:", "worker command:")):
+            break
+        out[line[role:cpus].strip()] = line[cpus:reason].strip()
+    return out
 
 
 def _k8s_expand(text: str, env: dict[str, str]) -> str:

@@ -95,3 +95,29 @@ def test_torchrun_flag_errors_are_argparse_errors_as_with_torchrun(capsys):
     with pytest.raises(SystemExit) as e:
         parse_placerun_args(["placement.policy=node"])  # an override but no script
     assert e.value.code == 2
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["--nproc-per-node", "2", "placement.reserved_cpus=0-4095", "t.py"], ["reserved_cpus", "no usable CPU"]),
+    (["--nproc-per-node", str(4 * os.cpu_count() + 1), "t.py"], ["nproc_per_node", "strict=false"]),
+])
+def test_plan_shortfall_is_one_line_before_any_worker(capsys, argv, needles):
+    one_line_exit_2(capsys, argv, *needles)
+
+
+def test_dry_run_prints_exactly_what_placement_plan_prints(capsys):
+    from placement.cli import main as placement_main
+
+    assert main(["--standalone", "--nproc-per-node", "2", "placement.memory=preferred", "--dry-run",
+                 "train.py", "--lr", "1"]) == 0
+    dry = capsys.readouterr().out
+    assert placement_main(["plan", "--nproc-per-node", "2", "placement.memory=preferred"]) == 0
+    table = capsys.readouterr().out
+    assert dry.startswith(table) and "preferred" in table
+    assert dry[len(table):].strip().endswith("-u -m placement.bootstrap train.py --lr 1")
+
+
+def test_non_strict_shortfall_runs_degraded_and_says_so(capsys):
+    n = str(4 * os.cpu_count() + 1)
+    assert main(["--nproc-per-node", n, "placement.strict=false", "--dry-run", "t.py"]) == 0
+    assert "warning" in capsys.readouterr().out

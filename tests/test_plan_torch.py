@@ -48,7 +48,7 @@ class _OsInTree:
 
 
 def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
-                injected: dict[str, str]) -> list[set[int] | None]:
+                injected: dict[str, str], builder_tree: bool) -> list[set[int] | None]:
     """torch's CPU set for each CUDA index 0..len(visible)-1 (None where torch raises)."""
 
     def open_in_tree(path, *args, **kwargs):
@@ -57,9 +57,13 @@ def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
             return io.StringIO(injected[p])
         if p.startswith("/sys/"):
             real = root + p
-            # The builder's trees have no cache/index*/type: every cache torch can pick is unified.
-            if p.endswith("/type") and "/cache/index" in p and not os.path.exists(real):
-                return io.StringIO("Unified\n")
+            if builder_tree and not os.path.exists(real):
+                # Files the builder's trees lack (a real kernel writes them): every cache torch
+                # can pick is unified, and a node's cpulist is what the tree writes as cpu_list.
+                if p.endswith("/type") and "/cache/index" in p:
+                    return io.StringIO("Unified\n")
+                if p.endswith("/cpulist") and "/node/node" in p and os.path.exists(real[:-len("cpulist")] + "cpu_list"):
+                    real = real[:-len("cpulist")] + "cpu_list"
             return builtins.open(real, *args, **kwargs)
         return builtins.open(path, *args, **kwargs)
 
@@ -84,17 +88,17 @@ def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
     return out
 
 
-def _compare(monkeypatch, root: str, topo, injected: dict[str, str]) -> int:
+def _compare(monkeypatch, root: str, topo, injected: dict[str, str], *, builder_tree: bool = True) -> int:
     """Plan every mode for one rank per visible GPU and compare with torch; returns comparisons."""
     visible = sorted(topo.gpus, key=lambda g: g.index)
     compared = 0
     for mode in MODES:
-        expected = _torch_sets(monkeypatch, root, topo, visible, mode, injected)
+        expected = _torch_sets(monkeypatch, root, topo, visible, mode, injected, builder_tree)
         cfg = load_config([f"policy={mode}", "strict=false"])
         plan = make_plan(topo, JobSpec(len(visible)), cfg)
         check_common(topo, plan, cfg)
         for rank, want in zip(plan.ranks, expected):
-            if not want:  # torch fails or binds nothing here (e.g. a node without allowed CPU)
+            if not want:  # torch fails or binds nothing here (old sysfs, a node without allowed CPU)
                 continue
             got = set(rank.cpus(ThreadRole.MAIN))
             assert got == want, f"{root} {mode} GPU {rank.gpu.index}: placement {sorted(got)} torch {sorted(want)}"
@@ -116,12 +120,25 @@ def _inject_gpus(topo, per_node: dict[int, int]) -> dict[str, str]:
     return injected
 
 
-@pytest.mark.parametrize("name", ["dgx_h100", "vm_numa_minus_one", "gpu_nic_cross_node"])
+@pytest.mark.parametrize("name", ["dgx_h100", "gpu_nic_cross_node"])
 def test_fixture_gpus_match_torch(monkeypatch, tmp_path, name):
     root = make_tree(tmp_path, name)
     topo = discover(root)
     assert topo.gpus, f"fixture {name} has GPUs"
     assert _compare(monkeypatch, root, topo, {}) == 4 * len(topo.gpus)
+
+
+def test_numa_node_minus_one_differs_from_torch_only_where_torch_guesses_node_0(monkeypatch, tmp_path):
+    """Both GPUs of this VM say numa_node -1; torch reads that as node 0 for both. Discovery
+    finds each GPU's node from its local_cpulist (GPU 1: node 1) and the plan follows it: the one
+    deliberate difference. GPU 0, really on node 0, gets torch's set."""
+    root = make_tree(tmp_path, "vm_numa_minus_one")
+    topo = discover(root)
+    torch_node = _torch_sets(monkeypatch, root, topo, topo.gpus, "node", {}, True)
+    plan = make_plan(topo, JobSpec(2), load_config(["policy=node"]))
+    assert torch_node == [set(range(0, 8)), set(range(0, 8))]
+    assert plan.ranks[0].cpus(ThreadRole.MAIN) == torch_node[0]
+    assert plan.ranks[1].cpus(ThreadRole.MAIN) == set(range(8, 16)) == set(topo.gpus[1].cpus)
 
 
 @pytest.mark.parametrize("name", ["epyc_nps4", "container_cgroup2", "small_cpu", "sparse_offline"])
@@ -140,5 +157,5 @@ def test_shared_real_trees_match_torch(monkeypatch):
         topo = discover(root)
         nodes = sorted({c.numa for c in topo.cpus if c.online and c.allowed and c.numa is not None})
         injected = _inject_gpus(topo, {n: 2 for n in nodes})
-        compared += _compare(monkeypatch, root, topo, injected)
+        compared += _compare(monkeypatch, root, topo, injected, builder_tree=False)
     assert compared > 0

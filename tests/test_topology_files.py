@@ -9,7 +9,7 @@ import pytest
 
 from placement.errors import TopologyError
 from placement.topology import discover
-from sysfs_builder import make_tree
+from sysfs_builder import CpuFacts, Machine, make_machine_tree, make_tree
 
 CPU = "sys/devices/system/cpu"
 
@@ -67,12 +67,10 @@ def test_missing_topology_dir_falls_back_to_siblings_read_elsewhere(small):
 
 
 def test_nul_bytes_and_huge_sparse_cpu_ids(tmp_path):
-    from sysfs_builder import CpuFacts, Machine, build
-
     ids = [0, 1, 4094, 4095]
     cpus = [CpuFacts(i, package=0 if i < 2 else 7, core_id=i, node=0 if i < 2 else 5, l3=i // 2) for i in ids]
-    build(tmp_path, Machine(cpus, {0: 1000, 5: 1000}, {0: {0: 10, 5: 40}, 5: {0: 40, 5: 10}}, nul_bytes=True))
-    topo = discover(str(tmp_path))
+    topo = discover(make_machine_tree(tmp_path, Machine(cpus, {0: 1000, 5: 1000}, {0: {0: 10, 5: 40}, 5: {0: 40, 5: 10}},
+                                                        nul_bytes=True)))
     assert topo.warnings == []
     assert [c.id for c in topo.cpus] == ids
     assert topo.groups("package") == {0: frozenset({0, 1}), 4094: frozenset({4094, 4095})}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from placement.topology import Topology, discover
-from sysfs_builder import FIXTURES, CpuFacts, Machine, build, machine, make_tree, smp_cpus
+from sysfs_builder import FIXTURES, CpuFacts, Machine, machine, make_machine_tree, make_tree, smp_cpus
 
 
 def partition(cpus: list[CpuFacts], key) -> list[list[int]]:
@@ -166,8 +166,7 @@ def test_perf_rank_base_frequency_breaks_equal_max(tmp_path):
     """SST-BF: equal max frequency, high-priority cores have the higher base frequency."""
     hp = {1, 3}
     cpus = smp_cpus(1, 4, 1, max_khz=3_500_000, base_khz=lambda pkg, core: 2_700_000 if core in hp else 2_100_000)
-    build(tmp_path, Machine(cpus, {0: 1_000_000}, {0: {0: 10}}))
-    topo = discover(str(tmp_path))
+    topo = discover(make_machine_tree(tmp_path, Machine(cpus, {0: 1_000_000}, {0: {0: 10}})))
     assert {c.id: c.perf_rank for c in topo.cpus} == {0: 1, 1: 0, 2: 1, 3: 0}
     assert {c.base_khz for c in topo.cpus} == {2_700_000, 2_100_000}
 
@@ -176,16 +175,14 @@ def test_perf_rank_cppc_outranks_frequency(tmp_path):
     """CPPC highest_perf is the stronger evidence: it decides even against a higher max frequency."""
     cpus = smp_cpus(1, 3, 1, highest_perf=lambda p, core: [60, 70, 70][core],
                     max_khz=lambda p, core: [5_000_000, 4_000_000, 4_500_000][core])
-    build(tmp_path, Machine(cpus, {0: 1_000_000}, {0: {0: 10}}))
-    topo = discover(str(tmp_path))
+    topo = discover(make_machine_tree(tmp_path, Machine(cpus, {0: 1_000_000}, {0: {0: 10}})))
     assert {c.id: c.perf_rank for c in topo.cpus} == {0: 2, 1: 1, 2: 0}
 
 
 def test_cluster_groups_when_the_kernel_reports_them(tmp_path):
     """Kunpeng-style CCL clusters of 4 cores; x86's cluster_id 65535 and arm's -1 mean none."""
     cpus = smp_cpus(1, 8, 1, cluster=lambda pkg, core: core // 4)
-    build(tmp_path / "ccl", Machine(cpus, {0: 1_000_000}, {0: {0: 10}}))
-    topo = discover(str(tmp_path / "ccl"))
+    topo = discover(make_machine_tree(tmp_path, Machine(cpus, {0: 1_000_000}, {0: {0: 10}}), "ccl"))
     assert discovered_partition(topo, "cluster") == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    build(tmp_path / "x86", Machine(smp_cpus(1, 4, 1, cluster=0xFFFF), {0: 1_000_000}, {0: {0: 10}}))
-    assert discover(str(tmp_path / "x86")).groups("cluster") == {}
+    x86 = make_machine_tree(tmp_path, Machine(smp_cpus(1, 4, 1, cluster=0xFFFF), {0: 1_000_000}, {0: {0: 10}}), "x86")
+    assert discover(x86).groups("cluster") == {}

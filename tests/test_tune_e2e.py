@@ -2,13 +2,15 @@
 move the main thread (read back from /proc), the step time recovers, and the tune event names
 the rule and the measured effect.
 
-The training process is a child (this file run as a script), so pytest's own threads are
-never re-bound; the hog is a second child of pytest, foreign to the training process.
+The training process is a child (this file run as a script) that calls placement.attach()
+(real plan, binder, monitor and tuner), so pytest's own threads are never re-bound; the hogs
+are forked from pytest, foreign to the training process.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -39,13 +41,28 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 60.0) -> None
         time.sleep(0.02)
 
 
-def _spin(cpu: int) -> None:
-    os.sched_setaffinity(0, {cpu})
-    while True:
+def _start_hog(cpus: frozenset[int]) -> int:
+    """A foreign CPU hog: a forked process pinned to `cpus`, spinning until killed."""
+    pid = os.fork()
+    if pid == 0:  # child: pin, then spin; never returns into pytest
+        try:
+            os.sched_setaffinity(0, cpus)
+            while True:
+                pass
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    except (ProcessLookupError, ChildProcessError):
         pass
 
 
-HOGS = 2  # spinning processes pinned to main's core: main gets a third of it, a clear signal
+HOGS = 3  # spinning processes pinned to main's core: main gets a quarter of it, a clear signal
 ATTEMPTS = 3  # the machine is shared: another process may keep the free core busy for a while
 
 
@@ -53,14 +70,14 @@ def _attempt(tmp: Path) -> dict:
     """One run: quiet steps, then HOGS foreign spinners pinned to main's core. Returns what was read."""
     worker = subprocess.Popen([sys.executable, __file__, "worker", str(tmp)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    hogs: list[subprocess.Popen] = []
+    hogs: list[int] = []
     try:
         _wait_for(tmp / "ready", worker)
         hog_core = _allowed(worker.pid, worker.pid)  # where the plan (or tuner) has main now
-        assert len(hog_core) == 1
-        hogs = [subprocess.Popen([sys.executable, __file__, "hog", str(min(hog_core))]) for _ in range(HOGS)]
+        assert hog_core < os.sched_getaffinity(0), f"main is not bound to a core of its own: {hog_core}"
+        hogs = [_start_hog(hog_core) for _ in range(HOGS)]
         for h in hogs:
-            while _allowed(h.pid, h.pid) != hog_core:
+            while _allowed(h, h) != hog_core:
                 time.sleep(0.01)
         (tmp / "hog_started").touch()
         _wait_for(tmp / "done", worker)
@@ -69,13 +86,14 @@ def _attempt(tmp: Path) -> dict:
         _, err = worker.communicate(timeout=60)
         assert worker.returncode == 0, err[-3000:]
     finally:
-        for p in hogs + [worker]:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        for h in hogs:
+            _stop(h)
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
     result = json.loads((tmp / "result.json").read_text())
     events = [json.loads(line) for line in (tmp / "rank0.jsonl").read_text().splitlines()]
-    return {"hog_core": sorted(hog_core), "moved_to": moved_to, "hog_pids": {h.pid for h in hogs},
+    return {"hog_core": sorted(hog_core), "moved_to": moved_to, "hog_pids": set(hogs),
             "times": result["times_ms"], "hog_step": result["hog_step"], "events": events}
 
 
@@ -113,74 +131,53 @@ def test_hog_on_main_core_moves_main_and_step_time_recovers(tmp_path):
 
 
 # ---- the training process ----------------------------------------------------------------
+def _tuner_idle(log: Path) -> bool:
+    """No tune action waits for its verdict, by the rank's own event log."""
+    open_actions = 0
+    for line in log.read_text().split("\n")[:-1]:  # complete lines only
+        e = json.loads(line)
+        if e["type"] == "tune" and e.get("phase") == "applied":
+            open_actions += 1
+        elif e["type"] == "rollback" or (e["type"] == "tune" and e.get("phase") == "kept"):
+            open_actions -= 1
+    return open_actions == 0
+
+
 def _worker(tmp: Path) -> None:
+    """A training-like loop under placement.attach() (plan, binding, monitor and tuner all real)."""
     import torch
 
-    from placement.bind import RoleBinder
-    from placement.config import load_config
-    from placement.events import EventLog
-    from placement.monitor.record import RoleSample, StepRecord
-    from placement.plan.model import MemoryPolicy, RankPlan, RoleAssignment
-    from placement.roles import ThreadRole
-    from placement.tune.tuner import Tuner
+    import placement
 
     torch.set_num_threads(1)
-    cpus = sorted(os.sched_getaffinity(0))
-    plan = RankPlan(0, None, [0], MemoryPolicy("none"), roles={
-        ThreadRole.MAIN: RoleAssignment([cpus[0]], "e2e: first allowed cpu"),
-        ThreadRole.OTHER: RoleAssignment(cpus[1:], "e2e: the rest")})
-    cfg = load_config([f"tune.window={WINDOW}", "tune.cooldown_windows=1"]).tune
-    events = EventLog(str(tmp / "rank0.jsonl"))
-    binder = RoleBinder(plan, events)
-    binder.rescan()
-    tuner = Tuner(plan, None, cfg, binder, events)
+    handle = placement.attach(config=[f"monitor.log_dir={tmp}", f"tune.window={WINDOW}",
+                                      f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0"])
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x, y = torch.randn(64, 512), torch.randn(64, 512)
-    me = os.getpid()
-    sched = os.open(f"/proc/self/task/{me}/schedstat", os.O_RDONLY)
-
-    def schedstat() -> tuple[int, int]:
-        on_cpu, waited = os.pread(sched, 64, 0).split()[:2]
-        return int(on_cpu), int(waited)
-
     times: list[float] = []
     hog_step = None
     step = 0
-    prev = schedstat()
-    while True:
-        if step == QUIET_STEPS:
-            (tmp / "ready").touch()
-        if hog_step is None and step >= QUIET_STEPS and (tmp / "hog_started").exists():
+    while hog_step is None or step - hog_step < HOG_STEPS:
+        if step >= QUIET_STEPS and not (tmp / "ready").exists() and _tuner_idle(tmp / "rank0.jsonl"):
+            (tmp / "ready").touch()  # nothing in flight: main stays where it is when the hogs come
+        if hog_step is None and step > QUIET_STEPS and (tmp / "hog_started").exists():
             hog_step = step
-        if hog_step is not None and step - hog_step >= HOG_STEPS:
-            break
         t0 = time.perf_counter()
         loss = torch.nn.functional.mse_loss(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        ms = (time.perf_counter() - t0) * 1000.0
-        now = schedstat()
-        with open(f"/proc/self/task/{me}/stat", "rb") as f:
-            last_cpu = int(f.read().rsplit(b")", 1)[1].split()[36])
-        sample = RoleSample(threads=1, cpu_ms=(now[0] - prev[0]) / 1e6, runq_ms=(now[1] - prev[1]) / 1e6,
-                            cpus=[last_cpu])
-        prev = now
-        tuner.observe(StepRecord(rank=0, step=step, t=time.time(), step_ms=ms, roles={"main": sample}))
-        times.append(ms)
+        handle.step()
+        times.append((time.perf_counter() - t0) * 1000.0)
         step += 1
     (tmp / "result.json").write_text(json.dumps({"times_ms": times, "hog_step": hog_step}))
-    events.flush()
+    handle.events.flush()
     (tmp / "done").touch()
     while not (tmp / "exit").exists():
         time.sleep(0.01)
-    tuner.close()
-    events.close()
+    handle.close()
 
 
 if __name__ == "__main__":
-    if sys.argv[1] == "hog":
-        _spin(int(sys.argv[2]))
-    else:
-        _worker(Path(sys.argv[2]))
+    _worker(Path(sys.argv[2]))

@@ -22,6 +22,7 @@ def ctx(records, roles, *, topo=None, facts=None, niced=True, memory="bind", **c
 
 
 PLAN = {"main": [0], "nccl": [1], "pin_memory": [1], "dataloader": [4, 5], "other": [2, 3, 4, 5, 6, 7]}
+NCCL_IDLE = {"cpu_ms": 0.02}  # NCCL threads exist (and hold their core) but barely run
 
 
 def test_rule_names_match_config():
@@ -42,9 +43,18 @@ def test_runqueue_moves_main_off_a_foreign_hog_to_the_fastest_free_core():
     assert "hog" in p.reason
 
 
+def test_a_hot_role_without_live_threads_holds_no_core():
+    roles = {"main": [0], "nccl": [1], "pin_memory": [1], "other": [1]}  # the 2-CPU plan of a CPU-only job
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})
+    p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(2), facts=FakeFacts(foreign=[hog(0)])))
+    assert p.role is MAIN and p.cpus == {1}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}, "nccl": NCCL_IDLE})
+    assert RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(2), facts=FakeFacts(foreign=[hog(0)]))) is None
+
+
 def test_runqueue_skips_a_core_with_a_pinned_foreign_thread():
     roles = {"main": [0], "nccl": [1], "other": [2, 3]}
-    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}})
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "nccl": NCCL_IDLE})
     facts = FakeFacts(foreign=[hog(0), hog(2, pid=99)])
     p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4), facts=facts))
     assert p.cpus == {3}
@@ -52,7 +62,7 @@ def test_runqueue_skips_a_core_with_a_pinned_foreign_thread():
 
 def test_runqueue_moves_our_busy_co_runner_before_the_hot_thread():
     roles = {"main": [0], "nccl": [2], "pin_memory": [0], "other": [3, 4, 5, 6, 7]}
-    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3},
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "nccl": NCCL_IDLE,
                              "pin_memory": {"cpu_ms": 0.4, "runq_ms": 0.1}})
     facts = FakeFacts()
     p = RULES["runqueue"]().propose(ctx(recs, roles, facts=facts))
@@ -69,7 +79,8 @@ def test_runqueue_takes_the_hot_core_out_of_a_background_set():
 
 def test_runqueue_ignores_an_idle_co_runner_and_looks_in_proc():
     roles = {"main": [0], "nccl": [1], "pin_memory": [0], "other": [2, 3]}
-    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "pin_memory": {"cpu_ms": 0.01}})
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "pin_memory": {"cpu_ms": 0.01},
+                             "nccl": NCCL_IDLE})
     facts = FakeFacts(foreign=[hog(0)])
     p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4), facts=facts))
     assert p.role is MAIN and p.cpus == {2}
@@ -92,14 +103,14 @@ def test_runqueue_quiet_when_only_a_few_steps_wait():
 
 def test_runqueue_gives_up_without_a_free_core():
     roles = {"main": [0], "nccl": [1]}
-    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}, "nccl": NCCL_IDLE})
     assert RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(2), facts=FakeFacts(foreign=[hog(0)]))) is None
 
 
 def test_runqueue_moves_a_whole_core_when_main_holds_a_whole_core():
     topo = topology(8, smt=True)  # cores {0,4} {1,5} {2,6} {3,7}
     roles = {"main": [0, 4], "nccl": [1, 5], "other": [2, 3, 6, 7]}
-    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}, "nccl": NCCL_IDLE})
     p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topo, facts=FakeFacts(foreign=[hog(4)])))
     assert p.cpus == {2, 6}
     roles.update(main=[0], other=[2, 3, 4, 6, 7])  # one thread of its core: moves to one thread of another
@@ -110,7 +121,8 @@ def test_runqueue_moves_a_whole_core_when_main_holds_a_whole_core():
 # ---- nccl_core ---------------------------------------------------------------------
 def test_nccl_core_fires_when_comm_heavy_and_sharing_main():
     roles = {"main": [0], "nccl": [0], "pin_memory": [1], "other": [2, 3, 4, 5, 6, 7]}
-    recs = window(20, comm_frac=0.5, roles={"main": {"cpu_ms": 0.4}, "nccl": {"cpu_ms": 0.3, "threads": 2}})
+    recs = window(20, comm_frac=0.5, roles={"main": {"cpu_ms": 0.4}, "nccl": {"cpu_ms": 0.3, "threads": 2},
+                                            "pin_memory": {"cpu_ms": 0.01}})
     p = RULES["nccl_core"]().propose(ctx(recs, roles))
     assert p.role is NCCL and p.cpus == {2}
     assert p.evidence["shares_with"] == "main" and p.evidence["comm_pct"] == pytest.approx(50.0)
@@ -135,7 +147,8 @@ def test_nccl_core_quiet(comm_frac, roles):
 # ---- dataloader_size ---------------------------------------------------------------
 def test_dataloader_grows_onto_a_spare_core_when_saturated():
     roles = {"main": [0], "nccl": [1], "dataloader": [2], "other": [2, 3]}
-    recs = window(20, data_frac=0.4, roles={"main": {"cpu_ms": 0.5}, "dataloader": {"cpu_ms": 0.95, "threads": 2}})
+    recs = window(20, data_frac=0.4, roles={"main": {"cpu_ms": 0.5}, "dataloader": {"cpu_ms": 0.95, "threads": 2},
+                                            "nccl": NCCL_IDLE})
     p = RULES["dataloader_size"]().propose(ctx(recs, roles, topo=topology(4)))
     assert p.role is DL and p.cpus == {2, 3}
     assert p.evidence["workers_busy_pct_per_cpu"] == pytest.approx(95.0)

@@ -11,8 +11,8 @@ from tune_fakes import FakeBinder, FakeFacts, ListEvents, hog, rank_plan, topolo
 
 MAIN = ThreadRole.MAIN
 PLAN = {"main": [0], "nccl": [1], "dataloader": [2, 3], "other": [2, 3]}
-QUIET = {"main": {"cpu_ms": 0.8, "runq_ms": 0.01, "cpus": [0]}}
-HOGGED = {"main": {"cpu_ms": 0.5, "runq_ms": 0.45, "cpus": [0]}}
+QUIET = {"main": {"cpu_ms": 0.8, "runq_ms": 0.01, "cpus": [0]}, "nccl": {"cpu_ms": 0.02}}
+HOGGED = {"main": {"cpu_ms": 0.5, "runq_ms": 0.45, "cpus": [0]}, "nccl": {"cpu_ms": 0.02}}
 
 
 class Run:

@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_config(overrides, config_file=args.placement_config)
     _, plan = plan_for_node(cfg, args.nproc_per_node, root=args.root, nccl_topo_file=args.nccl_topo_file)
     if args.json:
-        json.dump(plan.to_dict(), sys.stdout, indent=1)
+        json.dump(plan.to_dict(), sys.stdout, indent=2)
         sys.stdout.write("\n")
     else:
         print(format_plan_table(plan))

@@ -1,15 +1,16 @@
 """PlacementConfig in Hydra's ConfigStore, so a Hydra app composes it like its own configs.
 
-    from placement.integrations.hydra import register_configs, to_placement_config
+    from placement.integrations.hydra import changed_settings, register_configs
     register_configs()                    # before @hydra.main runs
     # conf/config.yaml:  defaults: [placement: default, _self_]
     # python train.py placement.policy=exclusive placement/tune=off
-    cfg_p = to_placement_config(cfg.placement)
+    handle = placement.attach(model, optimizer, config=changed_settings(cfg.placement))
 
 Group `placement` holds `schema` (the typed tree), `default` (schema + presets) and three preset
 groups, `placement/policy`, `placement/monitor`, `placement/tune`: '/' selects a preset, '.' sets
 one key, as everywhere in Hydra (`hydra/launcher=...`). configs/placement/ holds the same configs
-as YAML files; tests keep the two equal.
+as YAML files, to read or copy into an app's config dir (then register_configs(presets=False));
+tests keep the two equal.
 
 The schema is PlacementConfig with its choice fields typed as Enums and its classes named after
 their valid keys: Hydra then reports `placement.policy=bogus` and `placement.bogus=1` with its own
@@ -103,7 +104,6 @@ def _schema(cls: type, nested: dict[str, type]) -> type:
                            dataclasses.field(default=f.default, default_factory=f.default_factory)))
     qualname = f"{cls.__name__}Schema"
     schema = dataclasses.make_dataclass(qualname, fields, namespace={"__module__": __name__})
-    schema.__qualname__ = qualname
     setattr(sys.modules[__name__], qualname, schema)
     # OmegaConf's unknown-key error reads "Key 'x' not in '<type __name__>'": the name lists the keys.
     schema.__name__ = f"{cls.__name__} (valid keys: {', '.join(f.name for f in dataclasses.fields(cls))})"
@@ -115,15 +115,19 @@ TuneConfigSchema = _schema(TuneConfig, {})
 PlacementConfigSchema = _schema(PlacementConfig, {"monitor": MonitorConfigSchema, "tune": TuneConfigSchema})
 
 
-def register_configs() -> None:
-    """Store group `placement` in Hydra's ConfigStore: `schema`, `default` and the presets.
+def register_configs(presets: bool = True) -> None:
+    """Store group `placement` in Hydra's ConfigStore: `schema`, and with presets=True also
+    `default` and the preset groups. Idempotent; call it before `@hydra.main` (or `compose`) runs.
 
-    Idempotent; call it before `@hydra.main` (or `hydra.compose`) runs.
+    An app that composes from its own copies of the configs/placement YAML files (on its search
+    path) passes presets=False: Hydra refuses a file and a ConfigStore entry of the same name.
     """
     from hydra.core.config_store import ConfigStore
 
     cs = ConfigStore.instance()
     cs.store(group=GROUP, name="schema", node=PlacementConfigSchema, package=GROUP)
+    if not presets:
+        return
     cs.store(group=GROUP, name="default", package=GROUP, node={
         "defaults": ["schema", "_self_"] + [{group: "default"} for group in PRESETS]})
     for group, options in PRESETS.items():
@@ -142,6 +146,29 @@ def to_placement_config(node: Any) -> PlacementConfig:
     elif dataclasses.is_dataclass(node):  # a PlacementConfig, or OmegaConf.to_object of the schema
         node = dataclasses.asdict(node)
     return load_config(base=_plain(node))
+
+
+def changed_settings(node: Any) -> dict[str, Any]:
+    """The keys of the composed `cfg.placement` whose values differ from PlacementConfig's
+    defaults, nested, after validation: what an app hands `placement.attach(config=...)`.
+
+    Under placerun attach() layers its config over the one placerun started with, so keys the
+    app leaves at their default keep placerun's values (e.g. `placerun placement.monitor.log_dir=X`)
+    and the keys it sets win (binding keys excepted: placerun applied those before the app ran).
+    """
+    return _diff(to_placement_config(node).to_dict(), PlacementConfig().to_dict())
+
+
+def _diff(value: dict[str, Any], default: dict[str, Any]) -> dict[str, Any]:
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, dict):
+            sub = _diff(v, default[k])
+            if sub:
+                out[k] = sub
+        elif v != default[k]:
+            out[k] = v
+    return out
 
 
 def _plain(value: Any) -> Any:

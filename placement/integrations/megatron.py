@@ -59,6 +59,7 @@ class MegatronAttachment:
     optimizer: Any  # the Megatron optimizer whose step() now also ends a step record
     data_iterator: Any  # pass this to the training loop in place of the original
     torch_optimizers: list = field(default_factory=list)
+    _step_wrapper: Any = None
     _closed: bool = False
 
     def close(self) -> None:
@@ -66,7 +67,9 @@ class MegatronAttachment:
         if self._closed:
             return
         self._closed = True
-        if "step" in vars(self.optimizer):  # the wrapper installed on the instance below
+        # Only our wrapper is removed: one installed over it later (an LR scheduler's) stays, and
+        # ends no record once the handle is closed.
+        if vars(self.optimizer).get("step") is self._step_wrapper:
             del self.optimizer.step
         self.handle.close()
 
@@ -101,4 +104,5 @@ def attach_megatron(optimizer: Any, data_iterator: Any = None, *, model: Any = N
 
     optimizer.step = step  # an instance attribute: close() deletes it and the class's step is back
     return MegatronAttachment(handle=handle, optimizer=optimizer,
-                              data_iterator=watch_data_iterator(handle, data_iterator), torch_optimizers=inner)
+                              data_iterator=watch_data_iterator(handle, data_iterator), torch_optimizers=inner,
+                              _step_wrapper=step)

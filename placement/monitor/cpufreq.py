@@ -6,6 +6,7 @@ have no such file: every figure is then None, and that is said once.
 """
 from __future__ import annotations
 
+import errno
 import os
 from typing import Callable, Optional
 
@@ -24,7 +25,10 @@ class CoreFreq:
             fd: Optional[int] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             fd = None
-            self._fail("cpufreq", e)
+            if e.errno == errno.ENOENT:
+                self._fail("cpufreq", FileNotFoundError(f"no cpufreq on this machine ({path} is missing)"))
+            else:
+                self._fail("cpufreq", e)
         self._fds[cpu] = fd
         return fd
 

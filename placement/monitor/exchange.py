@@ -68,6 +68,16 @@ class Exchange:
     def enabled(self) -> bool:
         return self.group is not None
 
-    def close(self) -> None:
-        # A pending exchange is dropped, never waited for: a peer may already have exited.
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Let a pending exchange finish (its peers issued it at the same step, so it is
+        quick) before the group can be torn down under it; give up after `timeout_s`."""
+        if self._pending is None:
+            return
+        import datetime
+
+        work, _ = self._pending
         self._pending = None
+        try:
+            work.wait(datetime.timedelta(seconds=timeout_s))
+        except Exception as e:
+            self._warn("exchange-close", f"last cross-rank exchange did not finish ({first_line(e)})")

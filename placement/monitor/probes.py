@@ -7,6 +7,11 @@ One plain function per fact. Files (fields numbered as in proc(5)):
 The calling thread's own faults and involuntary switches come cheaper from
 getrusage(RUSAGE_THREAD), and its CPU from sched_getcpu(3) (see MainThreadProbe).
 
+Every read here is a syscall, and the first syscall after a training step is the
+expensive one (measured on the 2-vCPU dev VM: ~20 us for a pread of schedstat right
+after a step vs ~2 us for the next; caches and TLB are cold), so the per-step path
+makes as few as it can: benchmarks/monitor_overhead.py prints these costs.
+
 On-CPU time of a thread of this process comes from its CPU clock (clock_gettime on the
 thread's clockid), not schedstat field 1: the kernel folds a *running* thread's time into
 schedstat only at the next tick or switch, so a read while it runs is up to a tick
@@ -152,24 +157,41 @@ class ThreadProbe:
 
 
 class MainThreadProbe:
-    """The rank's main thread (tid == pid), read every step. Called on that thread (the usual
-    case: the optimizer step runs there) it costs a thread-clock read, one pread of
-    schedstat, getrusage and sched_getcpu; from another thread, its /proc files."""
+    """The rank's main thread (tid == pid).
+
+    Every step: on-CPU ns (its thread clock), runqueue ns (schedstat) and the CPU it is
+    on (sched_getcpu), when called on that thread, the usual case (the optimizer step runs
+    there); from another thread, its /proc files. Every span: faults and involuntary
+    switches (getrusage(RUSAGE_THREAD) on that thread, else stat and status).
+    """
 
     def __init__(self, fail: Callable[[str, BaseException], None], proc: str = "/proc"):
         self.tid = os.getpid()
         self._files = ThreadProbe(self.tid, self.tid, fail, proc)
+        self._fail = fail
         self._fast = current_cpu is not None and proc == "/proc"
 
-    def counters(self) -> tuple[Optional[int], Optional[int], Optional[int], Optional[int], Optional[int]]:
-        """(on-CPU ns, runqueue wait ns, minor faults, involuntary switches, CPU now)."""
+    def step_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """(on-CPU ns, runqueue wait ns, CPU now)."""
         if self._fast and threading.get_native_id() == self.tid:
-            cpu_ns = time.thread_time_ns()
-            runq = self._files._read("schedstat", read_schedstat)
-            ru = resource.getrusage(resource.RUSAGE_THREAD)
-            return cpu_ns, None if runq is None else runq[1], ru.ru_minflt, ru.ru_nivcsw, current_cpu()
+            fd = self._files._fds.get("schedstat")
+            runq = None
+            if fd is not None:
+                try:
+                    runq = int(os.pread(fd, 128, 0).split()[1])
+                except (OSError, ValueError, IndexError) as e:
+                    self._fail("schedstat", e)
+            return time.thread_time_ns(), runq, current_cpu()
         c = self._files.counters()
-        return c.cpu_ns, c.runq_ns, c.minflt, c.nivcsw, c.cpu
+        return c.cpu_ns, c.runq_ns, c.cpu
+
+    def span_read(self) -> tuple[Optional[int], Optional[int]]:
+        """(minor faults, involuntary context switches)."""
+        if self._fast and threading.get_native_id() == self.tid:
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
+            return ru.ru_minflt, ru.ru_nivcsw
+        c = self._files.counters(schedstat=False)
+        return c.minflt, c.nivcsw
 
     def close(self) -> None:
         self._files.close()

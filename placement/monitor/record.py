@@ -2,12 +2,13 @@
 
 Figures a probe could not read are None (and warned about once), never guessed.
 
-Sampling tiers (what keeps the monitor inside its cost budget): `main` is measured in
-full every step. `nccl` and `pin_memory` get cpu_ms/runq_ms every step; their other
-counters, and every figure of `dataloader` and `other`, are read every
-monitor.rescan_every steps and appear only in that step's record as per-step means over
-the `span_steps` steps since the previous reading (None on the steps between, and the
-cold roles are absent from `roles` there).
+Sampling tiers (what keeps the monitor inside its cost budget): every step, `main` gets
+cpu_ms, runq_ms, migrations and cpus, and `nccl` and `pin_memory` get cpu_ms and runq_ms.
+Their other counters (nivcsw, minflt, mhz; for nccl/pin_memory also migrations and cpus),
+and every figure of `dataloader` and `other`, are read every monitor.rescan_every steps
+and appear in that step's record as per-step means over the `span_steps` steps since the
+previous reading (None on the steps between; `dataloader` and `other` are absent from
+`roles` there). cpus/mhz of nccl/pin_memory on the steps between are the last reading's.
 """
 from __future__ import annotations
 

@@ -2,11 +2,11 @@
 
 Cost design (budget: <= 30 us per step, <= 0.3% of a 10 ms step; see
 benchmarks/monitor_overhead.py):
-- on_step() reads only timestamps, the main thread's counters (one pread of schedstat,
-  getrusage, sched_getcpu, one pread of cpufreq) and one pread per nccl/pin_memory
-  thread, and appends a tuple.
-- every monitor.rescan_every steps: the cold sample of all other threads and the rescan
-  of the thread list (binder.rescan when binding).
+- on_step() reads only timestamps, the main thread's thread clock, one pread of its
+  schedstat and sched_getcpu, one pread per nccl/pin_memory thread, and appends a tuple.
+- every monitor.rescan_every steps: the span reading of every thread (faults, switches,
+  migrations, MHz; dataloader/other in full) and the rescan of the thread list
+  (binder.rescan when binding).
 - every monitor.flush_every steps: records are built, judged, handed to observers (the
   tuner), encoded and written in one batch, and the file flushed.
 - every monitor.exchange_every steps: one asynchronous all-gather on a side gloo group.
@@ -22,11 +22,11 @@ from placement.monitor import exitflush
 from placement.monitor.comm import CommStep, CommTiming
 from placement.monitor.exchange import Exchange
 from placement.monitor.jsonl import write_records
-from placement.monitor.record import RoleSample, StepRecord
+from placement.monitor.record import StepRecord
 from placement.monitor.straggler import RankFigures, StragglerReport, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
-from placement.monitor.threads import RoleSampler
+from placement.monitor.threads import RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
 
@@ -50,8 +50,9 @@ class StepMonitor:
         self._t_last = time.perf_counter_ns()
         self._wall_last = time.time()
         self._data_ns = 0
-        self._since_cold = 0
-        # Steps measured but not yet built into records: (step, start wall, end wall, step_ms, data_ms, CommStep, roles)
+        self._since_span = 0
+        # Steps measured but not yet built into records:
+        # (step, start wall, end wall, step_ms, data_ms, CommStep, main read, hot read, span read or None)
         self._raw: list[tuple] = []
         self._window: list[StepRecord] = []  # since the last exchange
         self._summary: list[StepRecord] = []  # since the last summary line
@@ -87,21 +88,21 @@ class StepMonitor:
                 exitflush.resume_deferred()
 
     def _measure(self, t0: int) -> None:
+        # Raw reads only: records are built in the batch (_finalize), where caches are warm.
         self.step += 1
         wall = time.time()
-        step_ms = (t0 - self._t_last) / 1e6
-        self._t_last = t0
-        data_ms, self._data_ns = self._data_ns / 1e6, 0
-        roles: dict[str, RoleSample] = {"main": self.sampler.main_step()}
-        roles.update(self.sampler.hot_step())
+        main = self.sampler.read_main()
+        hot = self.sampler.read_hot()
         comm = self.comm.take_step()
-        self._since_cold += 1
-        if self._since_cold >= self.cfg.rescan_every:
-            roles.update(self.sampler.cold_sample(self._since_cold, roles))
-            self._since_cold = 0
+        span = None
+        self._since_span += 1
+        if self._since_span >= self.cfg.rescan_every:
+            span = self.sampler.read_span(self._since_span, main[2])
+            self._since_span = 0
             self._rescan_threads()
-        self._raw.append((self.step, self._wall_last, wall, step_ms, data_ms, comm, roles))
-        self._wall_last = wall
+        self._raw.append((self.step, self._wall_last, wall, (t0 - self._t_last) / 1e6, self._data_ns / 1e6,
+                          comm, main, hot, span))
+        self._t_last, self._wall_last, self._data_ns = t0, wall, 0
         exchange_now = self.exchange is not None and self.exchange.enabled and self.step % self.cfg.exchange_every == 0
         if exchange_now or self.step % self.cfg.flush_every == 0:
             self._finalize(keep_lag=True)
@@ -127,17 +128,18 @@ class StepMonitor:
             return
         self._raw = self._raw[len(ready):]
         pending = [i for i, r in enumerate(ready) if r[5].comm_ms is None]
-        resolved = self.comm.resolve([(ready[i][1], ready[i][2]) for i in pending]) if pending else []
-        comm_ms = {i: ms for i, ms in zip(pending, resolved)}
+        late_comm = dict(zip(pending, self.comm.resolve([(ready[i][1], ready[i][2]) for i in pending]))) if pending else {}
+        tune = self._tune
         batch = []
-        for i, (step, _start, end, step_ms, data_ms, comm, roles) in enumerate(ready):
-            c = comm.comm_ms if comm.comm_ms is not None else comm_ms.get(i)
-            rec = StepRecord(rank=self.rank, step=step, t=end, step_ms=round(step_ms, 4),
-                             data_ms=round(data_ms, 4), comm_ms=None if c is None else round(c, 4),
-                             comm_count=comm.count, roles=roles, local_rank=self.local_rank,
-                             comm_enter_t=comm.enter_t)
-            rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), self._tune.runq_wait_pct,
-                                       self._tune.comm_share_pct, self._tune.data_share_pct)
+        for i, (step, _start, end, step_ms, data_ms, comm, main, hot, span) in enumerate(ready):
+            roles = self.sampler.samples(main, hot)
+            if span is not None:
+                merge_span(roles, span)
+            c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
+            rec = StepRecord(self.rank, step, end, step_ms, data_ms, c, comm.count, roles,
+                             local_rank=self.local_rank, comm_enter_t=comm.enter_t)
+            rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), tune.runq_wait_pct,
+                                       tune.comm_share_pct, tune.data_share_pct)
             batch.append(rec)
         write_records(self.events, batch)
         for rec in batch:

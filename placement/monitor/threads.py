@@ -1,10 +1,13 @@
-"""Per-role figures of one rank's threads, in the three sampling tiers of record.py.
+"""Per-role figures of one rank's threads, in the sampling tiers of record.py.
 
-`main` every step in full; `nccl` and `pin_memory` (the other hot roles) cpu/runqueue
-every step; their remaining counters and all of `dataloader` and `other` at each cold
-sample (every monitor.rescan_every steps), as per-step means over the span since the
-previous one. Which threads exist, and their roles, comes from the binder's thread
-list (or placement.roles.scan_threads without one), re-read at each cold sample.
+Every step (on the training thread, so kept to raw reads): `main`'s on-CPU time,
+runqueue wait and CPU; `nccl` and `pin_memory` threads' on-CPU time and runqueue wait.
+The deltas and RoleSamples are made later, in the batch (`samples`).
+Every span (monitor.rescan_every steps): everything else, as per-step means over the
+span: main's faults, involuntary switches and MHz; the other hot roles' faults,
+switches, migrations, CPUs and MHz; all figures of `dataloader` and `other`.
+Which threads exist, and their roles, comes from the binder's thread list (or
+ThreadScan without one), re-read every span.
 """
 from __future__ import annotations
 
@@ -19,15 +22,13 @@ from placement.roles import ThreadInfo, ThreadRole
 
 MAIN = ThreadRole.MAIN.value
 EVERY_STEP_ROLES = (ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
-COLD_ROLES = (ThreadRole.DATALOADER.value, ThreadRole.OTHER.value)
+
+MainRead = tuple  # (cpu_ns, runq_ns, cpu)
+HotRead = tuple  # ((tid, role, cpu_ns, runq_ns), ...)
 
 
 def _delta(now: Optional[int], before: Optional[int]) -> Optional[int]:
     return None if now is None or before is None else now - before
-
-
-def _ms(ns: Optional[int]) -> Optional[float]:
-    return None if ns is None else ns / 1e6
 
 
 def _sum(values: Iterable[Optional[int]]) -> Optional[int]:
@@ -40,8 +41,8 @@ def _sum(values: Iterable[Optional[int]]) -> Optional[int]:
     return total if known else None
 
 
-def _per_step(total: Optional[float], span: int, digits: int = 3) -> Optional[float]:
-    return None if total is None else round(total / span, digits)
+def _per_step(total: Optional[float], span: int, scale: float = 1.0) -> Optional[float]:
+    return None if total is None else round(total * scale / span, 3)
 
 
 class RoleSampler:
@@ -52,17 +53,19 @@ class RoleSampler:
         self._proc = proc
         self.freq = CoreFreq(self._fail, root)
         self.main = MainThreadProbe(self._fail, proc)
-        self._main_prev = self.main.counters()
+        self._main_prev: MainRead = self.main.step_read()
+        self._main_span_prev = self.main.span_read()
         self._probes: dict[int, tuple[str, ThreadProbe]] = {}  # tid -> (role, probe)
-        self._hot: dict[int, tuple[str, ThreadProbe]] = {}  # the EVERY_STEP_ROLES part of _probes
+        self._hot: tuple[tuple[int, str, ThreadProbe], ...] = ()  # the EVERY_STEP_ROLES probes
         self._hot_prev: dict[int, tuple[Optional[int], Optional[int]]] = {}  # tid -> (cpu_ns, runq_ns)
-        self._cold_prev: dict[int, ThreadCounters] = {}
+        self._span_prev: dict[int, ThreadCounters] = {}
         self._last_cpus: dict[str, list[int]] = {}
         self._last_mhz: dict[str, Optional[float]] = {}
         self.refresh()
 
     def _fail(self, what: str, e: BaseException) -> None:
-        self._warn(f"probe:{what}", f"monitor probe {what} failed ({first_line(e)}); that figure is null from now on")
+        self._warn(f"probe:{what}", f"monitor probe {what}: {first_line(e)}; its figures are null while it fails "
+                                    "(said once)")
 
     # ---- thread list -----------------------------------------------------------------
     def refresh(self) -> None:
@@ -75,13 +78,10 @@ class RoleSampler:
         me = os.getpid()
         seen: dict[int, str] = {}
         for t in infos:
-            if t.pid == me and t.tid == me:
-                continue  # main has its own probe
-            seen[t.tid] = t.role.value if isinstance(t.role, ThreadRole) else str(t.role)
-        for tid in list(self._probes):
-            role, probe = self._probes[tid]
-            if seen.get(tid) != role:
-                self._drop(tid)
+            if not (t.pid == me and t.tid == me):  # main has its own probe
+                seen[t.tid] = t.role.value if isinstance(t.role, ThreadRole) else str(t.role)
+        for tid in [tid for tid, (role, _) in self._probes.items() if seen.get(tid) != role]:
+            self._drop(tid)
         for t in infos:
             role = seen.get(t.tid)
             if role is None or t.tid in self._probes:
@@ -90,59 +90,73 @@ class RoleSampler:
                 self._probes[t.tid] = (role, ThreadProbe(t.pid, t.tid, self._fail, self._proc))
             except ThreadGone:
                 continue
-            if role in EVERY_STEP_ROLES:
-                self._hot[t.tid] = self._probes[t.tid]
+        self._hot = tuple((tid, role, probe) for tid, (role, probe) in self._probes.items()
+                          if role in EVERY_STEP_ROLES)
 
     def _drop(self, tid: int) -> None:
         _, probe = self._probes.pop(tid)
-        self._hot.pop(tid, None)
         probe.close()
         self._hot_prev.pop(tid, None)
-        self._cold_prev.pop(tid, None)
+        self._span_prev.pop(tid, None)
+        self._hot = tuple(h for h in self._hot if h[0] != tid)
 
     def threads_of(self, role: str) -> list[int]:
         return [tid for tid, (r, _) in self._probes.items() if r == role]
 
-    # ---- every step ------------------------------------------------------------------
-    def main_step(self) -> RoleSample:
-        now = self.main.counters()
-        prev, self._main_prev = self._main_prev, now
-        cpu = now[4]
-        return RoleSample(1, _ms(_delta(now[0], prev[0])), _ms(_delta(now[1], prev[1])),
-                          _delta(now[3], prev[3]), None if cpu is None or prev[4] is None else int(cpu != prev[4]),
-                          _delta(now[2], prev[2]), self.freq.mhz(cpu), [] if cpu is None else [cpu])
+    # ---- every step: raw reads only --------------------------------------------------
+    def read_main(self) -> MainRead:
+        return self.main.step_read()
 
-    def hot_step(self) -> dict[str, RoleSample]:
-        """cpu/runqueue of the nccl and pin_memory threads over this step."""
+    def read_hot(self) -> HotRead:
         if not self._hot:
-            return {}
-        out: dict[str, RoleSample] = {}
-        gone = []
-        for tid, (role, probe) in self._hot.items():
+            return ()
+        out, gone = [], []
+        for tid, role, probe in self._hot:
             try:
-                now = probe.schedstat()
+                cpu_ns, runq_ns = probe.schedstat()
             except ThreadGone:
                 gone.append(tid)
                 continue
-            prev = self._hot_prev.get(tid)
-            self._hot_prev[tid] = now
-            s = out.get(role)
-            if s is None:
-                s = out[role] = RoleSample(threads=0, cpus=self._last_cpus.get(role, []),
-                                           mhz=self._last_mhz.get(role))
-            s.threads += 1
-            if prev is not None:
-                s.cpu_ms = _add_ms(s.cpu_ms, _delta(now[0], prev[0]))
-                s.runq_ms = _add_ms(s.runq_ms, _delta(now[1], prev[1]))
+            out.append((tid, role, cpu_ns, runq_ns))
         for tid in gone:
             self._drop(tid)
-        return out
+        return tuple(out)
 
-    # ---- every rescan_every steps ----------------------------------------------------
-    def cold_sample(self, span_steps: int, hot: dict[str, RoleSample]) -> dict[str, RoleSample]:
-        """Read every non-main thread in full; fold the span's per-step means into `hot`
-        (this step's nccl/pin_memory samples) and return the dataloader/other samples."""
+    # ---- in the batch: raw reads -> per-step RoleSamples -----------------------------
+    def samples(self, main: MainRead, hot: HotRead) -> dict[str, RoleSample]:
+        """This step's samples from its raw reads; must be called in step order."""
+        prev, self._main_prev = self._main_prev, main
+        cpu = main[2]
+        roles = {MAIN: RoleSample(
+            threads=1, cpu_ms=None if main[0] is None or prev[0] is None else (main[0] - prev[0]) / 1e6,
+            runq_ms=None if main[1] is None or prev[1] is None else (main[1] - prev[1]) / 1e6,
+            migrations=None if cpu is None or prev[2] is None else int(cpu != prev[2]),
+            mhz=self._last_mhz.get(MAIN), cpus=[] if cpu is None else [cpu])}
+        for tid, role, cpu_ns, runq_ns in hot:
+            before = self._hot_prev.get(tid)
+            self._hot_prev[tid] = (cpu_ns, runq_ns)
+            s = roles.get(role)
+            if s is None:
+                s = roles[role] = RoleSample(threads=0, cpus=self._last_cpus.get(role, []), mhz=self._last_mhz.get(role))
+            s.threads += 1
+            if before is not None:
+                s.cpu_ms = _add_ms(s.cpu_ms, _delta(cpu_ns, before[0]))
+                s.runq_ms = _add_ms(s.runq_ms, _delta(runq_ns, before[1]))
+        return roles
+
+    # ---- every span ------------------------------------------------------------------
+    def read_span(self, span_steps: int, main_cpu: Optional[int]) -> dict[str, RoleSample]:
+        """Read every thread in full: per-step means over the last `span_steps` steps.
+        For main and the every-step roles only the span figures are set (merge them with
+        `merge_span`); dataloader and other get whole samples."""
         span = max(1, span_steps)
+        minflt, nivcsw = self.main.span_read()
+        p_minflt, p_nivcsw = self._main_span_prev
+        self._main_span_prev = (minflt, nivcsw)
+        self._last_mhz[MAIN] = self.freq.mhz(main_cpu)
+        out = {MAIN: RoleSample(threads=1, minflt=_per_step(_delta(minflt, p_minflt), span),
+                                nivcsw=_per_step(_delta(nivcsw, p_nivcsw), span), mhz=self._last_mhz[MAIN],
+                                span_steps=span)}
         per_role: dict[str, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
         gone = []
         for tid, (role, probe) in self._probes.items():
@@ -151,34 +165,27 @@ class RoleSampler:
             except ThreadGone:
                 gone.append(tid)
                 continue
-            per_role.setdefault(role, []).append((now, self._cold_prev.get(tid)))
-            self._cold_prev[tid] = now
+            per_role.setdefault(role, []).append((now, self._span_prev.get(tid)))
+            self._span_prev[tid] = now
         for tid in gone:
             self._drop(tid)
-        cold: dict[str, RoleSample] = {}
         for role, pairs in per_role.items():
             cpus = sorted({now.cpu for now, _ in pairs if now.cpu is not None})
-            mhz_values = [m for m in (self.freq.mhz(c) for c in cpus) if m is not None]
-            mhz = round(sum(mhz_values) / len(mhz_values), 1) if mhz_values else None
+            known = [m for m in (self.freq.mhz(c) for c in cpus) if m is not None]
+            mhz = round(sum(known) / len(known), 1) if known else None
             self._last_cpus[role], self._last_mhz[role] = cpus, mhz
             paired = [(n, p) for n, p in pairs if p is not None]
-            counts = dict(
-                nivcsw=_per_step(_sum(_delta(n.nivcsw, p.nivcsw) for n, p in paired), span, 2),
-                minflt=_per_step(_sum(_delta(n.minflt, p.minflt) for n, p in paired), span, 2),
+            s = out[role] = RoleSample(
+                threads=len(pairs),
+                nivcsw=_per_step(_sum(_delta(n.nivcsw, p.nivcsw) for n, p in paired), span),
+                minflt=_per_step(_sum(_delta(n.minflt, p.minflt) for n, p in paired), span),
                 migrations=_per_step(_sum(None if n.cpu is None or p.cpu is None else int(n.cpu != p.cpu)
-                                          for n, p in paired), span, 2),
-            )
-            if role in EVERY_STEP_ROLES:
-                s = hot.get(role) or RoleSample(threads=len(pairs))
-                hot[role] = s
-            else:
-                s = cold[role] = RoleSample(
-                    threads=len(pairs),
-                    cpu_ms=_per_step(_ms(_sum(_delta(n.cpu_ns, p.cpu_ns) for n, p in paired)), span),
-                    runq_ms=_per_step(_ms(_sum(_delta(n.runq_ns, p.runq_ns) for n, p in paired)), span))
-            s.nivcsw, s.minflt, s.migrations = counts["nivcsw"], counts["minflt"], counts["migrations"]
-            s.cpus, s.mhz, s.span_steps = cpus, mhz, span
-        return cold
+                                          for n, p in paired), span),
+                mhz=mhz, cpus=cpus, span_steps=span)
+            if role not in EVERY_STEP_ROLES:
+                s.cpu_ms = _per_step(_sum(_delta(n.cpu_ns, p.cpu_ns) for n, p in paired), span, 1e-6)
+                s.runq_ms = _per_step(_sum(_delta(n.runq_ns, p.runq_ns) for n, p in paired), span, 1e-6)
+        return out
 
     def close(self) -> None:
         for tid in list(self._probes):
@@ -187,7 +194,55 @@ class RoleSampler:
         self.freq.close()
 
 
+def merge_span(step_roles: dict[str, RoleSample], span: dict[str, RoleSample]) -> None:
+    """Fold a span reading into the samples of the step it was taken at."""
+    for role, s in span.items():
+        mine = step_roles.get(role)
+        if mine is None or role not in (MAIN, *EVERY_STEP_ROLES):
+            step_roles[role] = s
+            continue
+        mine.nivcsw, mine.minflt, mine.mhz, mine.span_steps = s.nivcsw, s.minflt, s.mhz, s.span_steps
+        if role != MAIN:
+            mine.migrations, mine.cpus = s.migrations, s.cpus
+
+
 def _add_ms(total: Optional[float], ns: Optional[int]) -> Optional[float]:
     if ns is None:
         return total
     return (total or 0.0) + ns / 1e6
+
+
+class ThreadScan:
+    """placement.roles.scan_threads for a rank without a binder, redone only when its thread
+    list or its main thread's children changed at this look or the one before (a new thread
+    names itself just after it starts, so one more look reads the final name)."""
+
+    def __init__(self, proc: str = "/proc"):
+        self._proc = proc
+        self._pid = os.getpid()
+        self._key: Optional[tuple] = None
+        self._settled = False
+        self._threads: list[ThreadInfo] = []
+
+    def _look(self) -> tuple:
+        try:
+            tids = tuple(sorted(os.listdir(f"{self._proc}/{self._pid}/task")))
+        except OSError:
+            tids = ()
+        try:
+            with open(f"{self._proc}/{self._pid}/task/{self._pid}/children", "rb") as f:
+                kids = f.read()
+        except OSError:
+            kids = b""
+        return tids, kids
+
+    def __call__(self) -> list[ThreadInfo]:
+        from placement.roles import scan_threads
+
+        key = self._look()
+        if key == self._key and self._settled:
+            return self._threads
+        self._settled = key == self._key
+        self._key = key
+        self._threads = scan_threads(self._pid, proc=self._proc)
+        return self._threads

@@ -167,14 +167,14 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
         nic = f"; NIC {s.nic} is on this node" if s.nic else ""
         if second is None:
             ctx.warn(f"local rank {r} has one free physical core on node {node} (core {main.key}): "
-                     "main, nccl and pin_memory share it")
-            nccl_reason = f"shares main's core {main.key}: local rank {r} has one free core on node {node}"
+                     "all its roles share it")
+            nccl_reason = pin_reason = f"shares main's core {main.key}: local rank {r} has one free core on node {node}"
         else:
             nccl_reason = (f"next {speed} whole core (core {nccl.key}, {nccl.describe_perf()}) on node {node}, "
                            f"{s.why_node}{nic}")
+            pin_reason = f"shares nccl's core {nccl.key}, next to main on node {node} (pin-memory copies are light)"
         roles[ThreadRole.NCCL] = RoleAssignment(sorted(nccl.use(smt)), nccl_reason)
-        roles[ThreadRole.PIN_MEMORY] = RoleAssignment(
-            sorted(nccl.use(smt)), f"shares nccl's core {nccl.key}, next to main on node {node} (pin-memory copies are light)")
+        roles[ThreadRole.PIN_MEMORY] = RoleAssignment(sorted(nccl.use(smt)), pin_reason)
     if rest:
         other = threads_of(rest, smt)
         workers = job.dataloader_workers
@@ -190,8 +190,9 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
         spare = second or main
         other = dataloader = spare.use(smt)
         role = "nccl" if second is not None and remote is None else ("pin_memory" if second else "main")
-        ctx.warn(f"local rank {r} has no core beyond its hot cores on node {node}: dataloader and other "
-                 f"share the {role} core {spare.key}")
+        if second is not None:  # a one-core share was already announced as such
+            ctx.warn(f"local rank {r} has no core beyond its hot cores on node {node}: dataloader and other "
+                     f"share the {role} core {spare.key}")
         dl_reason = f"shares the {role} core {spare.key}: no core left beyond local rank {r}'s hot cores"
         other_reason = dl_reason + f", OMP_NUM_THREADS={len(other)}"
     roles[ThreadRole.DATALOADER] = RoleAssignment(sorted(dataloader), dl_reason)

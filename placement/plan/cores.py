@@ -1,5 +1,5 @@
 """Physical cores as the planner sees them: the usable hardware threads of each core, with the
-groups (NUMA node, package, L3, cluster) and speed evidence the placement rules need.
+groups (NUMA node, L3, cluster) and speed evidence the placement rules need.
 
 Group ids are the lowest online CPU id of the group, the same representative torch's
 --numa-binding uses (min of thread_siblings_list / of the last-level cache's shared_cpu_list),
@@ -8,7 +8,6 @@ so orderings here match torch's where the policies must.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from placement.topology.model import Topology
 
@@ -22,7 +21,6 @@ class Core:
     cpus: frozenset[int]  # its usable threads (online, allowed, not reserved)
     threads: frozenset[int]  # all its online threads
     node: int
-    package: Optional[int]
     l3: int  # lowest online CPU id of its L3 group (its own key when the L3 is unknown)
     cluster: int  # lowest online CPU id of its cluster group (its L3 when unknown)
     perf: int  # best perf_rank among its usable threads; _UNRANKED without evidence
@@ -91,7 +89,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
         l3 = l3_of.get(key, key)
         cores.append(Core(
             key=key, cpus=mine, threads=frozenset(members), node=node_of[key],
-            package=by_id[key].package, l3=l3, cluster=cluster_of.get(key, l3),
+            l3=l3, cluster=cluster_of.get(key, l3),
             perf=min(ranks) if ranks else _UNRANKED,
         ))
     return sorted(cores, key=lambda c: c.compact_order)

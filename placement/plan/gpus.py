@@ -51,7 +51,8 @@ def rank_slots(ctx: PlanContext, job: JobSpec) -> list[RankSlot]:
             return [RankSlot(r, None) for r in range(n)]
     if len(chosen) < n:
         extra = f"{len(chosen)}-{n - 1}" if n - len(chosen) > 1 else str(len(chosen))
-        ctx.shortfall(f"nproc_per_node={n} but only {len(chosen)} GPU(s) are visible: {describe_gpus(topo)}",
+        ctx.shortfall(f"nproc_per_node={n} but only {len(chosen)} GPU(s) are visible: {describe_gpus(topo)} "
+                      "(for CPU-only ranks set CUDA_VISIBLE_DEVICES=)",
                       f"local rank(s) {extra} get no GPU and are planned as CPU-only ranks")
         chosen = chosen + [None] * (n - len(chosen))
     shared = [i for i, c in Counter(g.index for g in chosen if g is not None).items() if c > 1]

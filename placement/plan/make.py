@@ -29,9 +29,11 @@ def make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
     if cfg.policy == "none":
         return Plan("none", _unbound(slots), ctx.warnings)
     if not ctx.usable:
-        ctx.shortfall(f"placement.reserved_cpus={cfg.reserved_cpus!r} leaves no usable CPU "
-                      f"(online and allowed: {format_cpulist(topo.usable()) or 'none'})",
-                      "no binding at all, ranks run where the OS puts them (monitor only)")
+        problem = (f"placement.reserved_cpus={cfg.reserved_cpus!r} leaves no usable CPU "
+                   f"(online and allowed: {format_cpulist(topo.usable())})" if topo.usable() else
+                   f"no CPU of {topo.root} is both online and allowed "
+                   f"(online: {format_cpulist(c.id for c in topo.cpus if c.online) or 'none'})")
+        ctx.shortfall(problem, "no binding at all, ranks run where the OS puts them (monitor only)")
         return Plan(cfg.policy, _unbound(slots), ctx.warnings)
     if cfg.policy in PROCESS_LEVEL_POLICIES:
         ranks = plan_process_level(ctx, slots, job)

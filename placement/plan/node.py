@@ -80,9 +80,10 @@ def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: b
     for position, entry in enumerate(entries):
         if entry in _NO_DEVICE or (entry == "" and position == 0 and len(entries) == 1):
             break
-        gpu = gpu_for_local_rank(topo, position, cvd)
-        if gpu is None:
-            problem = (f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) matches no GPU; "
+        gpu = gpu_for_local_rank(topo, 0, entry)  # this entry alone, to tell its own fault
+        if gpu is None or gpu.index in visible:
+            fault = "matches no GPU" if gpu is None else f"repeats GPU {gpu.index}"
+            problem = (f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; "
                        f"GPUs: {_describe_with_uuid(topo)}")
             if strict:
                 raise PlanError(problem + "; set placement.strict=false to run a degraded plan")

@@ -44,8 +44,8 @@ def assign_nodes(ctx: PlanContext, slots: list[RankSlot], cores_by_node: dict[in
     for s in pending:
         best = min(room, key=lambda n: (-room[n] / (load[n] + 1), n))
         s.node = best
-        s.why_node = ("CPU-only rank, node with the most free cores per rank" if s.gpu is None
-                      else f"GPU {s.gpu.index} has no NUMA node; node with the most free cores per rank")
+        how = "the only node with usable CPUs" if len(room) == 1 else "node with the most free cores per rank"
+        s.why_node = (f"CPU-only rank, {how}" if s.gpu is None else f"GPU {s.gpu.index} has no NUMA node; {how}")
         load[best] += 1
     if not relieve_crowded:
         return

@@ -14,12 +14,14 @@ from typing import Optional
 from placement.cpuset import parse_cpulist, parse_cpumask
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
+_CHUNK = 65536
 
 
 class SysfsReader:
     def __init__(self, root: str):
         self.root = os.path.realpath(root)
         self.warnings: list[str] = []
+        self._listings: dict[str, Optional[frozenset[str]]] = {}
 
     def path(self, rel: str) -> str:
         return os.path.join(self.root, rel)
@@ -36,18 +38,16 @@ class SysfsReader:
                 self.warn(rel, f"unreadable ({e.strerror})")
             return None
         try:
-            chunks = []
-            while True:
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    break
-                chunks.append(chunk)
+            # sysfs returns a whole attribute in one read; only a full buffer needs another.
+            chunks = [os.read(fd, _CHUNK)]
+            while len(chunks[-1]) == _CHUNK:
+                chunks.append(os.read(fd, _CHUNK))
         except OSError as e:
             self.warn(rel, f"unreadable ({e.strerror})")
             return None
         finally:
             os.close(fd)
-        return b"".join(chunks).replace(b"\x00", b"").decode("utf-8", "replace").strip()
+        return b"".join(chunks).replace(b"\x00", b"").decode("latin-1").strip()
 
     def integer(self, rel: str, base: int = 10) -> Optional[int]:
         text = self.text(rel)
@@ -73,16 +73,21 @@ class SysfsReader:
                 self.warn(rel, f"not a cpu {'list' if parse is parse_cpulist else 'mask'}: {text[:40]!r}")
         return None
 
-    def listdir(self, rel: str) -> Optional[list[str]]:
-        try:
-            return os.listdir(self.path(rel))
-        except OSError as e:
-            if e.errno not in _ABSENT:
-                self.warn(rel, f"unlistable ({e.strerror})")
-            return None
+    def listdir(self, rel: str) -> Optional[frozenset[str]]:
+        """Names in a directory (None if absent), listed once per reader: modules that ask for the
+        same directory (a CPU's, to skip files it does not have) share one system call."""
+        if rel not in self._listings:
+            try:
+                self._listings[rel] = frozenset(os.listdir(self.path(rel)))
+            except OSError as e:
+                if e.errno not in _ABSENT:
+                    self.warn(rel, f"unlistable ({e.strerror})")
+                self._listings[rel] = None
+        return self._listings[rel]
 
-    def exists(self, rel: str) -> bool:
-        return os.path.exists(self.path(rel))
+    def has(self, rel_dir: str, name: str) -> bool:
+        """Whether directory `rel_dir` holds `name` (from its cached listing)."""
+        return name in (self.listdir(rel_dir) or ())
 
     def resolve(self, rel: str) -> Optional[str]:
         """The root-relative real path of `rel` after following its links; None if it is missing or

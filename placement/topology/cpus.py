@@ -27,12 +27,12 @@ def cpu_ids(fs: SysfsReader) -> tuple[list[int], frozenset[int]]:
     Known: a cpuN directory or an id in cpu/present. Online: cpu/online when present,
     else each CPU's own `online` file (absent on the boot CPU: online).
     """
-    names = fs.listdir(CPU_DIR) or []
+    names = fs.listdir(CPU_DIR) or ()
     with_dir = {int(m.group(1)) for m in map(_CPU_NAME.match, names) if m}
     present = fs.cpus(f"{CPU_DIR}/present") or frozenset()
     known = sorted(with_dir | present)
     online = fs.cpus(f"{CPU_DIR}/online")
-    if online is None:
+    if not online:  # absent (old kernels) or empty, which no running system can be
         online = frozenset(c for c in with_dir if fs.integer(f"{CPU_DIR}/cpu{c}/online") != 0)
     return known, frozenset(online) & frozenset(known)
 
@@ -57,12 +57,13 @@ _LEVELS = {
 }
 
 
-def _read_set(fs: SysfsReader, files: list[str]) -> Optional[frozenset[int]]:
-    for rel in files:
-        if rel.endswith("_list"):
-            s = fs.cpus(rel)
-        else:
-            s = fs.cpus(None, rel)
+def _read_set(fs: SysfsReader, rel_dir: str, names: tuple[str, ...]) -> Optional[frozenset[int]]:
+    """The first non-empty CPU set among the files `names` that `rel_dir` holds."""
+    for name in names:
+        if not fs.has(rel_dir, name):
+            continue
+        rel = f"{rel_dir}/{name}"
+        s = fs.cpus(rel) if name.endswith("_list") else fs.cpus(None, rel)
         if s:
             return s
     return None
@@ -97,13 +98,14 @@ def _level_keys(fs: SysfsReader, online: frozenset[int], level: _Level) -> dict[
     def read_set(cpu: int) -> Optional[frozenset[int]]:
         topo = f"{CPU_DIR}/cpu{cpu}/topology"
         if level.gate is not None:
-            gate = fs.integer(f"{topo}/{level.gate}")
+            gate = fs.integer(f"{topo}/{level.gate}") if fs.has(topo, level.gate) else None
             if gate is None or gate in _NO_ID:
                 return None
-        return _read_set(fs, [f"{topo}/{name}" for name in level.sets])
+        return _read_set(fs, topo, level.sets)
 
     def read_ids(cpu: int) -> Optional[tuple]:
-        values = tuple(fs.integer(f"{CPU_DIR}/cpu{cpu}/topology/{name}") for name in level.ids)
+        topo = f"{CPU_DIR}/cpu{cpu}/topology"
+        values = tuple(fs.integer(f"{topo}/{name}") if fs.has(topo, name) else None for name in level.ids)
         # die_id is optional in the core tuple (old kernels have none); the others are required.
         if values[0] is None or values[-1] is None:
             return None
@@ -115,14 +117,12 @@ def _level_keys(fs: SysfsReader, online: frozenset[int], level: _Level) -> dict[
 def _l3_keys(fs: SysfsReader, online: frozenset[int]) -> dict[int, int]:
     def read_set(cpu: int) -> Optional[frozenset[int]]:
         cache = f"{CPU_DIR}/cpu{cpu}/cache"
-        # index3 is the L3 on nearly every machine: try it before listing the directory.
-        candidates = ["index3"]
-        if fs.integer(f"{cache}/index3/level") != 3:
-            names = fs.listdir(cache) or []
-            candidates = sorted((n for n in names if n.startswith("index") and n != "index3"), reverse=True)
-            candidates = [n for n in candidates if fs.integer(f"{cache}/{n}/level") == 3]
-        for name in candidates[:1]:
-            return fs.cpus(f"{cache}/{name}/shared_cpu_list", f"{cache}/{name}/shared_cpu_map")
+        # index3 is the L3 on nearly every machine: try it before the other indexes.
+        names = sorted((n for n in fs.listdir(cache) or () if n.startswith("index")),
+                       key=lambda n: (n != "index3", n))
+        for name in names:
+            if fs.integer(f"{cache}/{name}/level") == 3:
+                return _read_set(fs, f"{cache}/{name}", ("shared_cpu_list", "shared_cpu_map"))
         return None
 
     return _group_keys(online, read_set)
@@ -149,10 +149,11 @@ def perf_evidence(fs: SysfsReader, online: frozenset[int]) -> dict[int, PerfEvid
     out = {}
     for cpu in sorted(online):
         d = f"{CPU_DIR}/cpu{cpu}"
-        out[cpu] = PerfEvidence(fs.integer(f"{d}/acpi_cppc/highest_perf"),
-                                fs.integer(f"{d}/cpufreq/amd_pstate_prefcore_ranking"),
-                                fs.integer(f"{d}/cpufreq/cpuinfo_max_freq"),
-                                fs.integer(f"{d}/cpufreq/base_frequency"))
+        cppc, cpufreq = fs.has(d, "acpi_cppc"), fs.has(d, "cpufreq")
+        out[cpu] = PerfEvidence(fs.integer(f"{d}/acpi_cppc/highest_perf") if cppc else None,
+                                fs.integer(f"{d}/cpufreq/amd_pstate_prefcore_ranking") if cpufreq else None,
+                                fs.integer(f"{d}/cpufreq/cpuinfo_max_freq") if cpufreq else None,
+                                fs.integer(f"{d}/cpufreq/base_frequency") if cpufreq else None)
     return out
 
 

@@ -27,6 +27,8 @@ def governor(fs: SysfsReader, online: frozenset[int]) -> Optional[str]:
     """The cpufreq governor; several in use are listed sorted, comma-separated."""
     seen = set()
     for cpu in sorted(online):
+        if not fs.has(f"{CPU_DIR}/cpu{cpu}", "cpufreq"):
+            continue
         g = fs.text(f"{CPU_DIR}/cpu{cpu}/cpufreq/scaling_governor")
         if g:
             seen.add(g)
@@ -66,7 +68,10 @@ def membind_allowed() -> Optional[bool]:
     mask = (ctypes.c_ulong * words)()
     for n in nodes:
         mask[n // bits] |= 1 << (n % bits)
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:  # out of processes: the fact stays unknown, discovery goes on
+        return None
     if pid == 0:  # child: one syscall, then leave without running any Python cleanup
         try:
             rc = syscall(nr, MPOL_BIND, mask, ctypes.c_ulong(words * bits + 1))

@@ -1,4 +1,4 @@
-"""PCI devices from sysfs: identity, NUMA node, local CPUs and place in the PCI tree, and the
+"""PCI devices from sysfs: address, class, NUMA node, local CPUs and place in the PCI tree, and the
 GPU<->NIC path class (`nvidia-smi topo -m` vocabulary) from two devices' shared ancestors.
 
 A device's real sysfs path (sys/devices/pci0000:17/0000:17:01.0/0000:18:00.0/...) is its
@@ -34,7 +34,6 @@ class PciDevice:
     host_bridge: Optional[str]  # "pci0000:17"; None when the tree hides it
     chain: tuple[str, ...]  # BDFs from the root port down to this device, itself last
     cls: Optional[int] = None  # 24-bit class code, e.g. 0x030200
-    vendor: Optional[int] = None
     numa: Optional[int] = None  # numa_node, or resolved through local_cpulist when it says -1
     local_cpus: frozenset[int] = field(default_factory=frozenset)
 
@@ -50,19 +49,13 @@ def device_at(fs: SysfsReader, rel: str, nodes: list[NumaNode]) -> Optional[PciD
         return None
     host = next((p for p in parts if _HOST_BRIDGE.match(p)), None)
     cls = fs.integer(f"{real}/class", 16)
-    vendor = fs.integer(f"{real}/vendor", 16)
     local = fs.cpus(f"{real}/local_cpulist", f"{real}/local_cpus") or frozenset()
     numa = fs.integer(f"{real}/numa_node")
     known = {n.id for n in nodes}
     if numa is None or numa < 0 or numa not in known:
         numa = node_of_cpus(nodes, local) if local else (nodes[0].id if len(nodes) == 1 else None)
     return PciDevice(bdf=normalize_bdf(chain[-1]), host_bridge=host, chain=tuple(map(normalize_bdf, chain)),
-                     cls=cls, vendor=vendor, numa=numa, local_cpus=local)
-
-
-def bus_devices(fs: SysfsReader) -> list[str]:
-    """BDFs listed in bus/pci/devices, sorted."""
-    return sorted(n for n in (fs.listdir(BUS_DIR) or []) if _BDF.match(n.lower()))
+                     cls=cls, numa=numa, local_cpus=local)
 
 
 def path_class(a: PciDevice, b: PciDevice) -> str:

@@ -25,7 +25,7 @@ def _fastest(topo: Topology, cpus: frozenset[int]) -> str:
     best = min(c.perf_rank for c in ranked)
     fastest = [c for c in ranked if c.perf_rank == best]
     if len(fastest) == len(ranked):
-        return "all equal"
+        return f"all equal (perf_rank {best})"
     ghz = {c.max_khz for c in fastest if c.max_khz}
     cores = {c.core for c in fastest}
     peak = f", {max(ghz) / 1e6:.2f} GHz" if ghz else ""

@@ -159,6 +159,35 @@ def memory_policy() -> Optional[str]:
     return MEMPOLICY_MODES.get(mode.value & _MPOL_MODE_MASK, str(mode.value))
 
 
+class WindowFacts:
+    """HostFacts for one window: the /proc scan for foreign threads runs at most once, over
+    the whole share, and every question about a subset of it is answered from that scan."""
+
+    def __init__(self, facts: HostFacts, share: frozenset[int]):
+        self._facts = facts
+        self._share = share
+        self._foreign: Optional[list[ForeignThread]] = None
+
+    def foreign_threads(self, cpus: frozenset[int]) -> list[ForeignThread]:
+        if not cpus <= self._share:
+            return self._facts.foreign_threads(cpus)
+        if self._foreign is None:
+            self._foreign = self._facts.foreign_threads(self._share)
+        return [t for t in self._foreign if t.last_cpu in cpus or t.pinned_within(cpus)]
+
+    def cpu_mhz(self, cpu: int) -> Optional[float]:
+        return self._facts.cpu_mhz(cpu)
+
+    def numa_balancing(self) -> Optional[int]:
+        return self._facts.numa_balancing()
+
+    def numa_counters(self) -> dict[str, int]:
+        return self._facts.numa_counters()
+
+    def memory_policy(self) -> Optional[str]:
+        return self._facts.memory_policy()
+
+
 class LiveFacts:
     """HostFacts read from this machine; `own_pids` names the processes that are ours."""
 

@@ -75,10 +75,13 @@ class RoleLayout:
                              f"rank's share {sorted(self.bounds)}")
         return replace(self, roles={**self.roles, role: frozenset(cpus)})
 
-    def hot_cpus(self, excluding: Optional[ThreadRole] = None) -> frozenset[int]:
-        """CPUs held by hot roles (main, nccl, pin_memory), optionally leaving one out."""
+    def hot_cpus(self, excluding: Optional[ThreadRole] = None,
+                 active: Optional[Iterable[ThreadRole]] = None) -> frozenset[int]:
+        """CPUs held by hot roles (main, nccl, pin_memory), optionally leaving one out, and
+        only those in `active` when given (a role with no live thread holds no core)."""
         out: frozenset[int] = frozenset()
-        for role in HOT_ROLES:
+        roles = HOT_ROLES if active is None else [r for r in HOT_ROLES if r in set(active)]
+        for role in roles:
             if role != excluding:
                 out |= self.cpus(role)
         return out
@@ -87,10 +90,10 @@ class RoleLayout:
         """Other roles whose CPU set overlaps `where` (the cores a role runs on)."""
         return [r for r, cpus in self.roles.items() if r != role and cpus & where]
 
-    def candidate_cores(self, role: ThreadRole) -> list[frozenset[int]]:
-        """Cores of the share, each cut to the share, that hold no other hot role and are not
-        where `role` is now; fastest perf_rank first, then lowest CPU id."""
-        taken = self.cores.cores_of(self.hot_cpus(excluding=role) | self.cpus(role))
+    def candidate_cores(self, role: ThreadRole, active: Optional[Iterable[ThreadRole]] = None) -> list[frozenset[int]]:
+        """Cores of the share, each cut to the share, that hold no other (active) hot role and
+        are not where `role` is now; fastest perf_rank first, then lowest CPU id."""
+        taken = self.cores.cores_of(self.hot_cpus(excluding=role, active=active) | self.cpus(role))
         out = []
         for core in self.cores.cores:
             inside = core & self.bounds

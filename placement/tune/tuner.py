@@ -18,15 +18,13 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from placement.config import TuneConfig
-from placement.cpuset import format_cpulist
 from placement.monitor.record import StepRecord
 from placement.plan.model import RankPlan
 from placement.roles import ThreadRole
 from placement.topology.model import Topology
-from placement.tune.facts import HostFacts, LiveFacts
+from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
 from placement.tune.judge import Backoff, NoiseBand, judge
 from placement.tune.layout import RoleLayout
-from placement.tune.nice import BACKGROUND_ROLES, renice_background
 from placement.tune.rules import Proposal, RuleContext, make_rules
 from placement.tune.window import WindowStats, summarize
 
@@ -92,8 +90,6 @@ class Tuner:
             self._judge(stats)
             self._cooldown = self.cfg.cooldown_windows
             return
-        if self.cfg.background_nice > 0 and not self.cfg.dry_run:
-            self._renice()
         if self.windows <= WARMUP_WINDOWS:
             return
         if self._cooldown > 0:
@@ -114,9 +110,9 @@ class Tuner:
                 return
 
     def _ask_rules(self, stats: WindowStats) -> list[Proposal]:
-        ctx = RuleContext(stats=stats, layout=self.layout, cfg=self.cfg, facts=self.facts,
-                          memory_mode=self.memory_mode,
-                          background_niced=self.cfg.background_nice > 0 and not self.cfg.dry_run)
+        ctx = RuleContext(stats=stats, layout=self.layout, cfg=self.cfg,
+                          facts=WindowFacts(self.facts, self.layout.bounds),
+                          memory_mode=self.memory_mode, background_niced=self.cfg.background_nice > 0)
         out = []
         for rule in self.rules:
             if rule.name in self._disabled:
@@ -185,15 +181,6 @@ class Tuner:
                     failed=[{"tid": r.tid, "error": r.error} for r in results if not r.ok])
         log.info("placement: tune %s rolled back (%s); back off %d windows", p.rule, v.why, wait)
 
-    def _renice(self) -> None:
-        changed = renice_background(self.binder.threads(), self.cfg.background_nice)
-        if changed:
-            roles = ",".join(r.value for r in BACKGROUND_ROLES)
-            self._event("tune", phase="applied", rule="background_nice", role=roles,
-                        change={"nice": self.cfg.background_nice, "tids": changed},
-                        reason=f"{roles} threads at nice {self.cfg.background_nice} so hot threads preempt them",
-                        evidence={"config": "tune.background_nice"}, effect=None)
-
     def _own_pids(self) -> set[int]:
         return {t.pid for t in self.binder.threads()}
 
@@ -208,5 +195,7 @@ class Tuner:
         """Where the tuner has `role` now (the plan's set until an action changed it)."""
         return self.layout.cpus(role)
 
-    def describe(self) -> str:
-        return "; ".join(f"{r}={format_cpulist(c)}" for r, c in sorted(self.layout.roles.items()))
+    @property
+    def action_in_flight(self) -> bool:
+        """An action was applied and waits for its judging window."""
+        return self._in_flight is not None

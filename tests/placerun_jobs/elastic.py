@@ -1,7 +1,10 @@
-"""A rank for tests/test_placerun_elastic.py: records its restart count, plan and CPU mask; on
-the first attempt it waits to be killed, on a restart it finishes at once.
+"""A rank for tests/test_placerun_elastic.py: reports its attempt, pid, plan and CPU mask; on the
+first attempt it waits to be killed, once the test has marked the kill it finishes at once.
 
     elastic.py OUT_DIR
+
+(TORCHELASTIC_RESTART_COUNT does not tell attempts apart: an agent whose own workers did not
+fail restarts them for the re-rendezvous without counting a restart.)
 """
 import json
 import os
@@ -21,15 +24,17 @@ def allowed():
 def main():
     out = sys.argv[1]
     dist.init_process_group("gloo")
-    rank, restart = dist.get_rank(), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    with open(os.environ["PLACEMENT_PLAN_FILE"]) as f:
-        plan = json.load(f)
-    name = os.path.join(out, f"rank{rank}.restart{restart}.json")
+    attempt = 1 if os.path.exists(os.path.join(out, "killed")) else 0
+    rank = dist.get_rank()
+    plan_file = os.environ.get("PLACEMENT_PLAN_FILE")  # unset under plain torchrun
+    plan = json.load(open(plan_file)) if plan_file else None
+    name = os.path.join(out, f"attempt{attempt}.rank{rank}.json")
     with open(name + ".tmp", "w") as f:
-        json.dump({"rank": rank, "restart": restart, "pid": os.getpid(), "allowed": allowed(), "plan": plan,
-                   "plan_file": os.environ["PLACEMENT_PLAN_FILE"]}, f)
+        json.dump({"rank": rank, "attempt": attempt, "pid": os.getpid(), "allowed": allowed(), "plan": plan,
+                   "plan_file": plan_file,
+                   "restart_count": int(os.environ["TORCHELASTIC_RESTART_COUNT"])}, f)
     os.rename(name + ".tmp", name)
-    if restart == 0:
+    if attempt == 0:
         time.sleep(120)  # the test kills one rank; its agent restarts the job
         sys.exit(3)
     dist.barrier()

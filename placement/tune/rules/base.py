@@ -19,7 +19,9 @@ class RuleContext:
     cfg: TuneConfig
     facts: HostFacts
     memory_mode: str  # the plan's memory policy for this rank ("bind", "none", ...)
-    background_niced: bool  # background roles run at a higher nice value than hot ones
+    # DataLoader workers run at a higher nice value than hot threads (the binder applies
+    # tune.background_nice to them), so a hot thread sharing their core preempts them.
+    background_niced: bool
 
 
 @dataclass(frozen=True)

@@ -32,14 +32,19 @@ class FasterCoreRule(Rule):
             rw = ctx.stats.role(role)
             now = rw.cpus & layout.cpus(role) or layout.cpus(role)
             now_rank = layout.cores.rank_of(now)
-            for core in free_cores(ctx, role):
+            faster = {}
+            for core in layout.candidate_cores(role):  # cheap look first; /proc only when one is faster
                 rank = layout.cores.rank_of(core)
                 by_rank = now_rank is not None and rank is not None and rank < now_rank
                 free_mhz = max((m for m in map(ctx.facts.cpu_mhz, sorted(core)) if m is not None), default=None)
                 by_mhz = ((rank == now_rank or rank is None or now_rank is None) and rw.mhz is not None
                           and free_mhz is not None and free_mhz >= MHZ_GAIN * rw.mhz)
-                if not (by_rank or by_mhz):
+                if by_rank or by_mhz:
+                    faster[core] = (rank, free_mhz, by_rank)
+            for core in (free_cores(ctx, role) if faster else []):
+                if core not in faster:
                     continue
+                rank, free_mhz, by_rank = faster[core]
                 target = layout.shaped_like(role, core)
                 evidence = {"role": role.value, "cpu_pct": rounded(rw.cpu_share_pct), "cpus": sorted(now),
                             "perf_rank": now_rank, "mhz": rounded(rw.mhz), "free_core": sorted(core),

@@ -1,15 +1,18 @@
 """Cores a role could move to: in the rank's share, no other hot role, nothing foreign pinned there."""
 from __future__ import annotations
 
-from placement.roles import ThreadRole
+from placement.roles import HOT_ROLES, ThreadRole
 from placement.tune.rules.base import RuleContext
 
 
 def free_cores(ctx: RuleContext, role: ThreadRole) -> list[frozenset[int]]:
-    """Candidate cores for `role`, best first: no foreign thread pinned to the core, fewest
-    other runnable foreign threads seen there, fewest of our background roles, fastest."""
+    """Candidate cores for `role`, best first: no other hot role with live threads there, no
+    foreign thread pinned to the core, fewest other runnable foreign threads seen there,
+    fewest of our background roles, fastest. A hot role with no thread in the window (NCCL
+    in a CPU-only job) holds no core."""
     layout = ctx.layout
-    candidates = layout.candidate_cores(role)
+    active = [r for r in HOT_ROLES if ctx.stats.role(r) is not None]
+    candidates = layout.candidate_cores(role, active)
     if not candidates:
         return []
     foreign = ctx.facts.foreign_threads(frozenset().union(*candidates))

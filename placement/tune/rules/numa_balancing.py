@@ -26,11 +26,10 @@ class NumaBalancingRule(Rule):
         self._warned = False
 
     def propose(self, ctx: RuleContext) -> Optional[Proposal]:
-        counters = ctx.facts.numa_counters()
-        last, self._last_counters = self._last_counters, counters
         if self._warned:
             return None
-        deltas = {k: counters[k] - last[k] for k in COUNTERS if last and k in counters and k in last}
+        if self._last_counters is None:  # the baseline the counters' growth is measured from
+            self._last_counters = ctx.facts.numa_counters()
         stats = ctx.stats
         faults = stats.step_totals("minflt")
         migrations = stats.step_totals("migrations")
@@ -44,6 +43,9 @@ class NumaBalancingRule(Rule):
                          if spike and f is not None and f > fault_floor and m is not None and m > migr_floor)
         if coinciding < max(2, math.ceil(MIN_COINCIDING_SHARE * stats.n)):
             return None
+        counters = ctx.facts.numa_counters()  # read only with evidence: /proc/vmstat is long
+        last, self._last_counters = self._last_counters, counters
+        deltas = {k: counters[k] - last[k] for k in COUNTERS if k in counters and k in last}
         setting = ctx.facts.numa_balancing()
         numa_activity = sum(v for v in deltas.values() if v > 0)
         if not setting and not numa_activity:

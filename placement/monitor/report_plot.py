@@ -1,0 +1,83 @@
+"""The PNG of `placement report --plot`: each step's time stacked into data wait, comm, CPU
+stall and compute, one panel per rank, with bind/tune/rollback/straggler events marked."""
+from __future__ import annotations
+
+import bisect
+from typing import Optional
+
+from placement.monitor.logread import RunLog
+from placement.monitor.summary import stall_ms
+
+SEGMENTS = (("data wait", "#4C72B0"), ("comm", "#DD8452"), ("CPU stall", "#C44E52"), ("compute", "#8DA0CB"))
+MARKS = {"bind": ("#555555", ":"), "tune": ("#2CA02C", "--"), "rollback": ("#D62728", "--"),
+         "straggler": ("#9467BD", "-")}
+
+
+def _step_at(times: list[float], steps: list[int], t: float) -> Optional[int]:
+    if not times:
+        return None
+    i = min(bisect.bisect_left(times, t), len(times) - 1)
+    return steps[i]
+
+
+def write_plot(log: RunLog, out_path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ranks = sorted(r for r, recs in log.steps.items() if recs)
+    if not ranks:
+        from placement.monitor.logread import LogReadError
+
+        raise LogReadError("no step records to plot")
+    fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.6 * len(ranks) + 0.8), sharex=True, squeeze=False)
+    for ax, rank in zip(axes[:, 0], ranks):
+        recs = log.steps[rank]
+        x = [r.step for r in recs]
+        data = [r.data_ms for r in recs]
+        comm = [r.comm_ms or 0.0 for r in recs]
+        stall = [stall_ms(r) or 0.0 for r in recs]
+        compute = [max(0.0, r.step_ms - d - c - s) for r, d, c, s in zip(recs, data, comm, stall)]
+        ax.stackplot(x, data, comm, stall, compute, labels=[s[0] for s in SEGMENTS],
+                     colors=[s[1] for s in SEGMENTS], step="mid", linewidth=0)
+        ax.set_ylabel(f"rank {rank}\nms / step")
+        ax.margins(x=0)
+        times = [r.t for r in recs]
+        marked, labelled = set(), set()
+        for e in log.events:
+            kind = e.get("type")
+            if kind not in MARKS or not isinstance(e.get("t"), (int, float)):
+                continue
+            if kind != "straggler" and e.get("rank") != rank:
+                continue
+            if kind == "straggler":
+                named = {r for s in e.get("stragglers", []) for r in (s.get("ranks") or [])}
+                if rank not in named:
+                    continue
+            step = _step_at(times, x, e["t"])
+            if step is None or (kind, step) in marked:
+                continue
+            marked.add((kind, step))
+            color, style = MARKS[kind]
+            ax.axvline(step, color=color, linestyle=style, linewidth=1.2, label=None if kind in labelled else kind)
+            labelled.add(kind)
+    axes[-1, 0].set_xlabel("step")
+    handles, labels = [], []
+    for ax in axes[:, 0]:
+        for h, l in zip(*ax.get_legend_handles_labels()):
+            if l not in labels:
+                handles.append(h)
+                labels.append(l)
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 8), frameon=False)
+    fig.suptitle("placement: where each step's time went (compute = step - data - comm - CPU stall)", y=0.995,
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    try:
+        fig.savefig(out_path, dpi=110)
+    except OSError as e:
+        from placement.monitor.logread import LogReadError
+
+        raise LogReadError(f"cannot write the plot {out_path!r}: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)

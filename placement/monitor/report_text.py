@@ -1,0 +1,138 @@
+"""The text of `placement report`: the per-rank table and the events, one concise line each."""
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from placement.monitor.logread import RunLog
+from placement.monitor.summary import RunSummary, summarize
+
+HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
+SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end")
+
+
+def _f(v: Optional[float], digits: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def summaries(log: RunLog) -> list[RunSummary]:
+    return [s for s in (summarize(rank, recs) for rank, recs in sorted(log.steps.items())) if s is not None]
+
+
+def rank_table(rows: list[RunSummary]) -> str:
+    body = []
+    for s in rows:
+        top = max(s.verdicts.items(), key=lambda kv: kv[1])
+        body.append((str(s.rank), str(s.steps), _f(s.p50_ms, 2), _f(s.p99_ms, 2), _f(s.stall_pct), _f(s.comm_pct),
+                     _f(s.data_pct), f"{top[0]} ({100 * top[1] // s.steps}%)"))
+    widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(HEADER)]
+    lines = ["  ".join(h.rjust(w) if i < 7 else h for i, (h, w) in enumerate(zip(HEADER, widths)))]
+    lines.append("  ".join("-" * w for w in widths))
+    for r in body:
+        lines.append("  ".join(c.rjust(w) if i < 7 else c for i, (c, w) in enumerate(zip(r, widths))))
+    return "\n".join(lines)
+
+
+def _cpus(v: Any) -> str:
+    from placement.cpuset import format_cpulist
+
+    try:
+        return format_cpulist(v) or "-"
+    except TypeError:
+        return str(v)
+
+
+def _bind_group(events: list[dict]) -> str:
+    """Consecutive bind events of one rank: one line, role -> CPUs (thread count), failures named."""
+    by_target: dict[tuple, int] = {}
+    failed = []
+    for e in events:
+        key = (e.get("role") or "process", _cpus(e.get("planned", [])))
+        by_target[key] = by_target.get(key, 0) + 1
+        if not e.get("ok", True):
+            failed.append(f"{e.get('name')}/{e.get('tid')}: {e.get('error')}")
+    parts = [f"{role}->{cpus}" + (f" x{n}" if n > 1 else "") for (role, cpus), n in by_target.items()]
+    text = f"bind {len(events)} thread(s): " + ", ".join(parts)
+    if failed:
+        text += f"; FAILED {len(failed)}: " + "; ".join(failed[:3])
+    return text
+
+
+def _straggler(e: dict) -> str:
+    steps = e.get("steps") or ["?", "?"]
+    parts = []
+    for s in e.get("stragglers", []):
+        late = "" if s.get("lateness_ms") is None else f", late {s['lateness_ms']:.1f} ms/step"
+        parts.append(f"rank(s) {s.get('ranks')} {s.get('kind')}{late}: {s.get('why')}")
+    waiting = e.get("waiting") or []
+    tail = f" | waiting for them: {waiting}" if waiting else ""
+    return f"straggler steps {steps[0]}-{steps[-1]}: " + "; ".join(parts) + tail
+
+
+def _generic(e: dict, limit: int = 160) -> str:
+    fields = {k: v for k, v in e.items() if k not in ("type", "t", "rank")}
+    msg = fields.pop("message", None)
+    text = e["type"] + ((": " + str(msg)) if msg else "")
+    if fields:
+        text += " " + ", ".join(f"{k}={v}" for k, v in fields.items())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _describe(e: dict) -> str:
+    kind = e.get("type")
+    if kind == "straggler":
+        return _straggler(e)
+    if kind == "memory":
+        planned = e.get("planned") or {}
+        applied = e.get("applied") or {}
+        return (f"memory planned {planned.get('mode')} {planned.get('nodes')} -> applied "
+                f"{applied.get('mode')} {applied.get('nodes')}" + (f" ({e['fallback']})" if e.get("fallback") else ""))
+    if kind == "end" and e.get("source") == "monitor":
+        return f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the monitor"
+    if kind == "start" and e.get("source") == "monitor":
+        return (f"monitor start: comm timing {e.get('comm_timing')} (backend {e.get('backend')}), "
+                f"DDP hook {e.get('ddp_hook')}, exchange {e.get('exchange')}")
+    if kind == "start":
+        return f"start pid {e.get('pid')} policy {e.get('policy')}"
+    return _generic(e)
+
+
+def event_lines(log: RunLog) -> list[str]:
+    """Events in time order; consecutive bind events of a rank folded into one line."""
+    t0 = log.t0()
+    out: list[str] = []
+    shown = [e for e in log.events if e.get("type") in SHOWN_EVENTS]
+    i = 0
+    while i < len(shown):
+        e = shown[i]
+        t = e.get("t", t0) if isinstance(e.get("t"), (int, float)) else t0
+        prefix = f"{t - t0:8.2f}s rank {e.get('rank', '?')}: "
+        if e.get("type") == "bind":
+            j = i
+            while j < len(shown) and shown[j].get("type") == "bind" and shown[j].get("rank") == e.get("rank"):
+                j += 1
+            out.append(prefix + _bind_group(shown[i:j]))
+            i = j
+            continue
+        out.append(prefix + _describe(e))
+        i += 1
+    return out
+
+
+def report_text(log: RunLog) -> str:
+    rows = summaries(log)
+    parts = [f"placement report: {len(log.files)} file(s), {sum(len(v) for v in log.steps.values())} step records, "
+             f"{len(log.events)} events"]
+    if log.skipped:
+        parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")
+    for rank, n in sorted(log.earlier_runs.items()):
+        parts.append(f"rank {rank}: the log holds {n + 1} runs; the last one is reported")
+    parts.append("")
+    parts.append(rank_table(rows) if rows else "no step records")
+    parts.append("")
+    parts.append("CPU stall = runqueue wait of main + NCCL threads; comm and data = time in collectives and "
+                 "waiting for batches; all as % of step time")
+    lines = event_lines(log)
+    parts.append("")
+    parts.append(f"events ({len(lines)}):" if lines else "events: none")
+    parts.extend("  " + l for l in lines)
+    return "\n".join(parts)

@@ -1,0 +1,182 @@
+"""Two real gloo ranks (DDP, one core each): a CPU hog on rank 1's main core, or a slowed
+DataLoader on rank 1, and what rank 0's `straggler` events say about it.
+
+The file is also the worker: `python tests/test_straggler_gloo.py SCENARIO LOG_DIR` with
+RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+STEPS = 80
+HOG_STEPS = range(31, 61)  # the hog runs through these steps (windows 31-40, 41-50, 51-60)
+EVERY = 10
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _run_job(tmp_path: Path, scenario: str) -> dict[int, list[dict]]:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs: one per rank")
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=240)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outputs.append(out.decode(errors="replace"))
+    for rank, (p, out) in enumerate(zip(procs, outputs)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    logs = {}
+    for rank in range(2):
+        lines = (tmp_path / f"rank{rank}.jsonl").read_text().splitlines()
+        logs[rank] = [json.loads(l) for l in lines]
+    return logs
+
+
+def _steps(log: list[dict]) -> list[dict]:
+    return [r for r in log if r["type"] == "step"]
+
+
+def _stragglers(log: list[dict]) -> list[dict]:
+    return [r for r in log if r["type"] == "straggler"]
+
+
+def _inside(event: dict, steps: range) -> bool:
+    first, last = event["steps"]
+    return first >= steps.start and last <= steps.stop - 1
+
+
+@pytest.mark.slow
+def test_cpu_hog_on_rank1_main_core_names_rank1_cpu_slow_not_rank0(tmp_path):
+    logs = _run_job(tmp_path, "cpu-hog")
+    events = _stragglers(logs[0])
+    assert not _stragglers(logs[1]), "only rank 0 writes straggler events"
+    during = [e for e in events if _inside(e, HOG_STEPS)]
+    assert during, f"no straggler event inside the hog steps; events: {events}"
+    named = [(s["kind"], s["ranks"]) for e in during for s in e["stragglers"]]
+    assert ("cpu-slow", [1]) in named, named
+    assert all(0 not in ranks for _kind, ranks in named), f"rank 0 was waiting, not slow: {named}"
+    assert all(e["waiting"] == [0] for e in during if any(s["ranks"] == [1] for s in e["stragglers"]))
+    # Rank 0's collective time grew (it waited for rank 1), its own runqueue wait did not.
+    r0 = _steps(logs[0])
+    before = [r["comm_ms"] for r in r0 if 10 < r["step"] <= 30]
+    hog = [r["comm_ms"] for r in r0 if r["step"] in HOG_STEPS]
+    assert statistics.median(hog) > 2 * statistics.median(before) + 1.0, (before, hog)
+    r1 = _steps(logs[1])
+    runq_before = statistics.median(r["roles"]["main"]["runq_ms"] for r in r1 if 10 < r["step"] <= 30)
+    runq_hog = statistics.median(r["roles"]["main"]["runq_ms"] for r in r1 if r["step"] in HOG_STEPS)
+    assert runq_hog > 3 * runq_before + 1.0, (runq_before, runq_hog)
+
+
+@pytest.mark.slow
+def test_slow_dataloader_on_rank1_is_data_slow(tmp_path):
+    logs = _run_job(tmp_path, "slow-data")
+    during = [e for e in _stragglers(logs[0]) if _inside(e, HOG_STEPS)]
+    named = [(s["kind"], s["ranks"]) for e in during for s in e["stragglers"]]
+    assert ("data-slow", [1]) in named, named
+    assert all(0 not in ranks for _kind, ranks in named), named
+    r1 = _steps(logs[1])
+    assert statistics.median(r["data_ms"] for r in r1 if r["step"] in HOG_STEPS) > 5.0
+
+
+# ---------------------------------------------------------------------------------- the worker
+def _hog(core: int) -> int:
+    """A forked busy loop pinned to `core` (no exec: it starts within the step)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {core})
+            while True:
+                pass
+        finally:
+            os._exit(0)
+    return pid
+
+
+class SlowData:
+    """Batches for rank `rank`; on rank 1 each batch takes `delay_s` to make inside HOG_STEPS."""
+
+    def __init__(self, rank: int, delay_s: float, batch: int, dim: int):
+        import torch
+
+        self.rank, self.delay_s, self.batch, self.dim = rank, delay_s, batch, dim
+        self.x = torch.randn(batch, dim)
+        self.step = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.step += 1
+        if self.rank == 1 and self.delay_s and self.step in HOG_STEPS:
+            time.sleep(self.delay_s)
+        return self.x
+
+
+def worker(scenario: str, log_dir: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import placement
+
+    torch.set_num_threads(1)
+    rank = int(os.environ["RANK"])
+    core = sorted(os.sched_getaffinity(0))[rank]
+    os.sched_setaffinity(0, {core})  # main thread on its own core (policy none: the test places it)
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    dim = 384
+    model = torch.nn.Sequential(torch.nn.Linear(dim, 768), torch.nn.ReLU(), torch.nn.Linear(768, dim))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    handle = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
+                              monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": EVERY,
+                                       "rescan_every": EVERY, "summary_every": 0})
+    data = handle.watch(SlowData(rank, 0.02 if scenario == "slow-data" else 0.0, 96, dim))
+    hogs: list[int] = []
+    for step in range(1, STEPS + 1):
+        if scenario == "cpu-hog" and rank == 1:
+            if step == HOG_STEPS.start - 1:
+                hogs = [_hog(core), _hog(core)]
+            if step == HOG_STEPS.stop:
+                for pid in hogs:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                hogs = []
+        x = next(data)
+        for _ in range(3):
+            loss = ddp(x).square().mean()
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+    handle.close()
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])

@@ -1,0 +1,92 @@
+"""Window summaries, the judge, the noise band, back-off and the role layout."""
+from __future__ import annotations
+
+import pytest
+
+from placement.monitor.record import RoleSample
+from placement.roles import ThreadRole
+from placement.tune.judge import Backoff, NoiseBand, judge
+from placement.tune.layout import CoreMap, RoleLayout
+from placement.tune.window import summarize
+from tune_fakes import rank_plan, record, topology, window
+
+MAIN, DL = ThreadRole.MAIN, ThreadRole.DATALOADER
+
+
+def test_summary_takes_medians_and_ignores_unknown_roles():
+    recs = [record(i, 10.0, data_ms=2.0, comm_ms=5.0, roles={"main": {"cpu_ms": 8.0, "runq_ms": 1.0, "cpus": [i % 2]}})
+            for i in range(9)]
+    recs[4].step_ms = 100.0  # one outlier moves no median
+    recs[0].roles["future_role"] = RoleSample(threads=1, cpu_ms=1.0)
+    s = summarize(recs)
+    assert s.n == 9 and s.median_ms == 10.0 and (s.first_step, s.last_step) == (0, 8)
+    assert s.data_share_pct == 20.0 and s.comm_share_pct == 50.0
+    assert s.roles.keys() == {MAIN}
+    assert s.role(MAIN).cpu_share_pct == 80.0 and s.role(MAIN).runq_share_pct == 10.0
+    assert s.role(MAIN).cpus == {0, 1}
+    assert s.spikes() == tuple(i == 4 for i in range(9))
+
+
+def test_cold_role_samples_are_shares_of_the_steps_they_cover():
+    recs = [record(i, 10.0 if i < 5 else 30.0) for i in range(10)]
+    # sampled every 5 steps, figures are per-step means over those 5 steps
+    recs[4].roles["dataloader"] = RoleSample(threads=2, cpu_ms=5.0, span_steps=5)
+    recs[9].roles["dataloader"] = RoleSample(threads=2, cpu_ms=15.0, span_steps=5)
+    s = summarize(recs)
+    assert s.role(DL).cpu_share_pct == 50.0 and s.role(DL).threads == 2
+    assert s.step_totals("minflt") == (None,) * 10
+
+
+def test_summary_of_nothing_is_an_error():
+    with pytest.raises(ValueError):
+        summarize([])
+
+
+def test_judge_keeps_a_gain_beyond_the_band_and_reverts_otherwise():
+    before = summarize(window(10, step_ms=20.0))
+    assert judge(before, summarize(window(10, step_ms=10.0)), 5.0, 2.0).keep
+    v = judge(before, summarize(window(10, step_ms=19.0)), 5.0, 2.0)  # 5% < 7% needed
+    assert not v.keep and v.why.startswith("no gain") and v.effect()["gain_pct"] == 5.0
+    v = judge(before, summarize(window(10, step_ms=25.0)), 5.0, 2.0)
+    assert not v.keep and v.why.startswith("worse")
+
+
+def test_noise_band_grows_with_quiet_window_spread():
+    a, b = summarize(window(20, step_ms=10.0, jitter=0.01)), summarize(window(20, step_ms=10.0, jitter=0.01))
+    steady, wobbly = NoiseBand(), NoiseBand()
+    for ms in (10.0, 10.1, 10.0, 10.1):
+        steady.add_quiet(summarize(window(20, step_ms=ms)))
+    for ms in (10.0, 13.0, 10.0, 13.0):
+        wobbly.add_quiet(summarize(window(20, step_ms=ms)))
+    assert steady.pct(a, b) < 5.0 < 50.0 < wobbly.pct(a, b)
+    # before enough quiet windows: the within-window error of the two medians
+    noisy = summarize(window(20, step_ms=10.0, jitter=0.5))
+    assert NoiseBand().pct(noisy, noisy) > NoiseBand().pct(a, b)
+
+
+def test_back_off_doubles_per_revert_up_to_the_cap_and_resets_on_keep():
+    b = Backoff(cap_windows=6)
+    key = ("runqueue", "main")
+    assert [b.on_revert(key, w) for w in (0, 10, 20, 30)] == [2, 4, 6, 6]
+    assert b.blocked(key, 31) and b.blocked(key, 36) and not b.blocked(key, 37)
+    assert not b.blocked(("runqueue", "nccl"), 31)
+    b.on_keep(key)
+    assert not b.blocked(key, 31) and b.on_revert(key, 40) == 2
+
+
+def test_layout_bounds_are_the_share_within_usable_cpus():
+    topo = topology(8)
+    topo.cpus[3].allowed = False
+    layout = RoleLayout.from_plan(rank_plan({"main": [0], "other": [2, 3, 4]}), topo)
+    assert layout.bounds == {0, 2, 4}
+    assert layout.cpus(ThreadRole.OTHER) == {2, 4}
+    with pytest.raises(ValueError):
+        layout.with_role(MAIN, frozenset({5}))
+    assert layout.with_role(MAIN, frozenset({2})).cpus(MAIN) == {2}
+
+
+def test_core_map_without_topology_is_one_core_per_cpu():
+    cm = CoreMap.from_topology(None, frozenset({0, 1}))
+    assert cm.cores == (frozenset({0}), frozenset({1})) and cm.rank_of({0, 1}) is None
+    smt = CoreMap.from_topology(topology(4, smt=True, perf_rank={1: 0, 3: 0, 0: 1, 2: 1}), frozenset(range(4)))
+    assert smt.core_of(2) == {0, 2} and smt.cores_of({3}) == {1, 3} and smt.rank_of({0, 1}) == 0
