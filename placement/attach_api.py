@@ -219,15 +219,18 @@ class Handle:
         return True
 
     def step(self) -> None:
-        """Mark the end of a training step (when no optimizer was given to attach, or the
-        optimizer's step is not called every iteration). The first call takes over from the
-        optimizer hook, so a step is never counted twice."""
+        """Mark the end of a training step (when no optimizer was given to attach, or its step
+        is not called every iteration). The first call takes over from the optimizer hook:
+        when that hook has already ended this iteration's step (the usual order, optimizer.step()
+        then handle.step()), this call only removes it, so no step is counted twice."""
         if self.monitor is None or self.closed:
             return
         if self._optimizer_hook is not None:
             self._optimizer_hook.remove()
             self._optimizer_hook = None
             log.info("placement: handle.step() called: steps are marked by it from now on, not by the optimizer")
+            if self.monitor.step > 0:
+                return
         self.monitor.on_step()
 
     def watch(self, iterable: Iterable):

@@ -13,7 +13,7 @@ from typing import Callable, Optional
 from placement.cpuset import format_cpulist
 from placement.doctor_facts import Interrupt, SmtState, TurboState
 from placement.plan.model import Plan
-from placement.roles import HOT_ROLES
+from placement.roles import HOT_ROLES, ThreadRole
 from placement.topology.model import PATH_CLASSES, Gpu, Topology
 
 STATUSES = ("pass", "warn", "unknown", "info", "n/a")
@@ -188,10 +188,14 @@ def gpu_nic_locality(f: Facts) -> Check:
             crossed.append((g, nic))
     if crossed:
         pairs = ", ".join(f"GPU {g.index} (node {g.numa}) / {n.name} (node {n.numa})" for g, n in crossed)
+        ev = [e for e in ev if any(e.startswith(f"GPU {g.index} ") for g, _ in crossed)]
+        for r in (f.plan.ranks if f.plan is not None else []):
+            if r.gpu is not None and any(r.gpu.index == g.index for g, _ in crossed) and r.cpus(ThreadRole.NCCL):
+                ev.append(f"plan: local rank {r.local_rank} (GPU {r.gpu.index}) runs its NCCL threads on CPUs "
+                          f"{format_cpulist(r.cpus(ThreadRole.NCCL))}")
         return Check(name, "warn", sev,
                      f"GPU and its nearest NIC on different NUMA nodes: {pairs}; GPUDirect RDMA and the "
-                     "NCCL proxy cross the socket link",
-                     [e for e in ev if any(e.startswith(f"GPU {g.index} ") for g, _ in crossed)],
+                     "NCCL proxy cross the socket link", ev,
                      "placerun puts these ranks' NCCL threads on the NIC's node; check `nvidia-smi topo -m` "
                      "and put the NIC in a slot of the GPU's socket, or list a GPU-local NIC first in NCCL_IB_HCA")
     if unknown:

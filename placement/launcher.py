@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import sys
 import tempfile
 from dataclasses import dataclass
@@ -101,14 +102,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     except PlacementError as e:
         print(f"placerun: {e}", file=sys.stderr)
         return e.exit_code
-    from placement.plan import format_plan_table
-
-    table = format_plan_table(plan)
     if pa.dry_run:
-        print(table)
+        from placement.plan import format_plan_table
+
+        print(format_plan_table(plan))
         print("worker command: " + " ".join(_command_line(launch_args)))
         return 0
-    print(table, file=sys.stderr, flush=True)
+    print(concise_plan(plan), file=sys.stderr, flush=True)
     handoff = tempfile.mkdtemp(prefix="placerun-")
     try:
         _hand_over(handoff, topo, plan, cfg)
@@ -124,9 +124,32 @@ def _plan(pa: PlacerunArgs):
     from placement.plan import plan_for_node
 
     cfg = load_config(pa.overrides, pa.config_file)
+    numa_binding = getattr(pa.torch_args, "numa_binding", None)
+    if numa_binding and cfg.policy != "none":
+        raise ConfigError(f"--numa-binding={numa_binding} and placement.policy={cfg.policy} would both bind the "
+                          f"workers; choose one: placement.policy={numa_binding} (the same CPU sets, by "
+                          "placement) or placement.policy=none (torch binds, placement monitors)")
     nproc = _local_world_size(pa.torch_args.nproc_per_node)
-    topo, plan = plan_for_node(cfg, nproc, nccl_topo_file=cfg.nccl_topo_file or None, environ=os.environ)
+    topo, plan = plan_for_node(cfg, nproc)
     return topo, plan, cfg
+
+
+def concise_plan(plan) -> str:
+    """The launch banner: one line per local rank (role -> CPUs), then the plan's warnings.
+    `placerun --dry-run` and `placement plan` print the full table with reasons."""
+    from placement.cpuset import format_cpulist
+    from placement.roles import ThreadRole
+
+    lines = [f"placerun: {socket.gethostname()}: policy {plan.policy}, {len(plan.ranks)} local rank(s) "
+             "(--dry-run shows the reasons)"]
+    for r in plan.ranks:
+        gpu = "cpu-only" if r.gpu is None else f"gpu {r.gpu.index}"
+        memory = " ".join([r.memory.mode, ",".join(map(str, r.memory.nodes))]).strip()
+        roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
+                          for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
+        lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
+    lines.extend(f"  warning: {w}" for w in plan.warnings)
+    return "\n".join(lines)
 
 
 def _local_world_size(nproc_per_node: str) -> int:

@@ -373,8 +373,10 @@ def _plan_tree(machine: Machine) -> _Tree:
             t.cpuset(f"{d}/topology/package_cpus", pkg)
             t.cpuset(f"{d}/topology/die_cpus", dies[(c.package, c.die)])
             t.cpuset(f"{d}/topology/cluster_cpus", clusters[c.cluster] if c.cluster != -1 else core)
-        for index, level, shared in ((0, 1, core), (1, 1, core), (2, 2, core), (3, 3, l3s[c.l3])):
+        for index, level, kind, shared in ((0, 1, "Data", core), (1, 1, "Instruction", core),
+                                           (2, 2, "Unified", core), (3, 3, "Unified", l3s[c.l3])):
             t.write(f"{d}/cache/index{index}/level", f"{level}\n")
+            t.write(f"{d}/cache/index{index}/type", f"{kind}\n")
             t.cpuset(f"{d}/cache/index{index}/shared_cpu", shared, mask_name=f"{d}/cache/index{index}/shared_cpu_map")
         if c.max_khz is not None:
             t.write(f"{d}/cpufreq/cpuinfo_max_freq", f"{c.max_khz}\n")
@@ -400,7 +402,12 @@ def _plan_tree(machine: Machine) -> _Tree:
         nodes = sorted(set(machine.node_memory_kb) | {c.node for c in machine.cpus})
         for n in nodes:
             d = f"sys/devices/system/node/node{n}"
-            t.cpuset(f"{d}/cpu", nodes_cpus.get(n, frozenset()), mask_name=f"{d}/cpumap")
+            # The node's list file is `cpulist` (not `cpu_list`), beside the mask `cpumap`.
+            node_set = nodes_cpus.get(n, frozenset())
+            tail = "\n\x00" if machine.nul_bytes else "\n"
+            t.write(f"{d}/cpumap", format_cpumask(node_set) + tail)
+            if not machine.mask_only:
+                t.write(f"{d}/cpulist", format_cpulist(node_set) + tail)
             row = machine.distances.get(n, {n: 10})
             t.write(f"{d}/distance", " ".join(str(row[b]) for b in sorted(row)) + "\n")
             kb = machine.node_memory_kb.get(n, 0)

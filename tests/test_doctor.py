@@ -14,10 +14,11 @@ import pytest
 
 from placement.cli import main as cli_main
 from placement.commands.doctor import SCHEMA, gather
-from placement.cpuset import format_cpulist
-from placement.doctor_checks import CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, run_checks
+from placement.cpuset import format_cpulist, parse_cpulist
+from placement.doctor_checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
+                                    run_checks)
 from placement.roles import HOT_ROLES
-from sysfs_builder import make_tree
+from sysfs_builder import make_tree, shared_trees
 
 CHECK_NAMES = [c.__name__ for c in CHECKS]
 
@@ -65,6 +66,10 @@ def test_gpu_and_nic_on_different_nodes_is_reported(trees):
     assert (c.status, c.severity) == ("warn", "high")
     assert "GPU 0 (node 0) / mlx5_0 (node 1)" in c.summary and "GPU 1 (node 0) / mlx5_0 (node 1)" in c.summary
     assert c.evidence[0] == "GPU 0 (0000:18:00.0, node 0) -> nearest NIC mlx5_0 (0000:9b:00.0, node 1, SYS)"
+    # The plan's NCCL cores for those ranks, on the NIC's node 1 (CPUs 8-15 and 24-31).
+    nccl = [e for e in c.evidence if e.startswith("plan: local rank")]
+    node1 = frozenset(range(8, 16)) | frozenset(range(24, 32))
+    assert len(nccl) == 2 and all(parse_cpulist(e.rsplit(" ", 1)[1]) <= node1 for e in nccl)
     assert "NCCL_IB_HCA" in c.fix
 
 
@@ -145,12 +150,36 @@ def test_gpu_pairs_through_sys_without_nvlink(trees):
     assert "NCCL_BUFFSIZE" in c.fix and "NCCL_MAX_NCHANNELS" in c.fix and "all_reduce_perf" in c.fix
 
 
+def test_membind_refused_by_the_container(trees):
+    """What the live probe says inside a container whose cpuset.mems refuses MPOL_BIND."""
+    facts = gather(trees("container_cgroup2"))
+    refused = replace(facts, live=True, topology=replace(
+        facts.topology, kernel=replace(facts.topology.kernel, membind_allowed=False)))
+    c = membind(refused)
+    assert (c.status, c.severity) == ("warn", "high") and "membind is refused" in c.summary
+    assert "placement.memory=preferred" in c.fix
+    allowed = replace(refused, topology=replace(refused.topology, kernel=replace(
+        refused.topology.kernel, membind_allowed=True)))
+    assert membind(allowed).status == "pass"
+
+
 def test_a_failing_check_does_not_hide_the_others(trees):
     facts = gather(trees("small_cpu"))
     checks = run_checks(replace(facts, topology=None))
     assert [c.name for c in checks] == CHECK_NAMES
     assert {c.status for c in checks if c.summary.startswith("check failed")} == {"unknown"}
     assert checks[1].name == "cpu_governor" and checks[1].status == "pass"  # needs no topology
+
+
+def test_real_machine_trees():
+    """The gathered trees of ../shared: every check answers; what a tree lacks is unknown."""
+    for root in shared_trees():
+        checks = run_checks(gather(root))
+        assert [c.name for c in checks] == CHECK_NAMES
+        assert not [c for c in checks if c.summary.startswith("check failed")], root
+        by_name = {c.name: c for c in checks}
+        assert by_name["membind"].status == "unknown"  # a tree is never the live host
+        assert by_name["offline_cpus"].status in ("pass", "warn")
 
 
 def test_json_schema(trees, capsys):

@@ -121,3 +121,8 @@ def test_non_strict_shortfall_runs_degraded_and_says_so(capsys):
     n = str(4 * os.cpu_count() + 1)
     assert main(["--nproc-per-node", n, "placement.strict=false", "--dry-run", "t.py"]) == 0
     assert "warning" in capsys.readouterr().out
+
+
+def test_torch_numa_binding_and_a_placement_policy_conflict(capsys):
+    one_line_exit_2(capsys, ["--numa-binding", "node", "t.py"], "--numa-binding=node", "placement.policy=none")
+    assert main(["--numa-binding", "node", "placement.policy=none", "--dry-run", "t.py"]) == 0

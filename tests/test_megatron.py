@@ -109,6 +109,26 @@ def test_attach_megatron_records_every_step(example, megatron_world, tmp_path):
     assert all(r["roles"]["main"]["threads"] == 1 for r in steps)
 
 
+def test_step_wrapper_lets_an_lr_scheduler_wrap_it(tmp_path):
+    """A torch optimizer (the innermost case) with an LR scheduler created after attach: both
+    wrappers work, and close() leaves the scheduler's in place."""
+    param = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.SGD([param], lr=1.0)
+    pm = attach_megatron(opt, None, policy="none", monitor={"log_dir": str(tmp_path), "flush_every": 1})
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda epoch: 0.5 ** epoch)
+    for _ in range(3):
+        opt.zero_grad()
+        param.sum().backward()
+        opt.step()
+        sched.step()
+    assert pm.handle.steps == 3 and opt.param_groups[0]["lr"] == 0.125
+    scheduler_wrapper = vars(opt)["step"]
+    pm.close()
+    assert vars(opt)["step"] is scheduler_wrapper
+    opt.step()  # still works, records nothing more
+    assert pm.handle.steps == 3
+
+
 def test_data_iterator_shapes(megatron_world, tmp_path):
     """None (ranks that load no data), one iterator, or one per virtual pipeline stage."""
     import placement

@@ -6,6 +6,7 @@ import os
 import time
 
 import pytest
+import torch
 
 from placement.config import load_config
 from placement.plan import plan_for_node
@@ -37,15 +38,39 @@ def observe(pid, sets):
 
 
 def test_two_ranks_run_on_exactly_the_planned_cpus(tmp_path):
+    seen = run_and_check(tmp_path, nproc=2, backend="gloo")
+    for rank, (_, threads) in seen.items():
+        assert {"main", "other", "dataloader"} <= {v[1] for v in threads.values()}
+
+
+needs_gpus = pytest.mark.skipif(not torch.cuda.is_available() or not torch.distributed.is_nccl_available(),
+                                reason="needs a CUDA GPU and NCCL")
+
+
+@pytest.mark.gpu
+@needs_gpus
+def test_nccl_threads_and_main_on_their_own_cores(tmp_path):
+    """NCCL starts its proxy threads at the first collective, with the caller's mask: the binder
+    then moves them to the nccl set and narrows main to its own core."""
+    seen = run_and_check(tmp_path, nproc=1, backend="nccl")
+    for _, threads in seen.values():
+        assert "nccl" in {v[1] for v in threads.values()}
+
+
+def run_and_check(tmp_path, nproc, backend):
+    """Launch hold.py under placerun, check every thread from /proc while it runs; returns
+    {rank: (rank_plan, observed threads)}."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
     override = f"placement.monitor.log_dir={logs}"
-    cmd = [*launcher("placerun"), "--standalone", "--nproc-per-node", "2", override, str(JOBS / "hold.py"), str(out)]
+    cmd = [*launcher("placerun"), "--standalone", "--nproc-per-node", str(nproc), override, str(JOBS / "hold.py"),
+           str(out), backend]
     proc = start(cmd, tmp_path / "placerun")
+    ranks = range(nproc)
     try:
-        wait_for([out / "rank0.json", out / "rank1.json"], [(proc, tmp_path / "placerun")])
-        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
-        _, plan = plan_for_node(load_config([override]), 2)
+        wait_for([out / f"rank{r}.json" for r in ranks], [(proc, tmp_path / "placerun")])
+        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in ranks]
+        _, plan = plan_for_node(load_config([override]), nproc)
         for report in reports:
             assert report["plan"] == plan.to_dict()  # what workers got is what `placement plan` prints
         applied = {}
@@ -60,12 +85,10 @@ def test_two_ranks_run_on_exactly_the_planned_cpus(tmp_path):
                     break
                 time.sleep(0.2)
             assert not wrong, f"rank {report['rank']}: threads off their planned CPUs: {wrong}"
-            roles = {v[1] for v in seen.values()}
-            assert {"main", "other", "dataloader"} <= roles
             workers = {k[0] for k, v in seen.items() if v[1] == "dataloader"}
             assert len(workers) == 2
             applied[report["rank"]] = (rank_plan, seen)
-        if len(os.sched_getaffinity(0)) >= 2:  # ranks on one node do not overlap
+        if nproc == 2 and len(os.sched_getaffinity(0)) >= 2:  # ranks on one node do not overlap
             assert applied[0][0].share().isdisjoint(applied[1][0].share())
 
         for rank, (rank_plan, seen) in applied.items():
@@ -83,10 +106,11 @@ def test_two_ranks_run_on_exactly_the_planned_cpus(tmp_path):
 
     err = text(tmp_path / "placerun", "err")
     assert "main" in err and "dataloader" in err  # the plan table, printed at start
-    for rank in (0, 1):
+    for rank in ranks:
         events = [json.loads(line) for line in open(logs / f"rank{rank}.jsonl")]
         kinds = [e["type"] for e in events]
         assert kinds[0] == "start" and kinds[-1] == "end" and "bind" in kinds
         assert all(e["ok"] for e in events if e["type"] == "bind"), [e for e in events if e["type"] == "bind"]
         # a container may refuse the memory policy (logged, checked above); nothing else may warn
         assert not [e for e in events if e["type"] == "warning" and not e["message"].startswith("memory policy")]
+    return applied

@@ -31,7 +31,7 @@ def both(tmp_path, job_arg, flags=("--standalone", "--nproc-per-node", "2")):
     return runs
 
 
-@pytest.mark.parametrize("job_exit, launcher_exit", [("0", 0), ("3", 1)])
+@pytest.mark.parametrize("job_exit, launcher_exit", [("3", 1)])  # success (0, 0): the elastic test
 def test_worker_exit_codes_match_torchrun(tmp_path, job_exit, launcher_exit):
     runs = both(tmp_path, job_exit)
     codes = {name: p.wait(timeout=180) for name, (p, _, _) in runs.items()}

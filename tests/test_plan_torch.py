@@ -48,7 +48,7 @@ class _OsInTree:
 
 
 def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
-                injected: dict[str, str], builder_tree: bool) -> list[set[int] | None]:
+                injected: dict[str, str]) -> list[set[int] | None]:
     """torch's CPU set for each CUDA index 0..len(visible)-1 (None where torch raises)."""
 
     def open_in_tree(path, *args, **kwargs):
@@ -57,13 +57,6 @@ def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
             return io.StringIO(injected[p])
         if p.startswith("/sys/"):
             real = root + p
-            if builder_tree and not os.path.exists(real):
-                # Files the builder's trees lack (a real kernel writes them): every cache torch
-                # can pick is unified, and a node's cpulist is what the tree writes as cpu_list.
-                if p.endswith("/type") and "/cache/index" in p:
-                    return io.StringIO("Unified\n")
-                if p.endswith("/cpulist") and "/node/node" in p and os.path.exists(real[:-len("cpulist")] + "cpu_list"):
-                    real = real[:-len("cpulist")] + "cpu_list"
             return builtins.open(real, *args, **kwargs)
         return builtins.open(path, *args, **kwargs)
 
@@ -88,12 +81,12 @@ def _torch_sets(monkeypatch, root: str, topo, visible: list[Gpu], mode: str,
     return out
 
 
-def _compare(monkeypatch, root: str, topo, injected: dict[str, str], *, builder_tree: bool = True) -> int:
+def _compare(monkeypatch, root: str, topo, injected: dict[str, str]) -> int:
     """Plan every mode for one rank per visible GPU and compare with torch; returns comparisons."""
     visible = sorted(topo.gpus, key=lambda g: g.index)
     compared = 0
     for mode in MODES:
-        expected = _torch_sets(monkeypatch, root, topo, visible, mode, injected, builder_tree)
+        expected = _torch_sets(monkeypatch, root, topo, visible, mode, injected)
         cfg = load_config([f"policy={mode}", "strict=false"])
         plan = make_plan(topo, JobSpec(len(visible)), cfg)
         check_common(topo, plan, cfg)
@@ -134,7 +127,7 @@ def test_numa_node_minus_one_differs_from_torch_only_where_torch_guesses_node_0(
     deliberate difference. GPU 0, really on node 0, gets torch's set."""
     root = make_tree(tmp_path, "vm_numa_minus_one")
     topo = discover(root)
-    torch_node = _torch_sets(monkeypatch, root, topo, topo.gpus, "node", {}, True)
+    torch_node = _torch_sets(monkeypatch, root, topo, topo.gpus, "node", {})
     plan = make_plan(topo, JobSpec(2), load_config(["policy=node"]))
     assert torch_node == [set(range(0, 8)), set(range(0, 8))]
     assert plan.ranks[0].cpus(ThreadRole.MAIN) == torch_node[0]
@@ -157,5 +150,5 @@ def test_shared_real_trees_match_torch(monkeypatch):
         topo = discover(root)
         nodes = sorted({c.numa for c in topo.cpus if c.online and c.allowed and c.numa is not None})
         injected = _inject_gpus(topo, {n: 2 for n in nodes})
-        compared += _compare(monkeypatch, root, topo, injected, builder_tree=False)
+        compared += _compare(monkeypatch, root, topo, injected)
     assert compared > 0

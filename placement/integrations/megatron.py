@@ -15,6 +15,7 @@ placerun it joins the rank's Session; run alone, it plans and binds this rank it
 from __future__ import annotations
 
 import functools
+import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -97,12 +98,15 @@ def attach_megatron(optimizer: Any, data_iterator: Any = None, *, model: Any = N
     original_step = optimizer.step
 
     @functools.wraps(original_step)
-    def step(*args: Any, **kwargs: Any) -> Any:
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = original_step(*args, **kwargs)
         handle.step()
         return result
 
-    optimizer.step = step  # an instance attribute: close() deletes it and the class's step is back
+    # A bound method on the instance (close() deletes it and the class's step is back); bound, so
+    # wrappers that rebind step.__func__ (torch's LR schedulers) can wrap it in turn.
+    step = types.MethodType(step, optimizer)
+    optimizer.step = step
     return MegatronAttachment(handle=handle, optimizer=optimizer,
                               data_iterator=watch_data_iterator(handle, data_iterator), torch_optimizers=inner,
                               _step_wrapper=step)

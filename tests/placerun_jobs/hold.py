@@ -2,7 +2,7 @@
 DataLoader worker processes), says where its pid is, and holds still while the test reads its
 /proc from outside; then finishes a step and exits.
 
-    hold.py OUT_DIR
+    hold.py OUT_DIR [gloo|nccl]      (nccl: one GPU per rank, NCCL's proxy threads too)
 """
 import json
 import os
@@ -24,13 +24,18 @@ class Items(Dataset):
 
 def main():
     out = sys.argv[1]
-    dist.init_process_group("gloo")
+    backend = sys.argv[2] if len(sys.argv) > 2 else "gloo"
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank = dist.get_rank()
     loader = DataLoader(Items(), batch_size=2, num_workers=2, persistent_workers=True)
     batches = iter(loader)
     next(batches)
     torch.ones(256, 256) @ torch.ones(256, 256)  # starts the intra-op thread pool
-    dist.all_reduce(torch.ones(1))
+    dist.all_reduce(torch.ones(1, device=device))  # NCCL creates its threads here
     with open(os.environ["PLACEMENT_PLAN_FILE"]) as f:
         plan = json.load(f)
     report = {"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "pid": os.getpid(), "plan": plan}

@@ -1,0 +1,84 @@
+"""A CPU hog pinned to the main thread's core for a known run of steps: the kernel's own
+runqueue accounting, as the monitor records it per step, rises in exactly those steps."""
+import os
+import signal
+import statistics
+import time
+
+import pytest
+
+import placement
+
+HOG = range(21, 41)  # steps during which the hog runs
+STEPS = 60
+HOGS = 3  # busy loops on main's core
+WORK_S = 0.004  # CPU seconds of work per step
+
+
+def _work(cpu_seconds: float) -> None:
+    """A training step's worth of CPU work (measured in this thread's CPU time)."""
+    end = time.thread_time() + cpu_seconds
+    x = 0
+    while time.thread_time() < end:
+        x += 1
+
+
+def _hog(core: int) -> int:
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {core})
+            while True:
+                pass
+        finally:
+            os._exit(0)
+    return pid
+
+
+def _stop(hogs: list[int]) -> None:
+    while hogs:
+        pid = hogs.pop()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+@pytest.fixture
+def pinned_main():
+    """This thread on one core (the binder's job under a plan; done here so the test does not
+    depend on the plan), restored after."""
+    before = os.sched_getaffinity(0)
+    core = sorted(before)[-1]
+    os.sched_setaffinity(0, {core})
+    yield core
+    os.sched_setaffinity(0, before)
+
+
+def test_main_runqueue_wait_rises_during_the_hog_and_falls_after(tmp_path, pinned_main):
+    records = []
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": 5, "summary_every": 0})
+    h.add_observer(records.append)
+    hogs: list[int] = []
+    try:
+        for step in range(1, STEPS + 1):
+            if step == HOG.start:
+                hogs = [_hog(pinned_main) for _ in range(HOGS)]
+            if step == HOG.stop:
+                _stop(hogs)
+            _work(WORK_S)
+            h.step()
+    finally:
+        _stop(hogs)
+        h.close()
+    assert [r.step for r in records] == list(range(1, STEPS + 1))
+    runq = {r.step: r.roles["main"].runq_ms for r in records}
+    assert all(r.roles["main"].cpus == [pinned_main] for r in records)
+    before = statistics.median(runq[s] for s in range(5, HOG.start))
+    during = statistics.median(runq[s] for s in HOG[1:])  # the hog starts during step 21
+    after = statistics.median(runq[s] for s in range(HOG.stop + 1, STEPS + 1))
+    # Sharing its core with HOGS busy loops, main waits about HOGS times as long as it runs,
+    # on top of whatever else this machine runs there (hence a margin, not a ratio).
+    margin = 1e3 * WORK_S
+    assert during > max(before, after) + margin, (before, during, after)
+    hog_steps = {r.step for r in records if r.verdict == "cpu-bound"}
+    assert len(hog_steps & set(HOG)) > len(HOG) // 2

@@ -1,0 +1,159 @@
+"""Probes against the kernel's own files: real /proc for this process, crafted files for
+formats this machine cannot show (a comm with ') (' in it, cpufreq)."""
+import os
+import threading
+import time
+
+import pytest
+
+from placement.monitor.cpufreq import CoreFreq
+from placement.monitor.probes import (MainThreadProbe, ThreadGone, ThreadProbe, read_nivcsw, read_schedstat,
+                                      read_stat, thread_cpu_clock)
+from placement.monitor.warn import WarnOnce
+
+
+def _spin(seconds: float) -> None:
+    """Burn `seconds` of this thread's CPU time (wall time would depend on the machine's load)."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def _wait_gone(tid: int) -> None:
+    """Python's join() returns before the kernel has reaped the thread: wait for that too."""
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _fd(path) -> int:
+    return os.open(path, os.O_RDONLY)
+
+
+def test_schedstat_stat_status_of_this_thread_follow_the_kernel():
+    tid = threading.get_native_id()
+    base = f"/proc/self/task/{tid}"
+    fds = [_fd(f"{base}/{n}") for n in ("schedstat", "stat", "status")]
+    try:
+        cpu0, runq0 = read_schedstat(fds[0])
+        _spin(0.05)
+        time.sleep(0.01)  # a switch: the kernel folds the running time into schedstat
+        cpu1, runq1 = read_schedstat(fds[0])
+        assert cpu1 - cpu0 >= 40e6  # 50 ms spun, ns
+        assert runq1 >= runq0 >= 0
+        minflt, cpu = read_stat(fds[1])
+        assert cpu in os.sched_getaffinity(0) and minflt > 0
+        with open(f"{base}/status") as f:
+            want = int(next(l for l in f if l.startswith("nonvoluntary_ctxt_switches")).split()[1])
+        assert read_nivcsw(fds[2]) >= want
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def test_stat_parser_survives_a_thread_name_with_parens_and_spaces(tmp_path):
+    # comm may hold ") (" and spaces; fields are counted after the last ')'.
+    fields = ["S"] + [str(i) for i in range(4, 53)]
+    fields[10 - 3] = "777"  # field 10: minflt
+    fields[39 - 3] = "5"  # field 39: processor
+    p = tmp_path / "stat"
+    p.write_text(f"123 (evil) (name x) {' '.join(fields)}\n")
+    fd = _fd(p)
+    try:
+        assert read_stat(fd) == (777, 5)
+    finally:
+        os.close(fd)
+
+
+def test_thread_cpu_clock_reads_another_thread_of_this_process():
+    started, stop = threading.Event(), threading.Event()
+    box = {}
+
+    def busy():
+        box["tid"] = threading.get_native_id()
+        started.set()
+        while not stop.is_set():
+            pass
+
+    t = threading.Thread(target=busy)
+    t.start()
+    started.wait()
+    try:
+        clock = thread_cpu_clock(box["tid"])
+        a = time.clock_gettime_ns(clock)
+        time.sleep(0.1)
+        b = time.clock_gettime_ns(clock)
+        assert b - a > 10e6  # it ran (with the GIL shared, at least a tenth of the time)
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_probe_of_a_thread_that_exits_says_thread_gone():
+    box = {}
+    t = threading.Thread(target=lambda: box.setdefault("tid", threading.get_native_id()))
+    t.start()
+    t.join()
+    _wait_gone(box["tid"])
+    with pytest.raises(ThreadGone):
+        probe = ThreadProbe(os.getpid(), box["tid"], lambda *_: None)
+        probe.schedstat()
+
+    alive, stop = threading.Event(), threading.Event()
+
+    def wait():
+        box["tid2"] = threading.get_native_id()
+        alive.set()
+        stop.wait()
+
+    t2 = threading.Thread(target=wait)
+    t2.start()
+    alive.wait()
+    probe = ThreadProbe(os.getpid(), box["tid2"], lambda *_: None)
+    assert probe.counters().cpu_ns is not None
+    stop.set()
+    t2.join()
+    _wait_gone(box["tid2"])
+    with pytest.raises(ThreadGone):
+        probe.counters()
+    probe.close()
+
+
+def test_main_thread_probe_per_step_and_per_span():
+    probe = MainThreadProbe(lambda *_: None)
+    fd = _fd(f"/proc/self/task/{os.getpid()}/schedstat")
+    time.sleep(0.01)  # switched out: schedstat's on-CPU field is up to date now
+    cpu0, runq0, core = probe.step_read()
+    kernel0, _ = read_schedstat(fd)
+    _spin(0.03)
+    time.sleep(0.01)
+    cpu1, runq1, _ = probe.step_read()
+    kernel1, _ = read_schedstat(fd)
+    os.close(fd)
+    # The per-step on-CPU figure is the kernel's own accounting (to within a tick of noise).
+    assert cpu1 - cpu0 > 1e6
+    assert abs((cpu1 - cpu0) - (kernel1 - kernel0)) < 2e6
+    assert runq1 >= runq0 and core in os.sched_getaffinity(0)
+    minflt, nivcsw = probe.span_read()
+    assert minflt > 0 and nivcsw >= 0
+    probe.close()
+
+
+def test_cpufreq_kept_fd_and_missing_file_warned_once(tmp_path, caplog):
+    d = tmp_path / "sys/devices/system/cpu/cpu3/cpufreq"
+    d.mkdir(parents=True)
+    (d / "scaling_cur_freq").write_text("2400000\n")
+    failures = []
+    freq = CoreFreq(lambda what, e: failures.append(what), root=str(tmp_path))
+    assert freq.mhz(3) == 2400.0
+    (d / "scaling_cur_freq").write_text("3100000\n")  # same fd, re-read from offset 0
+    assert freq.mhz(3) == 3100.0
+    assert freq.mhz(0) is None and freq.mhz(0) is None and freq.mhz(None) is None
+    assert failures == ["cpufreq"]  # opened once, failure said once
+    freq.close()
+
+    warn = WarnOnce()
+    warn("k", "first")
+    warn("k", "again")
+    assert [r.getMessage() for r in caplog.records].count("placement: first") == 1
+    assert "again" not in caplog.text
