@@ -142,7 +142,8 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
         key = key.strip().lstrip("+")
         if key.startswith("placement."):
             key = key[len("placement."):]
-        dotlist.append(f"{key}={value}")
+        # `key=` means the empty value (e.g. no reserved CPUs), not YAML's null.
+        dotlist.append(f"{key}={value}" if value.strip() else f"{key}=''")
     if dotlist:
         layers.append(("overrides", OmegaConf.from_dotlist(dotlist)))
     for where, layer in layers:

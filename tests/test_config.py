@@ -43,3 +43,7 @@ def test_unreadable_config_file(tmp_path):
     bad.write_text("policy: [unclosed\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(config_file=str(bad))
+
+
+def test_empty_override_value_is_empty_string():
+    assert load_config(["placement.reserved_cpus=0,1", "placement.reserved_cpus="]).reserved_cpus == ""
