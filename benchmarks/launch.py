@@ -1,6 +1,6 @@
 """Launch cost of placerun against torchrun: the same trivial 2-rank gloo job (init, one
 all-reduce, exit) under each, interleaved (ABBA order, so drift in machine load hits both
-alike). Prints every run side by side, the medians, what placerun adds in-process (plan,
+alike). Prints every run side by side (wall and CPU seconds), the medians, what placerun adds in-process (plan,
 stage-1 binding, an unchanged rescan), and last one JSON line:
 {"placerun_s": median, "torchrun_s": median, "ratio": placerun_s / torchrun_s}. Target: ratio <= 1.10.
 
@@ -9,6 +9,7 @@ stage-1 binding, an unchanged rescan), and last one JSON line:
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,15 +34,18 @@ def launcher(name: str) -> list[str]:
     return [sys.executable, "-m", "placement.launcher" if name == "placerun" else "torch.distributed.run"]
 
 
-def timed_launch(name: str, job: str, log_dir: str) -> float:
+def timed_launch(name: str, job: str, log_dir: str) -> tuple[float, float]:
+    """(wall s, CPU s of the launcher and all its workers) of one launch."""
     extra = [f"placement.monitor.log_dir={log_dir}"] if name == "placerun" else []
     cmd = [*launcher(name), "--standalone", "--nproc-per-node", "2", *extra, job]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True)
     elapsed = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if p.returncode != 0:
         sys.exit(f"{name} failed ({p.returncode}):\n{p.stderr[-3000:]}")
-    return elapsed
+    return elapsed, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def in_process_costs() -> dict:
@@ -85,18 +89,25 @@ def main() -> None:
     args = p.parse_args()
     runs = args.runs or (2 if args.quick else 6)
     times: dict[str, list[float]] = {"placerun": [], "torchrun": []}
+    cpu: dict[str, list[float]] = {"placerun": [], "torchrun": []}
     with tempfile.TemporaryDirectory(prefix="launch-bench-") as tmp:
         job = os.path.join(tmp, "job.py")
         Path(job).write_text(JOB)
         timed_launch("torchrun", job, tmp)  # warm the page cache for both (not counted)
-        print(f"{'run':>4}  {'placerun s':>10}  {'torchrun s':>10}")
+        print(f"{'run':>4}  {'placerun s':>10}  {'torchrun s':>10}  {'placerun cpu s':>14}  {'torchrun cpu s':>14}")
         for i in range(runs):
             order = ("placerun", "torchrun") if i % 2 == 0 else ("torchrun", "placerun")
             for name in order:
-                times[name].append(timed_launch(name, job, os.path.join(tmp, "logs")))
-            print(f"{i:>4}  {times['placerun'][-1]:>10.3f}  {times['torchrun'][-1]:>10.3f}", flush=True)
+                wall, used = timed_launch(name, job, os.path.join(tmp, "logs"))
+                times[name].append(wall)
+                cpu[name].append(used)
+            print(f"{i:>4}  {times['placerun'][-1]:>10.3f}  {times['torchrun'][-1]:>10.3f}  "
+                  f"{cpu['placerun'][-1]:>14.3f}  {cpu['torchrun'][-1]:>14.3f}", flush=True)
     placerun_s, torchrun_s = statistics.median(times["placerun"]), statistics.median(times["torchrun"])
-    print(f"{'med':>4}  {placerun_s:>10.3f}  {torchrun_s:>10.3f}")
+    placerun_cpu, torchrun_cpu = statistics.median(cpu["placerun"]), statistics.median(cpu["torchrun"])
+    print(f"{'med':>4}  {placerun_s:>10.3f}  {torchrun_s:>10.3f}  {placerun_cpu:>14.3f}  {torchrun_cpu:>14.3f}")
+    print(f"wall ratio {placerun_s / torchrun_s:.3f}, CPU-time ratio {placerun_cpu / torchrun_cpu:.3f} "
+          "(CPU time is the steadier figure on a shared machine)")
     costs = in_process_costs()
     print(f"placerun in-process: plan_for_node {costs['plan_s'] * 1e3:.1f} ms, stage-1 bind "
           f"{costs['stage1_s'] * 1e3:.2f} ms, rescan of an unchanged rank {costs['rescan_unchanged_us']:.1f} us")

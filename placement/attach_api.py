@@ -90,11 +90,12 @@ def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], o
 
 
 def _open_event_log(log_dir: str, rank: int):
-    from placement.events import EventLog, rank_log_path
+    from placement.events import rank_log_path
+    from placement.monitor.jsonl import StepLog
 
     path = rank_log_path(log_dir, rank)
     try:
-        return EventLog(path, rank)
+        return StepLog(path, rank)
     except OSError as e:
         raise LogDirError(f"placement.monitor.log_dir={log_dir!r} is not writable ({e.strerror or e}); "
                           "give a directory this process can create and write, e.g. "
@@ -374,7 +375,8 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
                           sampler=sampler, comm=comm, warn=warn,
                           rescan=binder.rescan if binder is not None else None)
     if dist is not None and world_size > 1 and original is not None:
-        monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event)
+        monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
+                                    slots=cfg.monitor.exchange_every)
     sigterm = exitflush.register(monitor)
     events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,

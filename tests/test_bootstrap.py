@@ -168,3 +168,11 @@ def test_corrupt_plan_file_is_one_line(tmp_path, handoff):
     (tmp_path / "plan.json").write_text('{"schema": "placement.plan/9", "policy": "auto", "ranks": []}')
     p = bootstrap(["t.py"], env, cwd=tmp_path)
     assert p.returncode == 2 and "is not a placement plan" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_config_file_with_an_unknown_key_is_one_line(tmp_path, handoff):
+    env = handoff()
+    (tmp_path / "config.json").write_text('{"polcy": "auto"}')
+    p = bootstrap(["t.py"], env, cwd=tmp_path)
+    assert p.returncode == 2 and "is not a placement config" in p.stderr and "polcy" in p.stderr
+    assert p.stderr.count("\n") == 1

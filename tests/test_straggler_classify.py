@@ -2,7 +2,8 @@
 import math
 
 from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.straggler import FIELDS, RankFigures, Thresholds, classify, figures_from_records
+from placement.monitor.straggler import (FIELDS, RankFigures, Thresholds, arrival_lateness_ms, classify,
+                                         comm_baseline, figures_from_records)
 
 T = 1_800_000_000.0  # a wall-clock second, as time.time() gives
 
@@ -80,8 +81,10 @@ def test_ranks_without_collectives_or_alone_name_nobody():
 
 def test_figures_travel_as_a_float_row_and_back():
     f = fig(3, late_ms=2.5, nccl_runq=None, mhz=3100.0)
-    row = f.to_row()
-    assert len(row) == len(FIELDS) and math.isnan(row[FIELDS.index("nccl_runq_ms")])
+    f.steps = 3
+    f.enter_ts = (T, None, T + 0.5)
+    row = f.to_row(slots=5)
+    assert len(row) == len(FIELDS) + 5 and math.isnan(row[FIELDS.index("nccl_runq_ms")])
     back = RankFigures.from_row(row)
     assert back == f
 
@@ -95,3 +98,23 @@ def test_window_figures_from_step_records():
     assert f.step_ms == 12.0 and f.main_runq_ms == 2.0 and f.nccl_runq_ms is None and f.main_mhz is None
     assert math.isclose(f.enter_t, T + 2.004)
     assert figures_from_records(1, []) is None
+
+
+def test_lateness_is_the_median_over_steps_so_one_slow_step_is_not_a_straggler():
+    # Rank 1 is 40 ms late in one step of ten (a GC pause), on time otherwise: its mean entry
+    # time is 4 ms late, above the threshold, but the per-step median says it is punctual.
+    steps = 10
+    r0 = fig(0, steps=steps)
+    r1 = fig(1, late_ms=4.0, steps=steps)
+    r0.enter_ts = tuple(T + i for i in range(steps))
+    r1.enter_ts = tuple(T + i + (0.040 if i == 3 else 0.0001) for i in range(steps))
+    lateness = arrival_lateness_ms([r0, r1])
+    assert lateness[0] == 0.0 and math.isclose(lateness[1], 0.1, abs_tol=1e-3)  # float64 of wall time: ~0.2 us
+    assert classify([r0, r1]).stragglers == []
+    r1.enter_ts = tuple(T + i + 0.012 for i in range(steps))  # late every step
+    assert classify([r0, r1]).names("compute-slow") == [1]
+
+
+def test_comm_baseline_needs_history_and_ignores_one_lucky_window():
+    assert comm_baseline([4.0, 4.2]) is None
+    assert comm_baseline([1.0, 4.0, 4.2, 4.4]) == 4.1

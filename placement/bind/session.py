@@ -35,6 +35,9 @@ class Session:
         if self.closed:
             return
         self.closed = True
+        from placement.bind.fork import stop_rehoming
+
+        stop_rehoming()
         self.binder.stop_watcher()
         self.events.event("end")
         self.events.close()

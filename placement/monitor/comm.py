@@ -79,6 +79,8 @@ class CollectiveClock:
                 self._intervals.append((t0, t1))
 
     def take_step(self) -> CommStep:
+        if not self._count and not self._intervals:  # no collective this step: no lock needed
+            return CommStep(0.0, 0, None)
         with self._lock:
             intervals, self._intervals = self._intervals, []
             count, self._count = self._count, 0

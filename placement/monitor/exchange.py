@@ -5,15 +5,16 @@ so no rank waits for it. Rank 0 classifies and writes a `straggler` event.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable
 
-from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify
+from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline
 from placement.monitor.warn import WarnOnce, first_line
 
 
 class Exchange:
     def __init__(self, rank: int, world_size: int, all_gather: Callable, warn: WarnOnce,
-                 on_report: Callable[[StragglerReport, list[RankFigures]], None], thresholds: Thresholds = Thresholds()):
+                 on_report: Callable[[StragglerReport, list[RankFigures]], None], slots: int,
+                 thresholds: Thresholds = Thresholds()):
         import torch.distributed as dist
 
         self.rank = rank
@@ -23,7 +24,8 @@ class Exchange:
         self._on_report = on_report
         self._th = thresholds
         self._pending = None  # (work, outputs)
-        self.baseline_transfer_ms: Optional[float] = None
+        self.slots = slots  # per-step entry times sent (monitor.exchange_every, the same on every rank)
+        self.transfer_history: list[float] = []  # collective time of straggler-free windows
         self.group = dist.new_group(backend="gloo")  # collective: every rank is here now
 
     def submit(self, figs: RankFigures) -> None:
@@ -31,8 +33,8 @@ class Exchange:
         import torch
 
         self.collect(block=True)
-        row = torch.tensor(figs.to_row(), dtype=torch.float64)
-        outputs = [torch.empty(len(FIELDS), dtype=torch.float64) for _ in range(self.world_size)]
+        row = torch.tensor(figs.to_row(self.slots), dtype=torch.float64)
+        outputs = [torch.empty(len(FIELDS) + self.slots, dtype=torch.float64) for _ in range(self.world_size)]
         try:
             work = self._all_gather(outputs, row, group=self.group, async_op=True)
         except Exception as e:
@@ -58,10 +60,9 @@ class Exchange:
         if self.rank != 0:
             return
         figures = [RankFigures.from_row(o.tolist()) for o in outputs]
-        report = classify(figures, self.baseline_transfer_ms, self._th)
+        report = classify(figures, comm_baseline(self.transfer_history, self._th), self._th)
         if not report.stragglers and report.transfer_ms is not None:
-            b = self.baseline_transfer_ms
-            self.baseline_transfer_ms = report.transfer_ms if b is None else min(b, report.transfer_ms)
+            self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
         self._on_report(report, figures)
 
     @property

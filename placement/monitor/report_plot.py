@@ -53,8 +53,12 @@ def write_plot(log: RunLog, out_path: str) -> None:
                 continue
             if kind == "straggler":
                 named = {r for s in e.get("stragglers", []) for r in (s.get("ranks") or [])}
-                if rank not in named:
-                    continue
+                span = e.get("steps") or []
+                if rank in named and len(span) == 2:  # the window it judged, not when it was written
+                    ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=MARKS[kind][0], alpha=0.12,
+                               label=None if kind in labelled else "straggler window")
+                    labelled.add(kind)
+                continue
             step = _step_at(times, x, e["t"])
             if step is None or (kind, step) in marked:
                 continue
@@ -69,10 +73,12 @@ def write_plot(log: RunLog, out_path: str) -> None:
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.legend(handles, labels, loc="upper center", ncol=min(len(labels), 8), frameon=False)
-    fig.suptitle("placement: where each step's time went (compute = step - data - comm - CPU stall)", y=0.995,
-                 fontsize=10)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+    fig.suptitle("placement: where each step's time went (compute = step - data - comm - CPU stall)",
+                 fontsize=10, y=0.995)
+    top = 1 - 0.75 / fig.get_figheight()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(labels), 8),
+               frameon=False, fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, top - 0.02))
     try:
         fig.savefig(out_path, dpi=110)
     except OSError as e:

@@ -170,7 +170,7 @@ class StepMonitor:
         figs = figures_from_records(self.rank, self._window)
         self._window = []
         if figs is None:
-            figs = RankFigures(self.rank, 0, 0, 0, 0.0, 0.0, None, None, None, None, None, None)
+            figs = RankFigures(self.rank, 0, 0, 0, 0.0, 0.0, None, None, None, None, None, None, ())
         self.exchange.submit(figs)
 
     def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures]) -> None:

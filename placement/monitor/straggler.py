@@ -28,7 +28,8 @@ FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "com
 
 @dataclass
 class RankFigures:
-    """One rank's means per step over the same window of steps as its peers."""
+    """One rank's means per step over the same window of steps as its peers, plus its
+    per-step entry times (step first_step + i at index i; None: no collective that step)."""
 
     rank: int
     steps: int
@@ -42,9 +43,13 @@ class RankFigures:
     nccl_runq_ms: Optional[float]
     main_cpu_ms: Optional[float]
     main_mhz: Optional[float]
+    enter_ts: tuple = ()
 
-    def to_row(self) -> list[float]:
-        return [math.nan if getattr(self, f) is None else float(getattr(self, f)) for f in FIELDS]
+    def to_row(self, slots: int) -> list[float]:
+        """FIELDS then `slots` entry times, as floats (NaN = unknown)."""
+        head = [math.nan if getattr(self, f) is None else float(getattr(self, f)) for f in FIELDS]
+        tail = [math.nan if t is None else float(t) for t in self.enter_ts[:slots]]
+        return head + tail + [math.nan] * (slots - len(tail))
 
     @classmethod
     def from_row(cls, row: list[float]) -> "RankFigures":
@@ -53,6 +58,8 @@ class RankFigures:
             vals[f] = int(vals[f] or 0)
         vals["step_ms"] = vals["step_ms"] or 0.0
         vals["data_ms"] = vals["data_ms"] or 0.0
+        times = [None if math.isnan(v) else v for v in row[len(FIELDS):]]
+        vals["enter_ts"] = tuple(times[:vals["steps"]])
         return cls(**vals)
 
     def stall_ms(self) -> Optional[float]:
@@ -64,10 +71,11 @@ class RankFigures:
 @dataclass
 class Thresholds:
     late_ms: float = 1.0  # a rank is late when it arrives this much after the earliest ...
-    late_frac: float = 0.05  # ... and by this fraction of the median step, whichever is larger
+    late_frac: float = 0.1  # ... and by this fraction of the median step, whichever is larger
     explain_frac: float = 0.3  # an excess (data, runqueue) must account for this share of the lateness
     slow_core_ratio: float = 0.9  # main's MHz below this fraction of its peers' = slower core
     comm_slow_factor: float = 1.5  # collective time over this multiple of the baseline = comm-slow
+    baseline_windows: int = 3  # windows of history the comm baseline needs
 
 
 @dataclass
@@ -112,10 +120,19 @@ def figures_from_records(rank: int, records: list) -> Optional[RankFigures]:
         data_ms=_mean(r.data_ms for r in records) or 0.0,
         comm_ms=_mean(r.comm_ms for r in records),
         enter_t=_mean(r.comm_enter_t for r in records),
+        enter_ts=tuple(r.comm_enter_t for r in records),
         main_runq_ms=_mean(role(r, "main", "runq_ms") for r in records),
         nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
         main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
         main_mhz=_mean(role(r, "main", "mhz") for r in records))
+
+
+def comm_baseline(history: list[float], th: Thresholds = Thresholds()) -> Optional[float]:
+    """The usual collective time: the median of the straggler-free windows so far (a median,
+    not the minimum, so one lucky window does not make every later one look slow)."""
+    if len(history) < th.baseline_windows:
+        return None
+    return statistics.median(history)
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
@@ -127,20 +144,45 @@ def _fmt(v: Optional[float]) -> str:
     return "?" if v is None else f"{v:.1f}"
 
 
+def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
+    """How late each rank enters its first collective of a step, after the earliest rank:
+    the median over the steps every rank has an entry time for (robust to one slow step),
+    else from the window means. None when some rank entered no collective."""
+    n = min(len(r.enter_ts) for r in ranks)
+    same_steps = len({r.first_step for r in ranks}) == 1
+    per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
+    if same_steps:
+        for i in range(n):
+            ts = [r.enter_ts[i] for r in ranks]
+            if any(t is None for t in ts):
+                continue
+            first = min(ts)
+            for r, t in zip(ranks, ts):
+                per_step[r.rank].append((t - first) * 1e3)
+    if all(per_step.values()):
+        return {rank: statistics.median(v) for rank, v in per_step.items()}
+    if any(r.enter_t is None for r in ranks):
+        return None
+    earliest = min(r.enter_t for r in ranks)
+    return {r.rank: (r.enter_t - earliest) * 1e3 for r in ranks}
+
+
 def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
              th: Thresholds = Thresholds()) -> StragglerReport:
-    """Name the ranks that hold the others back. Pure: same figures, same answer."""
+    """Name the ranks that hold the others back. Pure: same figures, same answer.
+
+    `baseline_transfer_ms`: the usual time of the collectives themselves (see
+    comm_baseline), without which comm-slow is never said."""
     ranks = [r for r in ranks if r.steps > 0]
     report = StragglerReport()
     if len(ranks) < 2:
         return report
     comm = [r.comm_ms for r in ranks if r.comm_ms is not None]
-    if any(r.enter_t is None for r in ranks):
+    lateness = arrival_lateness_ms(ranks)
+    if lateness is None:
         return report  # no collective seen on some rank: arrivals cannot be compared
-    earliest = min(r.enter_t for r in ranks)
     median_step = statistics.median(r.step_ms for r in ranks)
     limit = max(th.late_ms, th.late_frac * median_step)
-    lateness = {r.rank: (r.enter_t - earliest) * 1e3 for r in ranks}
     late = [r for r in ranks if lateness[r.rank] > limit]
     punctual = [r for r in ranks if lateness[r.rank] <= limit]
     report.transfer_ms = min(comm, default=None)

@@ -192,6 +192,9 @@ class RoleSampler:
             self._drop(tid)
         self.main.close()
         self.freq.close()
+        close_list = getattr(self._list_threads, "close", None)
+        if close_list is not None:
+            close_list()
 
 
 def merge_span(step_roles: dict[str, RoleSample], span: dict[str, RoleSample]) -> None:
@@ -213,36 +216,56 @@ def _add_ms(total: Optional[float], ns: Optional[int]) -> Optional[float]:
 
 
 class ThreadScan:
-    """placement.roles.scan_threads for a rank without a binder, redone only when its thread
-    list or its main thread's children changed at this look or the one before (a new thread
-    names itself just after it starts, so one more look reads the final name)."""
+    """placement.roles.scan_threads for a rank without a binder, redone only when the thread
+    count (field 20 of /proc/self/stat) or the main thread's children changed at this look or
+    the one before (a new thread names itself just after it starts, so one more look reads the
+    final name), and at every FULL_EVERY-th look (a thread that replaced another keeps the
+    count). A look is two preads on kept fds."""
+
+    FULL_EVERY = 8
 
     def __init__(self, proc: str = "/proc"):
         self._proc = proc
         self._pid = os.getpid()
+        self._fds = {}
+        for name, path in (("stat", f"{proc}/{self._pid}/stat"), ("children", f"{proc}/{self._pid}/task/{self._pid}/children")):
+            try:
+                self._fds[name] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
         self._key: Optional[tuple] = None
         self._settled = False
+        self._looks = 0
         self._threads: list[ThreadInfo] = []
 
+    def _read(self, name: str, size: int) -> bytes:
+        fd = self._fds.get(name)
+        if fd is None:
+            return b""
+        try:
+            return os.pread(fd, size, 0)
+        except OSError:
+            return b""
+
     def _look(self) -> tuple:
-        try:
-            tids = tuple(sorted(os.listdir(f"{self._proc}/{self._pid}/task")))
-        except OSError:
-            tids = ()
-        try:
-            with open(f"{self._proc}/{self._pid}/task/{self._pid}/children", "rb") as f:
-                kids = f.read()
-        except OSError:
-            kids = b""
-        return tids, kids
+        stat = self._read("stat", 2048)
+        fields = stat[stat.rfind(b")") + 2:].split()
+        threads = fields[17] if len(fields) > 17 else stat  # field 20: num_threads
+        return threads, self._read("children", 65536)
 
     def __call__(self) -> list[ThreadInfo]:
         from placement.roles import scan_threads
 
         key = self._look()
-        if key == self._key and self._settled:
+        self._looks += 1
+        if key == self._key and self._settled and self._looks % self.FULL_EVERY:
             return self._threads
         self._settled = key == self._key
         self._key = key
         self._threads = scan_threads(self._pid, proc=self._proc)
         return self._threads
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()

@@ -1,0 +1,168 @@
+"""Communication time behind one interface: gloo by call wall time (Python collectives and
+DDP's bucket all-reduces through a comm hook), NCCL from PyTorch's own timing."""
+import json
+import logging
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import placement
+from placement.monitor.comm import CollectiveClock, make_comm_timing, union_ms
+from placement.monitor.comm_nccl import NcclFlightRecorderComm, NcclHookComm, attribute, fr_entries
+from placement.monitor.warn import WarnOnce
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gloo_world_of_one():
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _steps(log_dir):
+    lines = [json.loads(l) for l in open(os.path.join(log_dir, "rank0.jsonl"))]
+    return [l for l in lines if l["type"] == "step"], lines
+
+
+def test_union_counts_overlapping_buckets_once():
+    ms = 1_000_000
+    assert union_ms([]) == 0.0
+    assert union_ms([(0, 4 * ms), (2 * ms, 6 * ms), (10 * ms, 11 * ms)]) == 7.0
+    assert union_ms([(5 * ms, 6 * ms), (0, 1 * ms)]) == 2.0
+
+
+def test_clock_counts_and_first_entry():
+    clock = CollectiveClock(timed=True)
+    t_before = time.time()
+    t0 = clock.enter()
+    time.sleep(0.005)
+    clock.done(t0)
+    clock.done(clock.enter())
+    step = clock.take_step()
+    assert step.count == 2 and step.comm_ms >= 4.5 and step.enter_t >= t_before
+    assert clock.take_step().count == 0
+
+
+def test_python_collectives_sync_and_async_are_timed(tmp_path, gloo_world_of_one):
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    t = torch.ones(1000)
+    dist.all_reduce(t)
+    work = dist.all_reduce(t, async_op=True)
+    work.wait()
+    dist.broadcast(t, 0)
+    h.step()
+    h.step()  # no collective in this one
+    h.close()
+    steps, lines = _steps(tmp_path)
+    assert [s["comm_count"] for s in steps] == [3, 0]
+    assert steps[0]["comm_ms"] > 0 and steps[0]["comm_enter_t"] is not None
+    assert steps[1]["comm_ms"] == 0.0 and steps[1]["comm_enter_t"] is None
+    start = next(l for l in lines if l["type"] == "start" and l.get("source") == "monitor")
+    assert start["backend"] == "gloo" and start["comm_timing"] == "wall"
+    assert start["exchange"] is False  # one rank: nobody to compare with
+
+
+def test_ddp_bucket_allreduce_is_timed_and_gradients_are_unchanged(tmp_path, gloo_world_of_one):
+    torch.manual_seed(0)
+    base = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    plain = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    plain.load_state_dict(base.state_dict())
+    x = torch.randn(16, 32)
+    ddp = torch.nn.parallel.DistributedDataParallel(base)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    ddp(x).square().mean().backward()
+    plain(x).square().mean().backward()
+    for a, b in zip(ddp.module.parameters(), plain.parameters()):
+        assert torch.allclose(a.grad, b.grad)  # the hook all-reduces exactly as DDP's default
+    opt.step()
+    h.close()
+    steps, lines = _steps(tmp_path)
+    assert steps[0]["comm_count"] >= 1 and steps[0]["comm_ms"] > 0
+    assert next(l for l in lines if l["type"] == "start")["ddp_hook"] is True
+
+
+def test_nccl_modes_asked_on_gloo_fall_back_to_wall_time_with_a_warning(caplog):
+    caplog.set_level(logging.WARNING)
+    timing = make_comm_timing("hook", "gloo", WarnOnce())
+    assert timing.name == "wall"
+    assert "needs the NCCL backend" in caplog.text
+    assert make_comm_timing("off", "gloo", WarnOnce()).name == "off"
+
+
+def _fr_entry(rid, created_s, *, dur=None, done_s=None, state="completed", name="nccl:all_reduce"):
+    return {"record_id": rid, "profiling_name": name, "state": state, "time_created_ns": int(created_s * 1e9),
+            "duration_ms": dur, "time_discovered_completed_ns": None if done_s is None else int(done_s * 1e9)}
+
+
+def test_flight_recorder_entries_to_per_step_comm_time():
+    # The fields of torch's flight-recorder dump (format of _dump_fr_trace_json's "entries").
+    dump = {"entries": [
+        _fr_entry(0, 100.001, dur=2.5),  # timed (TORCH_NCCL_ENABLE_TIMING=1)
+        _fr_entry(1, 100.004, dur=1.5),
+        _fr_entry(2, 100.012, done_s=100.020),  # untimed: discovery time, coarse
+        _fr_entry(3, 100.013, state="scheduled"),  # not finished yet: next dump
+        _fr_entry(4, 100.014, dur=9.0, name="gloo:all_reduce"),  # not NCCL
+    ]}
+    items, last, coarse = fr_entries(dump, after_id=-1)
+    assert last == 2 and coarse == 1
+    assert [round(d, 3) for _, d in items] == [2.5, 1.5, 8.0]
+    assert attribute(items, [(100.000, 100.010), (100.010, 100.030), (100.030, 100.040)]) == [4.0, 8.0, None]
+    assert fr_entries(dump, after_id=2)[0] == []
+
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl_available(),
+                               reason="NCCL timing needs an NVIDIA GPU and an NCCL build of torch")
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("mode", ["hook", "flight_recorder"])
+def test_nccl_comm_time_on_a_one_gpu_group(tmp_path, mode):
+    os.environ.setdefault("NCCL_SET_THREAD_NAME", "1")
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        h = placement.attach(policy="none", tune={"enabled": False},
+                             monitor={"log_dir": str(tmp_path), "comm_timing": mode, "flush_every": 5,
+                                      "summary_every": 0})
+        x = torch.ones(64 << 20, device="cuda")
+        for _ in range(10):
+            for _ in range(4):
+                dist.all_reduce(x)
+            torch.cuda.synchronize()  # the test's own sync: the monitor adds none
+            time.sleep(0.05)  # let the watchdog see completions (flight recorder without timing)
+            h.step()
+        h.close()
+        steps, lines = _steps(tmp_path)
+        start = next(l for l in lines if l["type"] == "start")
+        assert start["backend"] == "nccl" and start["comm_timing"] == mode
+        assert all(s["comm_count"] == 4 for s in steps)
+        timed = [s["comm_ms"] for s in steps if s["comm_ms"]]
+        assert len(timed) >= 5 and all(ms > 0 for ms in timed)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_nccl_timers_need_no_gpu_to_be_built():
+    """Both NCCL timers construct (and stay quiet) without any NCCL group: they only read
+    PyTorch's own records, never add events unless asked (hook mode, per group)."""
+    warn = WarnOnce()
+    fr = NcclFlightRecorderComm(warn)
+    assert fr.resolve([]) == [] and fr.timed_calls is False
+    hook = NcclHookComm(warn, enable_timing=False)
+    assert hook.resolve([(0.0, 1.0)]) == [None]
+    hook.close()
+    fr.close()
