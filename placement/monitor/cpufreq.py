@@ -26,7 +26,7 @@ class CoreFreq:
         except OSError as e:
             fd = None
             if e.errno == errno.ENOENT:
-                self._fail("cpufreq", FileNotFoundError(f"no cpufreq on this machine ({path} is missing)"))
+                self._fail("cpufreq", FileNotFoundError(f"no cpufreq here ({path} is missing), so MHz"))
             else:
                 self._fail("cpufreq", e)
         self._fds[cpu] = fd

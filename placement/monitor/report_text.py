@@ -96,25 +96,34 @@ def _describe(e: dict) -> str:
     return _generic(e)
 
 
+BIND_FOLD_S = 1.0  # bind events of one rank this close together are one line
+
+
 def event_lines(log: RunLog) -> list[str]:
-    """Events in time order; consecutive bind events of a rank folded into one line."""
+    """Events in time order; a rank's bind events within BIND_FOLD_S of each other (and not
+    interrupted by another event of that rank) folded into one line."""
     t0 = log.t0()
-    out: list[str] = []
-    shown = [e for e in log.events if e.get("type") in SHOWN_EVENTS]
-    i = 0
-    while i < len(shown):
-        e = shown[i]
-        t = e.get("t", t0) if isinstance(e.get("t"), (int, float)) else t0
-        prefix = f"{t - t0:8.2f}s rank {e.get('rank', '?')}: "
-        if e.get("type") == "bind":
-            j = i
-            while j < len(shown) and shown[j].get("type") == "bind" and shown[j].get("rank") == e.get("rank"):
-                j += 1
-            out.append(prefix + _bind_group(shown[i:j]))
-            i = j
+    items: list = []
+    open_binds: dict = {}
+    for e in log.events:
+        if e.get("type") not in SHOWN_EVENTS:
             continue
-        out.append(prefix + _describe(e))
-        i += 1
+        rank = e.get("rank")
+        t = e.get("t") if isinstance(e.get("t"), (int, float)) else t0
+        if e["type"] != "bind":
+            open_binds.pop(rank, None)
+            items.append((t, rank, e))
+            continue
+        group = open_binds.get(rank)
+        if group is not None and t - group[-1].get("t", t) <= BIND_FOLD_S:
+            group.append(e)
+            continue
+        group = open_binds[rank] = [e]
+        items.append((t, rank, group))
+    out = []
+    for t, rank, item in items:
+        text = _bind_group(item) if isinstance(item, list) else _describe(item)
+        out.append(f"{t - t0:8.2f}s rank {'?' if rank is None else rank}: {text}")
     return out
 
 

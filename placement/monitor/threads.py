@@ -64,8 +64,7 @@ class RoleSampler:
         self.refresh()
 
     def _fail(self, what: str, e: BaseException) -> None:
-        self._warn(f"probe:{what}", f"monitor probe {what}: {first_line(e)}; its figures are null while it fails "
-                                    "(said once)")
+        self._warn(f"probe:{what}", f"monitor probe {what}: {first_line(e)}; its figures are null while it fails")
 
     # ---- thread list -----------------------------------------------------------------
     def refresh(self) -> None:

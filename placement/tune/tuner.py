@@ -194,8 +194,3 @@ class Tuner:
     def role_cpus(self, role: ThreadRole) -> frozenset[int]:
         """Where the tuner has `role` now (the plan's set until an action changed it)."""
         return self.layout.cpus(role)
-
-    @property
-    def action_in_flight(self) -> bool:
-        """An action was applied and waits for its judging window."""
-        return self._in_flight is not None

@@ -10,7 +10,7 @@ from typing import Optional
 from placement.cpuset import format_cpulist
 from placement.roles import HOT_ROLES
 from placement.tune.rules.base import Proposal, Rule, RuleContext, rounded
-from placement.tune.rules.free import free_cores
+from placement.tune.rules.free import active_hot_roles, free_cores
 
 # Only a thread on-CPU for at least this share of the step gains from a faster core.
 HOT_BUSY_PCT = 25.0
@@ -33,7 +33,7 @@ class FasterCoreRule(Rule):
             now = rw.cpus & layout.cpus(role) or layout.cpus(role)
             now_rank = layout.cores.rank_of(now)
             faster = {}
-            for core in layout.candidate_cores(role):  # cheap look first; /proc only when one is faster
+            for core in layout.candidate_cores(role, active_hot_roles(ctx)):  # /proc only when one is faster
                 rank = layout.cores.rank_of(core)
                 by_rank = now_rank is not None and rank is not None and rank < now_rank
                 free_mhz = max((m for m in map(ctx.facts.cpu_mhz, sorted(core)) if m is not None), default=None)

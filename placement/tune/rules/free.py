@@ -5,14 +5,18 @@ from placement.roles import HOT_ROLES, ThreadRole
 from placement.tune.rules.base import RuleContext
 
 
+def active_hot_roles(ctx: RuleContext) -> list[ThreadRole]:
+    """Hot roles with live threads in the window: only they hold a core (NCCL holds none in a
+    CPU-only job, pin_memory none without pinned-memory loaders)."""
+    return [r for r in HOT_ROLES if ctx.stats.role(r) is not None]
+
+
 def free_cores(ctx: RuleContext, role: ThreadRole) -> list[frozenset[int]]:
-    """Candidate cores for `role`, best first: no other hot role with live threads there, no
-    foreign thread pinned to the core, fewest other runnable foreign threads seen there,
-    fewest of our background roles, fastest. A hot role with no thread in the window (NCCL
-    in a CPU-only job) holds no core."""
+    """Candidate cores for `role`, best first: no other active hot role there, no foreign
+    thread pinned to the core, fewest other runnable foreign threads seen there, fewest of
+    our background roles, fastest."""
     layout = ctx.layout
-    active = [r for r in HOT_ROLES if ctx.stats.role(r) is not None]
-    candidates = layout.candidate_cores(role, active)
+    candidates = layout.candidate_cores(role, active_hot_roles(ctx))
     if not candidates:
         return []
     foreign = ctx.facts.foreign_threads(frozenset().union(*candidates))
