@@ -51,7 +51,7 @@ WORKERS = 2
 # CPU ms of work per batch in the DataLoader workers: light leaves them mostly idle; heavy is
 # more than their CPUs deliver at the step rate (WORKERS workers, each one batch per HEAVY_MS).
 LIGHT_MS = 0.3
-HEAVY_MS = 12.0
+HEAVY_MS = 8.0
 
 
 @dataclass
@@ -113,7 +113,7 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
     cfg = load_config(MODES[mode] + ["strict=false", f"monitor.log_dir={log_dir}", f"tune.window={window}",
                                      f"monitor.rescan_every={window}", "monitor.summary_every=0"])
     handle = placement.attach(config=cfg)
-    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Batches(), batch_size=None, num_workers=WORKERS, prefetch_factor=4, persistent_workers=False)
     times: list[float] = []
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"contention: unknown {bad[0]!r}; choose from {', '.join(valid)}", file=sys.stderr)
             return 2
     w = args.window
-    steps = Steps(5 * w, 10 * w, 5 * w) if args.quick else Steps(15 * w, 30 * w, 15 * w)
+    steps = Steps(4 * w, 8 * w, 4 * w) if args.quick else Steps(12 * w, 24 * w, 12 * w)
     print(f"contention benchmark on {os.cpu_count()} CPUs, pid {os.getpid()}; modes {', '.join(modes)}")
     started = time.monotonic()
     all_results: dict[str, dict[str, dict]] = {}

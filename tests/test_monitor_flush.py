@@ -49,6 +49,15 @@ def test_uncaught_exception_flushes_and_keeps_its_traceback(tmp_path):
     assert [s["step"] for s in steps] == list(range(1, STEPS + 1))
 
 
+@pytest.mark.slow
+def test_a_forked_child_killed_by_sigterm_does_not_write_the_ranks_buffered_lines(tmp_path):
+    # A DataLoader worker is forked with the rank's unflushed log buffer and its handlers;
+    # torch terminates slow workers with SIGTERM.
+    rc, err, steps = _run(tmp_path, "fork", send_sigterm=False)
+    assert rc == 0, err
+    assert [s["step"] for s in steps] == list(range(1, STEPS + 1))  # once each
+
+
 def main(mode: str, log_dir: str) -> None:
     import placement
 
@@ -66,6 +75,16 @@ def main(mode: str, log_dir: str) -> None:
         h.step()
     if mode == "exception":
         raise RuntimeError("loss is nan")
+    if mode == "fork":
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(60)
+            os._exit(0)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+        return
     print("ready", flush=True)
     time.sleep(60)
 

@@ -1,9 +1,6 @@
 """`placement report` on logs written by the real monitor (two ranks' files), with bind,
 tune and straggler events added, truncated and corrupt lines mixed in."""
-import json
 import struct
-
-import pytest
 
 import placement
 from placement.cli import main as cli

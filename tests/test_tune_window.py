@@ -5,7 +5,7 @@ import pytest
 
 from placement.monitor.record import RoleSample
 from placement.roles import ThreadRole
-from placement.tune.judge import Backoff, NoiseBand, judge
+from placement.tune.judge import DEFAULT_NOISE_PCT, Backoff, NoiseBand, judge
 from placement.tune.layout import CoreMap, RoleLayout
 from placement.tune.window import summarize
 from tune_fakes import rank_plan, record, topology, window
@@ -51,17 +51,19 @@ def test_judge_keeps_a_gain_beyond_the_band_and_reverts_otherwise():
     assert not v.keep and v.why.startswith("worse")
 
 
-def test_noise_band_grows_with_quiet_window_spread():
-    a, b = summarize(window(20, step_ms=10.0, jitter=0.01)), summarize(window(20, step_ms=10.0, jitter=0.01))
-    steady, wobbly = NoiseBand(), NoiseBand()
+def test_noise_band_comes_from_quiet_windows_only():
+    steady, wobbly, jittery = NoiseBand(), NoiseBand(), NoiseBand()
+    assert steady.pct() == DEFAULT_NOISE_PCT  # nothing quiet seen yet
     for ms in (10.0, 10.1, 10.0, 10.1):
         steady.add_quiet(summarize(window(20, step_ms=ms)))
     for ms in (10.0, 13.0, 10.0, 13.0):
         wobbly.add_quiet(summarize(window(20, step_ms=ms)))
-    assert steady.pct(a, b) < 5.0 < 50.0 < wobbly.pct(a, b)
-    # before enough quiet windows: the within-window error of the two medians
-    noisy = summarize(window(20, step_ms=10.0, jitter=0.5))
-    assert NoiseBand().pct(noisy, noisy) > NoiseBand().pct(a, b)
+    assert steady.pct() < 5.0 < 50.0 < wobbly.pct()
+    # with fewer quiet windows: the standard error of their medians
+    jittery.add_quiet(summarize(window(20, step_ms=10.0, jitter=0.5)))
+    calm = NoiseBand()
+    calm.add_quiet(summarize(window(20, step_ms=10.0, jitter=0.01)))
+    assert calm.pct() < 1.0 < jittery.pct()
 
 
 def test_back_off_doubles_per_revert_up_to_the_cap_and_resets_on_keep():

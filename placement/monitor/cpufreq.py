@@ -6,7 +6,6 @@ have no such file: every figure is then None, and that is said once.
 """
 from __future__ import annotations
 
-import errno
 import os
 from typing import Callable, Optional
 
@@ -25,10 +24,7 @@ class CoreFreq:
             fd: Optional[int] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as e:
             fd = None
-            if e.errno == errno.ENOENT:
-                self._fail("cpufreq", FileNotFoundError(f"no cpufreq here ({path} is missing), so MHz"))
-            else:
-                self._fail("cpufreq", e)
+            self._fail("cpufreq", e)
         self._fds[cpu] = fd
         return fd
 

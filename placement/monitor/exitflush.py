@@ -20,16 +20,18 @@ _installed = False
 _previous_sigterm = None
 _previous_excepthook = None
 _deferred: Optional[tuple[int, object]] = None
+_owner_pid = 0  # a process forked from the rank (a DataLoader worker) inherits the handlers
 
 
 def register(monitor) -> bool:
     """Flush `monitor` at exit. Returns whether SIGTERM is covered (only the main thread can
     install a signal handler)."""
-    global _installed, _previous_excepthook, _previous_sigterm
+    global _installed, _previous_excepthook, _previous_sigterm, _owner_pid
     _monitors.add(monitor)
     if _installed:
         return _previous_sigterm is not None
     _installed = True
+    _owner_pid = os.getpid()
     atexit.register(_flush_all, "exit")
     _previous_excepthook = sys.excepthook
     sys.excepthook = _excepthook
@@ -45,7 +47,11 @@ def unregister(monitor) -> None:
 
 
 def _flush_all(reason: str) -> bool:
-    """Flush every monitor not mid-step; False when one was busy (its flush is deferred)."""
+    """Flush every monitor not mid-step; False when one was busy (its flush is deferred).
+    Nothing in a forked child: its copy of the log buffer holds the rank's lines, which the
+    rank writes itself; writing them from the child too would duplicate them."""
+    if os.getpid() != _owner_pid:
+        return True
     all_done = True
     for m in list(_monitors):
         try:

@@ -19,7 +19,7 @@ from typing import Callable, Optional
 
 from placement.config import PlacementConfig
 from placement.monitor import exitflush
-from placement.monitor.comm import CommStep, CommTiming
+from placement.monitor.comm import CommTiming
 from placement.monitor.exchange import Exchange
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord

@@ -64,6 +64,9 @@ class RoleSampler:
         self.refresh()
 
     def _fail(self, what: str, e: BaseException) -> None:
+        if what == "cpufreq" and isinstance(e, FileNotFoundError):  # VMs and some kernels have no cpufreq
+            self._warn("probe:cpufreq", f"no cpufreq on this machine ({e.filename} is missing): MHz figures are null")
+            return
         self._warn(f"probe:{what}", f"monitor probe {what}: {first_line(e)}; its figures are null while it fails")
 
     # ---- thread list -----------------------------------------------------------------
@@ -98,9 +101,6 @@ class RoleSampler:
         self._hot_prev.pop(tid, None)
         self._span_prev.pop(tid, None)
         self._hot = tuple(h for h in self._hot if h[0] != tid)
-
-    def threads_of(self, role: str) -> list[int]:
-        return [tid for tid, (r, _) in self._probes.items() if r == role]
 
     # ---- every step: raw reads only --------------------------------------------------
     def read_main(self) -> MainRead:

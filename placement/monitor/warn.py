@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Optional
 
 log = logging.getLogger("placement")
 
@@ -25,10 +24,8 @@ class WarnOnce:
             except Exception:  # a broken log must not turn a warning into an error
                 pass
 
-    def seen(self, key: str) -> bool:
-        return key in self._seen
 
-
-def first_line(e: BaseException, limit: Optional[int] = 200) -> str:
+def first_line(e: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (its type when it has none), at most `limit` chars."""
     text = str(e).splitlines()[0] if str(e) else type(e).__name__
-    return text[:limit] if limit else text
+    return text[:limit]

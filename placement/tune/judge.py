@@ -4,6 +4,7 @@ an action that was not.
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass
@@ -15,28 +16,35 @@ QUIET_WINDOWS_KEPT = 8
 # Between-window noise is estimated once this many quiet windows were seen.
 MIN_QUIET_FOR_BAND = 3
 # The band is this many times the median relative change between consecutive quiet windows
-# (about two standard deviations for normal noise), and at least twice the standard error
-# of the two medians being compared.
+# (about two standard deviations for normal noise), and at least BAND_SE standard errors of
+# the difference of two quiet windows' medians.
 BAND_SPREAD = 3.0
 BAND_SE = 2.0
+# Before any quiet window was seen (trouble from the first steps on).
+DEFAULT_NOISE_PCT = 10.0
 
 
 class NoiseBand:
-    """How much the median step time moves between windows when nothing is done."""
+    """How much the median step time moves between windows when nothing is done, measured
+    from quiet windows only: the windows an action is judged on are disturbed by definition."""
 
     def __init__(self) -> None:
         self._medians: deque[float] = deque(maxlen=QUIET_WINDOWS_KEPT)
+        self._median_se: deque[float] = deque(maxlen=QUIET_WINDOWS_KEPT)
 
     def add_quiet(self, stats: WindowStats) -> None:
         self._medians.append(stats.median_ms)
+        self._median_se.append(stats.median_se_pct())
 
-    def pct(self, before: WindowStats, after: WindowStats) -> float:
-        within = BAND_SE * (before.median_se_pct() ** 2 + after.median_se_pct() ** 2) ** 0.5
+    def pct(self) -> float:
+        if not self._medians:
+            return DEFAULT_NOISE_PCT
+        within = BAND_SE * math.sqrt(2.0) * statistics.median(self._median_se)
         m = list(self._medians)
         if len(m) < MIN_QUIET_FOR_BAND:
             return within
         changes = [100.0 * abs(b - a) / a for a, b in zip(m, m[1:]) if a > 0]
-        return max(within, BAND_SPREAD * statistics.median(changes)) if changes else within
+        return max(within, BAND_SPREAD * statistics.median(changes))
 
 
 @dataclass(frozen=True)

@@ -30,8 +30,9 @@ from placement.tune.window import WindowStats, summarize
 
 log = logging.getLogger("placement")
 
-# Windows skipped at the start: warm-up steps (allocations, worker start) are not evidence.
-WARMUP_WINDOWS = 1
+# Windows skipped at the start: warm-up steps (allocations, worker start, caches) are not
+# evidence, and a step time still falling as warm-up ends would pass for an action's gain.
+WARMUP_WINDOWS = 2
 
 
 @dataclass
@@ -164,7 +165,7 @@ class Tuner:
         f, self._in_flight = self._in_flight, None
         p = f.proposal
         key = (p.rule, p.role.value)
-        v = judge(f.before, after, self._noise.pct(f.before, after), self.cfg.min_gain_pct)
+        v = judge(f.before, after, self._noise.pct(), self.cfg.min_gain_pct)
         if v.keep:
             self._backoff.on_keep(key)
             self._event("tune", phase="kept", rule=p.rule, role=p.role.value,
