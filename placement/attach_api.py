@@ -90,12 +90,11 @@ def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], o
 
 
 def _open_event_log(log_dir: str, rank: int):
-    from placement.events import rank_log_path
-    from placement.monitor.jsonl import StepLog
+    from placement.events import EventLog, rank_log_path
 
     path = rank_log_path(log_dir, rank)
     try:
-        return StepLog(path, rank)
+        return EventLog(path, rank)
     except OSError as e:
         raise LogDirError(f"placement.monitor.log_dir={log_dir!r} is not writable ({e.strerror or e}); "
                           "give a directory this process can create and write, e.g. "

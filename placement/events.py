@@ -11,7 +11,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Optional
+import weakref
+from typing import Any, Optional, Sequence
 
 log = logging.getLogger("placement")
 
@@ -20,6 +21,30 @@ EVENT_KINDS = ("bind", "tune", "rollback", "straggler", "warning", "memory", "st
 
 def rank_log_path(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.jsonl")
+
+
+_open_logs: "weakref.WeakSet[EventLog]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (a DataLoader worker) inherits the rank's unflushed lines; if it ever
+    # flushed them, the rank's records would be written twice. Point the inherited fd at
+    # /dev/null and forget the log: the rank writes its own lines.
+    for ev in list(_open_logs):
+        f, ev._file = ev._file, None
+        if f is None:
+            continue
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, f.fileno())
+            os.close(devnull)
+        except OSError:
+            pass
+        _orphaned.append(f)  # kept alive so its buffer is never flushed to a reused fd
+
+
+_orphaned: list = []
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class EventLog:
@@ -34,15 +59,22 @@ class EventLog:
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._file = open(path, "a", buffering=1 << 16)
+            _open_logs.add(self)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._file is None:
             return
-        line = json.dumps(record, separators=(",", ":"), default=_jsonable)
+        self.write_lines((json.dumps(record, separators=(",", ":"), default=_jsonable),))
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        """Append already-encoded JSONL lines in one write (the monitor's batched step records)."""
+        if self._file is None or not lines:
+            return
+        blob = "\n".join(lines) + "\n"
         with self._lock:
             try:
-                self._file.write(line + "\n")
-            except (OSError, ValueError) as e:
+                self._file.write(blob)
+            except (OSError, ValueError, AttributeError) as e:  # AttributeError: closed meanwhile
                 if not self._failed:
                     self._failed = True
                     log.warning("placement: cannot write %s (%s); further records are dropped", self.path, e)

@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from placement.roles import ThreadInfo, ThreadRole
 from placement.tune.facts import ForeignThread
-from placement.tune.tuner import Tuner
+from placement.tune.tuner import KEPT_HOLD_WINDOWS, Tuner
 from tune_fakes import FakeBinder, FakeFacts, ListEvents, hog, rank_plan, topology, tune_cfg, window
 
 MAIN = ThreadRole.MAIN
@@ -103,6 +103,22 @@ def test_a_kept_move_resets_the_back_off():
     assert [e["backoff_windows"] for e in run.events.of("rollback")] == [2]
     assert len(run.events.of("tune", phase="kept")) == 1
     assert run.tuner._backoff.blocked(("runqueue", "main"), run.tuner.windows + 1) is False
+
+
+def test_a_kept_change_is_not_undone_by_another_rule_while_held():
+    plan = {"main": [0], "dataloader": [1], "other": [1]}
+    run = Run(plan=plan, facts=FakeFacts(), background_nice=5)
+    run.quiet(3, step_ms=5.0)
+    starved = {"main": {"cpu_ms": 0.3}, "dataloader": {"cpu_ms": 0.95, "threads": 2}}
+    run.feed(1, step_ms=12.0, data_frac=0.6, roles=starved)  # dataloader_size lends main's core
+    lent = {"main": {"cpu_ms": 0.5, "runq_ms": 0.2}, "dataloader": {"cpu_ms": 0.8, "threads": 2}}
+    run.feed(1, step_ms=8.0, roles=lent)  # kept: faster, though main now waits a little
+    assert run.events.of("tune", phase="kept", rule="dataloader_size")[0]["change"]["to"] == [0, 1]
+    run.feed(KEPT_HOLD_WINDOWS - 1, step_ms=8.0, roles=lent)  # runqueue would evict the workers: held
+    assert len(run.binder.calls) == 1
+    run.feed(3, step_ms=8.0, roles=lent)  # the hold is over: runqueue may try
+    assert run.binder.calls[1][:2] == (ThreadRole.DATALOADER, frozenset({1}))
+    assert run.events.of("tune", phase="applied")[1]["rule"] == "runqueue"
 
 
 def test_dry_run_changes_nothing_and_logs_what_it_would_do_once():

@@ -30,6 +30,10 @@ from placement.tune.window import WindowStats, summarize
 
 log = logging.getLogger("placement")
 
+# Hysteresis across rules: for this many windows after a change was kept, no rule may put
+# that role back on the set it left (e.g. runqueue evicting the workers dataloader_size
+# just lent main's core to).
+KEPT_HOLD_WINDOWS = 8
 # Windows skipped at the start: warm-up steps (allocations, worker start, caches) are not
 # evidence, and a step time still falling as warm-up ends would pass for an action's gain.
 WARMUP_WINDOWS = 2
@@ -60,6 +64,7 @@ class Tuner:
         self._backoff = Backoff(cfg.max_backoff_windows)
         self._disabled: set[str] = set()
         self._dry_run_logged: set[tuple[str, str, frozenset[int]]] = set()
+        self._held: dict[ThreadRole, tuple[frozenset[int], int]] = {}  # role -> (set it left, until window)
         self._broken = False
 
     # ---- the two calls training code makes ---------------------------------
@@ -128,10 +133,15 @@ class Tuner:
                 continue
             if p is None:
                 continue
-            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)):
+            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)
+                              or self._undoes_a_held_change(p)):
                 continue  # never leave the share; an empty or same set is no action
             out.append(p)
         return out
+
+    def _undoes_a_held_change(self, p: Proposal) -> bool:
+        left, until = self._held.get(p.role, (None, 0))
+        return self.windows < until and p.cpus == left
 
     # ---- side effects -----------------------------------------------------------
     def _apply(self, p: Proposal, stats: WindowStats) -> None:
@@ -168,6 +178,7 @@ class Tuner:
         v = judge(f.before, after, self._noise.pct(), self.cfg.min_gain_pct)
         if v.keep:
             self._backoff.on_keep(key)
+            self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
             self._event("tune", phase="kept", rule=p.rule, role=p.role.value,
                         change={"from": sorted(f.previous), "to": sorted(p.cpus)}, reason=p.reason,
                         evidence=p.evidence, effect=v.effect(), why=v.why)
