@@ -20,7 +20,11 @@ Printed per phase: p50 and p99 step time (ms, wall time of one loop iteration in
 wait for data), the ratios to the quiet phase, and the steps until the step time recovers
 (rolling median of one tune window back within RECOVERED x the quiet p50). "settled p99" is
 the p99 of a phase after its first SETTLE_WINDOWS windows, the same cut for every mode.
-The last line is one JSON object of headline figures.
+The first window of every run (worker start, allocator warm-up) is left out of the quiet phase.
+Each (scenario, mode) runs --repeat times, interleaved, and figures are medians over the runs;
+"other load" is how many CPUs' worth of time the rest of the machine used meanwhile (this
+benchmark's own processes, the hog included, subtracted): on a shared machine it says how
+much to trust a row. The last line is one JSON object of headline figures.
 
     python benchmarks/contention.py --quick      # < 1 minute
     python benchmarks/contention.py              # 3x the steps
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -165,7 +170,7 @@ def recovery_steps(times: list[float], start: int, end: int, quiet_p50: float, w
 
 
 def figures(times: list[float], steps: Steps, window: int) -> dict:
-    cuts = [(0, steps.before), (steps.before, steps.before + steps.during),
+    cuts = [(window, steps.before), (steps.before, steps.before + steps.during),
             (steps.before + steps.during, steps.total)]
     phases = []
     for lo, hi in cuts:
@@ -187,9 +192,11 @@ def tune_actions(log_path: str) -> list[str]:
         with open(log_path) as f:
             for line in f:
                 e = json.loads(line)
-                if e.get("type") == "tune" and e.get("phase") in ("kept", "applied") and e.get("rule") != "background_nice":
+                if e.get("type") == "tune" and e.get("phase") in ("kept", "applied"):
+                    first, last = e["evidence"]["window"]
                     out.append(f"{e['phase']} {e['rule']} {e['role']} {e['change']['from']}->{e['change']['to']}"
-                               + (f" gain {e['effect']['gain_pct']:+.0f}%" if e.get("effect") else ""))
+                               + (f" gain {e['effect']['gain_pct']:+.0f}%" if e.get("effect")
+                                  else f" (evidence: steps {first}-{last})"))
                 elif e.get("type") == "rollback":
                     out.append(f"rollback {e['rule']} {e['role']}: {e['why']}")
     except OSError:
@@ -197,19 +204,53 @@ def tune_actions(log_path: str) -> list[str]:
     return out
 
 
-def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str) -> dict:
-    log_dir = os.path.join(tmp, f"{scenario}-{mode}")
-    out = os.path.join(tmp, f"{scenario}-{mode}.json")
+def busy_cpu_seconds() -> float:
+    """CPU time spent busy by the whole machine so far (all CPUs), from /proc/stat."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu_seconds() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int) -> dict:
+    """One run in a fresh process; also measures how busy the rest of the machine was
+    meanwhile (all CPU time minus this run's own processes, hog included), in CPUs."""
+    log_dir = os.path.join(tmp, f"{scenario}-{mode}-{rep}")
+    out = os.path.join(tmp, f"{scenario}-{mode}-{rep}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", scenario, mode, "--window", str(window),
            "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out]
+    busy0, ours0, t0 = busy_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.monotonic() - t0
     if proc.returncode != 0:
         raise SystemExit(f"contention: {scenario}/{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(out) as f:
         data = json.load(f)
     data.update(figures(data["times_ms"], steps, window))
     data["actions"] = tune_actions(os.path.join(log_dir, "rank0.jsonl"))
+    data["other_load_cpus"] = max(0.0, (busy_cpu_seconds() - busy0) - (children_cpu_seconds() - ours0)) / wall
     return data
+
+
+def median_of_runs(runs: list[dict]) -> dict:
+    """Each figure as the median over repeated runs (the first run's details for the rest)."""
+    def med(values):
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if len(known) > len(values) / 2 else None
+
+    out = dict(runs[0])
+    out["phases"] = [{k: med([r["phases"][i][k] for r in runs]) for k in runs[0]["phases"][i]}
+                     for i in range(len(runs[0]["phases"]))]
+    for k in ("recovery_steps", "recovery_windows", "during_settled_p99_ratio", "during_p50_ratio",
+              "after_p50_ratio", "other_load_cpus"):
+        out[k] = med([r[k] for r in runs])
+    out["runs"] = len(runs)
+    return out
 
 
 def fmt(x: float | None, digits: int = 2) -> str:
@@ -218,21 +259,22 @@ def fmt(x: float | None, digits: int = 2) -> str:
 
 def print_table(scenario: str, results: dict[str, dict], steps: Steps, window: int) -> None:
     names = PHASES[scenario]
+    runs = next(iter(results.values()))["runs"]
     print(f"\nscenario {scenario}: phases {names[0]} {steps.before} steps, {names[1]} {steps.during}, "
-          f"{names[2]} {steps.after}; tune window {window} steps")
-    head = (f"{'mode':<7}" + "".join(f"{n + ' p50/p99 ms':>22}" for n in names)
-            + f"{names[1] + ' settled p99':>18}{'p50 x quiet':>13}{'settled p99 x quiet p99':>25}"
-            + f"{'recovery steps':>16}{names[2] + ' p50 x quiet':>20}")
+          f"{names[2]} {steps.after}; tune window {window} steps; figures are medians of {runs} run(s)")
+    head = (f"{'mode':<7}" + "".join(f"{n + ' p50/p99 ms':>24}" for n in names)
+            + f"{names[1] + ' settled p99':>20}{'p50 x quiet':>13}{'settled p99 x quiet p99':>25}"
+            + f"{'recovery steps':>16}{names[2] + ' p50 x quiet':>22}{'other load':>12}")
     print(head)
     print("-" * len(head))
     for mode, r in results.items():
         ph = r["phases"]
-        print(f"{mode:<7}" + "".join(f"{p['p50']:>13.2f} /{p['p99']:>7.2f}" for p in ph)
-              + f"{ph[1]['settled_p99']:>18.2f}{r['during_p50_ratio']:>13.2f}{r['during_settled_p99_ratio']:>25.2f}"
-              + f"{fmt(r['recovery_steps'], 0):>16}{r['after_p50_ratio']:>20.2f}")
+        print(f"{mode:<7}" + "".join(f"{p['p50']:>15.2f} /{p['p99']:>7.2f}" for p in ph)
+              + f"{ph[1]['settled_p99']:>20.2f}{r['during_p50_ratio']:>13.2f}{r['during_settled_p99_ratio']:>25.2f}"
+              + f"{fmt(r['recovery_steps'], 0):>16}{r['after_p50_ratio']:>22.2f}{r['other_load_cpus']:>8.2f} CPU")
     for mode, r in results.items():
         extra = f" (hog pinned to cpu {r['hog_cpu']})" if r.get("hog_cpu") is not None else ""
-        print(f"  {mode}: main thread ends on cpus {r['main_cpus_at_end']}{extra}")
+        print(f"  {mode} (first run): main thread ends on cpus {r['main_cpus_at_end']}{extra}")
         for a in r["actions"]:
             print(f"    {a}")
 
@@ -241,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps: under a minute")
     ap.add_argument("--window", type=int, default=20, help="tune window in steps (placement.tune.window)")
+    ap.add_argument("--repeat", type=int, help="runs per scenario and mode, interleaved (default 1 with --quick, else 3)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--hog", type=int, help=argparse.SUPPRESS)
@@ -267,11 +310,16 @@ def main(argv: list[str] | None = None) -> int:
     steps = Steps(4 * w, 8 * w, 4 * w) if args.quick else Steps(12 * w, 24 * w, 12 * w)
     print(f"contention benchmark on {os.cpu_count()} CPUs, pid {os.getpid()}; modes {', '.join(modes)}")
     started = time.monotonic()
-    all_results: dict[str, dict[str, dict]] = {}
+    repeat = args.repeat or (1 if args.quick else 3)
+    runs: dict[tuple[str, str], list[dict]] = {(sc, m): [] for sc in scenarios for m in modes}
     with tempfile.TemporaryDirectory(prefix="placement-contention-") as tmp:
-        for scenario in scenarios:
-            all_results[scenario] = {m: run_one(scenario, m, steps, w, tmp) for m in modes}
-            print_table(scenario, all_results[scenario], steps, w)
+        for rep in range(repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
+            for scenario in scenarios:
+                for m in modes:
+                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep))
+    all_results = {sc: {m: median_of_runs(runs[(sc, m)]) for m in modes} for sc in scenarios}
+    for scenario in scenarios:
+        print_table(scenario, all_results[scenario], steps, w)
     print(f"\n({time.monotonic() - started:.0f} s)")
     hog_res = all_results.get("hog", {})
     headline = {
@@ -281,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         "quiet_p50_tune_over_static": (round(hog_res["tune"]["phases"][0]["p50"] / hog_res["static"]["phases"][0]["p50"], 3)
                                        if {"tune", "static"} <= set(hog_res) else None),
         "data_heavy_p50_ratio": {m: round(r["during_p50_ratio"], 3) for m, r in all_results.get("data", {}).items()},
+        "other_load_cpus": round(statistics.median(r["other_load_cpus"] for rs in runs.values() for r in rs), 2),
     }
     print(json.dumps(headline))
     return 0

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-WINDOW = 10
+WINDOW = 10  # placement.tune.window for the run
 QUIET_STEPS = 60
 HOG_STEPS = 120
+HOGS = 3  # spinning processes pinned to main's core: main gets a quarter of it, a clear signal
+ATTEMPTS = 3  # the machine may be shared: another process may keep the free core busy a while
 
 
 def _allowed(pid: int, tid: int) -> frozenset[int]:
@@ -54,7 +56,7 @@ def _idle_fraction(interval: float = 1.0) -> float:
     return (idle1 - idle0) / max(1, total1 - total0)
 
 
-def _wait_for_a_spare_cpu(timeout: float = 90.0) -> None:
+def _wait_for_a_spare_cpu(timeout: float = 30.0) -> None:
     """The machine may be shared: give each attempt a fair chance by starting it when at least
     one CPU's worth of time is idle (or after `timeout`, whatever the load)."""
     want = 1.0 / os.cpu_count()
@@ -82,10 +84,6 @@ def _stop(pid: int) -> None:
         os.waitpid(pid, 0)
     except (ProcessLookupError, ChildProcessError):
         pass
-
-
-HOGS = 3  # spinning processes pinned to main's core: main gets a quarter of it, a clear signal
-ATTEMPTS = 3  # the machine is shared: another process may keep the free core busy for a while
 
 
 def _attempt(tmp: Path) -> dict:

@@ -207,43 +207,64 @@ def test_faster_core_quiet(cpu_frac, mhz):
 
 
 # ---- numa_balancing ----------------------------------------------------------------
-def _bursty(n=40, bursts=(5, 17, 30)):
-    recs = window(n, jitter=0.05, roles={"main": {"cpu_ms": 0.8, "minflt": 10, "migrations": 0}})
-    for i in bursts:
-        recs[i].step_ms *= 3
-        recs[i].roles["main"].minflt = 5000
-        recs[i].roles["main"].migrations = 4
-    return recs
+def _numa_windows(bursty_last=True, migrations=4, n=40):
+    """Two calm windows, then one whose fault rate bursts with spikes (per-step figures)."""
+    calm = [window(n, start=i * n, jitter=0.05, roles={"main": {"cpu_ms": 0.8, "minflt": 10, "migrations": 0}})
+            for i in range(2)]
+    last = window(n, start=2 * n, jitter=0.05, roles={"main": {"cpu_ms": 0.8, "minflt": 10, "migrations": 0}})
+    if bursty_last:
+        for i in (5, 17, 30):
+            last[i].step_ms *= 3
+            last[i].roles["main"].migrations = migrations
+        for r in last:
+            r.roles["main"].minflt = 400
+    return calm + [last]
+
+
+def _drive(rule, windows, facts, memory="bind"):
+    out = [rule.propose(ctx(w, PLAN, facts=facts, memory=memory)) for w in windows]
+    assert all(p is None for p in out[:-1])
+    return out[-1]
 
 
 def test_numa_balancing_warns_once_and_says_memory_binding_is_off():
     facts = FakeFacts(balancing=1, policy="default",
                       counters=[{"numa_hint_faults": 100}, {"numa_hint_faults": 900}])
     rule = RULES["numa_balancing"]()
-    p = rule.propose(ctx(_bursty(), PLAN, facts=facts, memory="bind"))
+    p = _drive(rule, _numa_windows(), facts)
     assert p is not None and not p.is_move
-    assert p.evidence["coinciding_steps"] == 3 and p.evidence["kernel.numa_balancing"] == 1
+    assert p.evidence["spike_steps"] == 3 and p.evidence["kernel.numa_balancing"] == 1
+    assert p.evidence["faults_per_step"] == 400 and p.evidence["usual_faults_per_step"] == 10
     assert "NOT in force" in p.reason and "kernel.numa_balancing=1" in p.reason
-    assert rule.propose(ctx(_bursty(), PLAN, facts=facts)) is None  # once per run
+    assert rule.propose(ctx(_numa_windows()[-1], PLAN, facts=facts)) is None  # once per run
 
 
-def test_numa_balancing_reports_counter_growth_and_binding_in_force():
-    facts = FakeFacts(balancing=0, policy="bind", counters=[{"numa_hint_faults": 100}, {"numa_hint_faults": 900}])
-    rule = RULES["numa_balancing"]()
-    assert rule.propose(ctx(window(40), PLAN, facts=facts)) is None  # first window: quiet steps
-    p = rule.propose(ctx(_bursty(), PLAN, facts=facts))
-    assert p.evidence["numa_counter_deltas"] == {"numa_hint_faults": 800}
+def test_numa_balancing_with_span_means_and_page_migrations_only():
+    """The monitor's span sampling: faults only every 20th step, as per-step means; the thread
+    is pinned (no thread migrations) but the kernel migrated pages."""
+    wins = _numa_windows(migrations=0)
+    for w in wins:
+        for i, r in enumerate(w):
+            if i % 20 != 19:
+                r.roles["main"].minflt = None
+    facts = FakeFacts(balancing=0, policy="bind", counters=[{"numa_pages_migrated": 100}, {"numa_pages_migrated": 900}])
+    p = _drive(RULES["numa_balancing"](), wins, facts)
+    assert p.evidence["numa_counter_deltas"] == {"numa_pages_migrated": 800}
     assert "is in force (policy bind)" in p.reason
 
 
-@pytest.mark.parametrize("recs", [
-    window(40, jitter=0.3, roles={"main": {"minflt": 10, "migrations": 1}}),  # noise: no bursts
-    _bursty(bursts=(7,)),  # a single burst is not a pattern
-])
-def test_numa_balancing_quiet_on_noise(recs):
-    assert RULES["numa_balancing"]().propose(ctx(recs, PLAN, facts=FakeFacts(balancing=1))) is None
-
-
-def test_numa_balancing_quiet_when_the_kernel_does_not_balance():
-    facts = FakeFacts(balancing=0, counters=[{"numa_hint_faults": 5}])
-    assert RULES["numa_balancing"]().propose(ctx(_bursty(), PLAN, facts=facts)) is None
+@pytest.mark.parametrize("case", ["noise", "no_spikes", "no_migrations", "kernel_not_balancing"])
+def test_numa_balancing_quiet(case):
+    facts = FakeFacts(balancing=1, counters=[{"numa_pages_migrated": 5}])
+    wins = _numa_windows()
+    if case == "noise":
+        wins = [window(40, start=i * 40, jitter=0.3, roles={"main": {"minflt": 10 + 5 * i, "migrations": 1}})
+                for i in range(3)]
+    elif case == "no_spikes":
+        for r in wins[-1]:
+            r.step_ms = 10.0
+    elif case == "no_migrations":
+        wins = _numa_windows(migrations=0)
+    else:
+        facts = FakeFacts(balancing=0, counters=[{"numa_hint_faults": 5}])
+    assert _drive(RULES["numa_balancing"](), wins, facts) is None

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from placement.config import TuneConfig
+from placement.cpuset import format_cpulist
 from placement.monitor.record import StepRecord
 from placement.plan.model import RankPlan
 from placement.roles import ThreadRole
@@ -82,7 +83,7 @@ class Tuner:
         except Exception as e:  # the tuner must never break training
             self._broken = True
             msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
-            log.warning(msg)
+            log.warning("%s", msg)
             self._event("warning", source="tune", message=msg)
 
     def close(self) -> None:
@@ -106,12 +107,12 @@ class Tuner:
             if not p.is_move:
                 log.warning("placement: %s", p.reason)
                 self._event("warning", source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
-        moves = [p for p in proposals if p.is_move]
-        if not moves:
+        if not proposals:
             self._noise.add_quiet(stats)
             return
-        for p in moves:
-            if not self._backoff.blocked((p.rule, p.role.value), self.windows):
+        for p in proposals:
+            if p.is_move and not self._undoes_a_held_change(p) \
+                    and not self._backoff.blocked((p.rule, p.role.value), self.windows):
                 self._apply(p, stats)
                 return
 
@@ -133,8 +134,7 @@ class Tuner:
                 continue
             if p is None:
                 continue
-            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)
-                              or self._undoes_a_held_change(p)):
+            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)):
                 continue  # never leave the share; an empty or same set is no action
             out.append(p)
         return out
@@ -151,8 +151,9 @@ class Tuner:
             sig = (p.rule, p.role.value, p.cpus)
             if sig not in self._dry_run_logged:
                 self._dry_run_logged.add(sig)
-                self._event("tune", phase="dry_run", rule=p.rule, role=p.role.value, change=change,
-                            reason=p.reason, evidence=p.evidence, effect=None)
+                self._event("tune", message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
+                            rule=p.rule, role=p.role.value, change=change, reason=p.reason, evidence=p.evidence,
+                            effect=None)
             self._cooldown = self.cfg.cooldown_windows
             return
         results = self.binder.set_role_cpus(p.role, p.cpus, f"tune {p.rule}: {p.reason}")
@@ -160,13 +161,15 @@ class Tuner:
         if results and len(failed) == len(results):
             self.binder.set_role_cpus(p.role, previous, f"rollback of tune {p.rule}: binder refused")
             wait = self._backoff.on_revert((p.rule, p.role.value), self.windows)
-            self._event("rollback", rule=p.rule, role=p.role.value, change={"from": change["to"], "to": change["from"]},
-                        evidence=p.evidence, effect=None, backoff_windows=wait,
-                        why=f"binding refused: {failed[0].error}")
+            why = f"binding refused: {failed[0].error}"
+            self._event("rollback", message=f"{p.rule} not applied: {why}", rule=p.rule, role=p.role.value,
+                        change={"from": change["to"], "to": change["from"]}, evidence=p.evidence, effect=None,
+                        backoff_windows=wait, why=why)
             return
         self.layout = self.layout.with_role(p.role, p.cpus)
         self._in_flight = InFlight(p, previous, stats)
-        self._event("tune", phase="applied", rule=p.rule, role=p.role.value, change=change, reason=p.reason,
+        self._event("tune", message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
+                    change=change, reason=p.reason,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
                     failed=[{"tid": r.tid, "error": r.error} for r in failed])
         log.info("placement: tune %s: %s", p.rule, p.reason)
@@ -179,7 +182,8 @@ class Tuner:
         if v.keep:
             self._backoff.on_keep(key)
             self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
-            self._event("tune", phase="kept", rule=p.rule, role=p.role.value,
+            self._event("tune", message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
+                        phase="kept", rule=p.rule, role=p.role.value,
                         change={"from": sorted(f.previous), "to": sorted(p.cpus)}, reason=p.reason,
                         evidence=p.evidence, effect=v.effect(), why=v.why)
             log.info("placement: tune %s kept: %s", p.rule, v.why)
@@ -187,7 +191,9 @@ class Tuner:
         results = self.binder.set_role_cpus(p.role, f.previous, f"rollback of tune {p.rule}: {v.why}")
         self.layout = self.layout.with_role(p.role, f.previous)
         wait = self._backoff.on_revert(key, self.windows)
-        self._event("rollback", rule=p.rule, role=p.role.value,
+        self._event("rollback", message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
+                                        f"back off {wait} windows",
+                    rule=p.rule, role=p.role.value,
                     change={"from": sorted(p.cpus), "to": sorted(f.previous)}, evidence=p.evidence,
                     effect=v.effect(), why=v.why, backoff_windows=wait,
                     failed=[{"tid": r.tid, "error": r.error} for r in results if not r.ok])
@@ -202,7 +208,11 @@ class Tuner:
         except Exception as e:  # a broken log must not stop tuning, nor training
             log.warning("placement: cannot log %s event: %r", kind, e)
 
-    # ---- read-only views --------------------------------------------------------
+    # ---- read-only view --------------------------------------------------------
     def role_cpus(self, role: ThreadRole) -> frozenset[int]:
         """Where the tuner has `role` now (the plan's set until an action changed it)."""
         return self.layout.cpus(role)
+
+
+def _moved(before: frozenset[int], after: frozenset[int]) -> str:
+    return f"cpus {format_cpulist(before)} -> {format_cpulist(after)}"

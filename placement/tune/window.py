@@ -27,8 +27,8 @@ class RoleWindow:
     runq_share_pct: Optional[float]  # median over steps of 100 * runq_ms / step_ms
     mhz: Optional[float]  # median of the measured MHz of the cores it ran on
     cpus: frozenset[int]  # CPUs its threads last ran on, over the whole window
-    minflt: tuple[Optional[int], ...]  # per step
-    migrations: tuple[Optional[int], ...]  # per step
+    minflt: tuple[Optional[float], ...]  # per step (per-step means on span-sampled steps)
+    migrations: tuple[Optional[float], ...]  # per step
 
 
 @dataclass(frozen=True)
@@ -75,10 +75,10 @@ class WindowStats:
         m = self.median_ms
         return tuple(x > SPIKE_FACTOR * m for x in self.step_ms)
 
-    def step_totals(self, attr: str) -> tuple[Optional[int], ...]:
+    def step_totals(self, attr: str) -> tuple[Optional[float], ...]:
         """Per step, the sum over roles of a per-step counter ("minflt" or "migrations");
         None for a step where no role had the figure."""
-        out: list[Optional[int]] = []
+        out: list[Optional[float]] = []
         for i in range(self.n):
             vals = [getattr(r, attr)[i] for r in self.roles.values() if getattr(r, attr)[i] is not None]
             out.append(sum(vals) if vals else None)

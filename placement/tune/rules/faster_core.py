@@ -16,6 +16,9 @@ from placement.tune.rules.free import active_hot_roles, free_cores
 HOT_BUSY_PCT = 25.0
 # A free core must clock at least this much faster to count as faster by MHz alone.
 MHZ_GAIN = 1.10
+# Cores whose MHz is read per window (cpufreq files), fastest candidates first: bounds the cost
+# on a large share where every core ties on perf_rank.
+MAX_MHZ_CORES = 8
 
 
 class FasterCoreRule(Rule):
@@ -33,12 +36,16 @@ class FasterCoreRule(Rule):
             now = rw.cpus & layout.cpus(role) or layout.cpus(role)
             now_rank = layout.cores.rank_of(now)
             faster = {}
+            mhz_reads = MAX_MHZ_CORES
             for core in layout.candidate_cores(role, active_hot_roles(ctx)):  # /proc only when one is faster
                 rank = layout.cores.rank_of(core)
                 by_rank = now_rank is not None and rank is not None and rank < now_rank
-                free_mhz = max((m for m in map(ctx.facts.cpu_mhz, sorted(core)) if m is not None), default=None)
-                by_mhz = ((rank == now_rank or rank is None or now_rank is None) and rw.mhz is not None
-                          and free_mhz is not None and free_mhz >= MHZ_GAIN * rw.mhz)
+                free_mhz = None
+                if not by_rank and rw.mhz is not None and (rank == now_rank or None in (rank, now_rank)) \
+                        and mhz_reads > 0:
+                    mhz_reads -= 1
+                    free_mhz = max((m for m in map(ctx.facts.cpu_mhz, sorted(core)) if m is not None), default=None)
+                by_mhz = free_mhz is not None and free_mhz >= MHZ_GAIN * rw.mhz
                 if by_rank or by_mhz:
                     faster[core] = (rank, free_mhz, by_rank)
             for core in (free_cores(ctx, role) if faster else []):
