@@ -388,10 +388,12 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     if not cfg.tune.enabled or session is None or monitor is None or not session.rank_plan.roles:
         return None
+    from placement.tune.tuner import Tuner
+
     try:
-        from placement.tune.tuner import Tuner
-    except ImportError:
+        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events)
+    except Exception as e:  # the tuner is an extra: training and the static plan go on without it
+        events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
-    tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events)
     monitor.observers.append(tuner.observe)
     return tuner
