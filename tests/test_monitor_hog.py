@@ -1,13 +1,13 @@
 """A CPU hog pinned to the main thread's core for a known run of steps: the kernel's own
 runqueue accounting, as the monitor records it per step, rises in exactly those steps."""
 import os
-import signal
 import statistics
 import time
 
 import pytest
 
 import placement
+from hogs import spin_pinned, stop
 
 HOG = range(21, 41)  # steps during which the hog runs
 STEPS = 60
@@ -21,25 +21,6 @@ def _work(cpu_seconds: float) -> None:
     x = 0
     while time.thread_time() < end:
         x += 1
-
-
-def _hog(core: int) -> int:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.sched_setaffinity(0, {core})
-            while True:
-                pass
-        finally:
-            os._exit(0)
-    return pid
-
-
-def _stop(hogs: list[int]) -> None:
-    while hogs:
-        pid = hogs.pop()
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
 
 
 @pytest.fixture
@@ -62,13 +43,13 @@ def test_main_runqueue_wait_rises_during_the_hog_and_falls_after(tmp_path, pinne
     try:
         for step in range(1, STEPS + 1):
             if step == HOG.start:
-                hogs = [_hog(pinned_main) for _ in range(HOGS)]
+                hogs = [spin_pinned(pinned_main) for _ in range(HOGS)]
             if step == HOG.stop:
-                _stop(hogs)
+                stop(hogs)
             _work(WORK_S)
             h.step()
     finally:
-        _stop(hogs)
+        stop(hogs)
         h.close()
     assert [r.step for r in records] == list(range(1, STEPS + 1))
     runq = {r.step: r.roles["main"].runq_ms for r in records}

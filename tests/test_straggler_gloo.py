@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -104,19 +103,6 @@ def test_slow_dataloader_on_rank1_is_data_slow(tmp_path):
 
 
 # ---------------------------------------------------------------------------------- the worker
-def _hog(core: int) -> int:
-    """A forked busy loop pinned to `core` (no exec: it starts within the step)."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.sched_setaffinity(0, {core})
-            while True:
-                pass
-        finally:
-            os._exit(0)
-    return pid
-
-
 class SlowData:
     """Batches for rank `rank`; on rank 1 each batch takes `delay_s` to make inside HOG_STEPS."""
 
@@ -142,6 +128,7 @@ def worker(scenario: str, log_dir: str) -> None:
     import torch.distributed as dist
 
     import placement
+    from hogs import spin_pinned, stop
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
@@ -161,12 +148,9 @@ def worker(scenario: str, log_dir: str) -> None:
     for step in range(1, STEPS + 1):
         if scenario == "cpu-hog" and rank == 1:
             if step == HOG_STEPS.start - 1:
-                hogs = [_hog(core), _hog(core)]
+                hogs = [spin_pinned(core), spin_pinned(core)]
             if step == HOG_STEPS.stop:
-                for pid in hogs:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                hogs = []
+                stop(hogs)
         x = next(data)
         for _ in range(3):
             loss = ddp(x).square().mean()

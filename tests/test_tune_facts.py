@@ -2,31 +2,19 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
+from hogs import spin_pinned, stop
 from placement.tune import facts
-
-
-def _spinner(cpu: int) -> int:
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os.sched_setaffinity(0, {cpu})
-            while True:
-                pass
-        finally:
-            os._exit(0)
-    return pid
 
 
 def test_a_pinned_spinning_process_is_found_on_its_cpu_and_ours_are_not():
     cpu = min(os.sched_getaffinity(0))
-    pid = _spinner(cpu)
+    pid = spin_pinned(cpu)
     try:
         deadline = time.monotonic() + 10
         while True:
@@ -41,8 +29,7 @@ def test_a_pinned_spinning_process_is_found_on_its_cpu_and_ours_are_not():
         live = facts.LiveFacts(own_pids=lambda: [pid])
         assert not [t for t in live.foreign_threads(frozenset({cpu})) if t.pid in (pid, os.getpid())]
     finally:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        stop([pid])
 
 
 def test_stat_parser_survives_parentheses_and_spaces_in_the_name():

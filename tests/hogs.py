@@ -1,0 +1,24 @@
+"""CPU hogs for tests: forked busy loops pinned to one CPU (no exec, so they start at once)."""
+import os
+import signal
+
+
+def spin_pinned(cpu: int) -> int:
+    """Fork a process that spins on `cpu` until killed; returns its pid."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {cpu})
+            while True:
+                pass
+        finally:
+            os._exit(0)
+    return pid
+
+
+def stop(pids: list[int]) -> None:
+    """Kill and reap every hog in `pids` (emptied)."""
+    while pids:
+        pid = pids.pop()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
