@@ -59,6 +59,16 @@ def test_all_ranks_together_but_collectives_slower_than_baseline_is_comm_slow():
     assert rep.waiting == []
 
 
+def test_slow_collectives_with_one_rank_starved_of_cpu_name_that_rank_not_the_link():
+    # Recorded shape of a hog window where rank 1 still arrived on time: its gloo threads share
+    # the hogged core, so the all-reduce itself slowed for everyone, but only rank 1 waits for a CPU.
+    figs = [fig(0, comm=14.0, runq=0.2), fig(1, late_ms=0.3, comm=14.1, runq=9.0)]
+    rep = classify(figs, baseline_transfer_ms=4.0)
+    assert [(s.kind, s.ranks) for s in rep.stragglers] == [("cpu-slow", [1])]
+    assert rep.waiting == [0]
+    assert "runqueue" in rep.stragglers[0].why
+
+
 def test_collectives_at_their_usual_speed_name_nobody():
     figs = [fig(r, late_ms=0.1 * r, comm=4.2) for r in range(4)]
     assert classify(figs, baseline_transfer_ms=4.0).stragglers == []

@@ -216,8 +216,33 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     transfer = report.transfer_ms
     if (transfer is not None and baseline_transfer_ms is not None and comm
             and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
+        excess = transfer - baseline_transfer_ms
+        starved = _cpu_starved(ranks, excess, th)
+        if starved:
+            # The collective is slow because one rank's threads cannot run (its comm threads
+            # share a busy core): that rank is cpu-slow, the link is not to blame.
+            for r, peer_stall in starved:
+                report.stragglers.append(Straggler(
+                    "cpu-slow", [r.rank], None,
+                    f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
+                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.stall_ms():.1f} "
+                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers"))
+            report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
+            return report
         report.stragglers.append(Straggler(
             "comm-slow", sorted(r.rank for r in ranks), None,
             f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
-            f"vs {baseline_transfer_ms:.1f} ms before: the link or network is slow"))
+            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow"))
     return report
+
+
+def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> list[tuple[RankFigures, Optional[float]]]:
+    """Ranks whose runqueue wait above their peers' explains a share of the collectives' excess time
+    (with the peers' median wait), fewest first: when every rank is starved, nobody stands out."""
+    out = []
+    for r in ranks:
+        stall = r.stall_ms()
+        peer = _median([p.stall_ms() for p in ranks if p.rank != r.rank])
+        if stall is not None and stall - (peer or 0.0) >= th.explain_frac * excess_ms:
+            out.append((r, peer))
+    return out if len(out) < len(ranks) else []
