@@ -1,6 +1,7 @@
 """Shared by the placerun tests: how to start placerun/torchrun, and independent /proc read-backs
 (parsed here, not with placement's own readers, so the tests check the binder from outside)."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -25,7 +26,27 @@ def start(cmd, log_prefix: Path, **kw):
     out = open(f"{log_prefix}.out", "w")
     err = open(f"{log_prefix}.err", "w")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "OMP_NUM_THREADS"))}
-    return subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True, **kw)
+    proc = subprocess.Popen(cmd, stdout=out, stderr=err, cwd=REPO, env=env, start_new_session=True, **kw)
+    _started.append(proc)
+    return proc
+
+
+_started: list[subprocess.Popen] = []
+
+
+def reap_started(grace_s: float = 15.0) -> None:
+    """Stop every launcher a test started and left running (a failed assertion, a timeout):
+    SIGTERM lets the agent tear its workers down, SIGKILL to its process group after `grace_s`."""
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is not None:
+            continue
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def text(log_prefix: Path, stream: str) -> str:

@@ -1,6 +1,8 @@
 """Each tune rule fires on its evidence and stays quiet on noise (synthetic record streams)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from placement.config import TUNE_RULES
@@ -75,6 +77,22 @@ def test_runqueue_takes_the_hot_core_out_of_a_background_set():
     recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "dataloader": {"cpu_ms": 1.2}})
     p = RULES["runqueue"]().propose(ctx(recs, roles, topo=topology(4)))
     assert p.role is DL and p.cpus == {2, 3}
+
+
+def test_after_fleeing_a_hog_main_evicts_our_workers_to_the_hogged_core():
+    # The 2-CPU plan after the runqueue rule moved main off the hog on CPU 0: main now shares
+    # CPU 1 with the DataLoader workers. No free core is left, but the workers run niced and
+    # may share the hog's core; main may not.
+    plan = {"main": [0], "nccl": [1], "pin_memory": [1], "dataloader": [1], "other": [1]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.2, "cpus": [1]}, "dataloader": {"cpu_ms": 0.3}})
+    c = ctx(recs, plan, topo=topology(2), facts=FakeFacts(foreign=[hog(0)]))
+    c = replace(c, layout=c.layout.with_role(MAIN, frozenset({1})))
+    p = RULES["runqueue"]().propose(c)
+    assert p.role is DL and p.cpus == {0}
+    # main itself is never sent back onto the hogged core
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.2, "cpus": [1]}})
+    assert RULES["runqueue"]().propose(replace(c, stats=summarize(recs))) is None
+    assert p.evidence["co_runner"]["role"] == "dataloader"
 
 
 def test_runqueue_ignores_an_idle_co_runner_and_looks_in_proc():

@@ -11,7 +11,7 @@ from typing import Optional
 from placement.cpuset import format_cpulist
 from placement.roles import HOT_ROLES, ThreadRole
 from placement.tune.rules.base import Proposal, Rule, RuleContext, rounded
-from placement.tune.rules.free import free_cores
+from placement.tune.rules.free import active_hot_roles, free_cores
 
 # A co-runner of ours is blamed only when it is on-CPU at least this fraction of the time
 # the hot thread waited: a role that barely ran cannot have kept it waiting.
@@ -79,9 +79,16 @@ class RunqueueRule(Rule):
     @staticmethod
     def _move_own(ctx: RuleContext, other: ThreadRole, core: frozenset[int]) -> Optional[frozenset[int]]:
         """Where our co-runner goes: its own set minus the hot core when that leaves CPUs,
-        else (a hot co-runner on a single core) a free core of its own."""
+        else a free core of its own; a background role with no free core left takes the
+        cores no active hot role holds, foreign work there or not (it runs niced and yields,
+        the hot thread must not share)."""
         rest = ctx.layout.cpus(other) - core
         if rest:
             return rest
         cores = free_cores(ctx, other)
-        return ctx.layout.shaped_like(other, cores[0]) if cores else None
+        if cores:
+            return ctx.layout.shaped_like(other, cores[0])
+        if other in HOT_ROLES:
+            return None
+        spare = ctx.layout.candidate_cores(other, active_hot_roles(ctx))
+        return frozenset().union(*spare) if spare else None
