@@ -4,6 +4,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -75,6 +76,10 @@ def test_exited_thread_is_skipped_silently():
     t = threading.Thread(target=lambda: tid.append(threading.get_native_id()))
     t.start()
     t.join()
+    # join() returns when Python is done with the thread; the kernel task goes a moment later.
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/self/task/{tid[0]}") and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert bind_thread(os.getpid(), tid[0], "gone", ThreadRole.OTHER, frozenset(ALLOWED[:1])) is None
     assert read_allowed(os.getpid(), tid[0]) is None
 
