@@ -38,6 +38,7 @@ class HandoffError(PlacementError):
 
 def load_handoff(environ: MutableMapping[str, str] = os.environ):
     """(PlacementConfig, Plan, Topology | None) from the files placerun wrote."""
+    from placement.config import PlacementConfig
     from placement.plan.model import Plan
     from placement.topology.model import Topology
 
@@ -47,20 +48,10 @@ def load_handoff(environ: MutableMapping[str, str] = os.environ):
                            "e.g. `placerun --nproc-per-node 2 train.py`")
     plan = _read_json(plan_file, Plan.from_dict, "plan")
     config_file = environ.get(CONFIG_FILE_ENV)
-    cfg = _read_json(config_file, _config_from_dict, "config") if config_file else _config_from_dict({})
+    cfg = _read_json(config_file, PlacementConfig.from_dict, "config") if config_file else PlacementConfig()
     topo_file = environ.get(TOPOLOGY_FILE_ENV)
     topo = _read_json(topo_file, Topology.from_dict, "topology") if topo_file else None
     return cfg, plan, topo
-
-
-def _config_from_dict(d: dict):
-    """PlacementConfig from the JSON placerun wrote (PlacementConfig.to_dict of a validated config),
-    built directly: OmegaConf's merge would add a tenth of a second to every worker's start."""
-    from placement.config import MonitorConfig, PlacementConfig, TuneConfig, validate
-
-    top = {k: v for k, v in d.items() if k not in ("monitor", "tune")}
-    return validate(PlacementConfig(**top, monitor=MonitorConfig(**d.get("monitor", {})),
-                                    tune=TuneConfig(**d.get("tune", {}))))
 
 
 def _read_json(path: str, build, what: str):
@@ -69,9 +60,7 @@ def _read_json(path: str, build, what: str):
             return build(json.load(f))
     except OSError as e:
         raise HandoffError(f"cannot read the {what} file {path!r}: {e.strerror or e}") from None
-    except PlacementError:
-        raise
-    except (ValueError, KeyError, TypeError) as e:
+    except (PlacementError, ValueError, KeyError, TypeError) as e:
         raise HandoffError(f"the {what} file {path!r} is not a placement {what}: {e}") from None
 
 

@@ -115,26 +115,14 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
     """Build a validated PlacementConfig from defaults, then a YAML file, then a dict, then
     dotted overrides ("placement.policy=exclusive" or "policy=exclusive").
 
-    The YAML file may hold the keys at top level or under a `placement:` key.
+    The YAML file may hold the keys at top level or under a `placement:` key. Plain dataclass
+    code, no OmegaConf: placerun pays for this on every launch.
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    conf = OmegaConf.structured(PlacementConfig)
-    layers = []
+    cfg = PlacementConfig()
     if config_file:
-        try:
-            loaded = OmegaConf.load(config_file)
-        except OSError as e:
-            raise ConfigError(f"cannot read placement config file {config_file!r}: {e.strerror or e}") from None
-        except Exception as e:  # YAML syntax
-            raise ConfigError(f"placement config file {config_file!r} is not valid YAML: {str(e).splitlines()[0]}") from None
-        if loaded is not None and "placement" in loaded and len(loaded) == 1:
-            loaded = loaded.placement
-        layers.append((config_file, loaded))
+        _merge(cfg, _read_yaml(config_file), config_file)
     if base:
-        layers.append(("arguments", OmegaConf.create(base)))
-    dotlist = []
+        _merge(cfg, base, "arguments")
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"override {o!r} is not KEY=VALUE; e.g. placement.policy=exclusive")
@@ -142,26 +130,125 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
         key = key.strip().lstrip("+")
         if key.startswith("placement."):
             key = key[len("placement."):]
-        # `key=` means the empty value (e.g. no reserved CPUs), not YAML's null.
-        dotlist.append(f"{key}={value}" if value.strip() else f"{key}=''")
-    if dotlist:
-        layers.append(("overrides", OmegaConf.from_dotlist(dotlist)))
-    for where, layer in layers:
-        try:
-            conf = OmegaConf.merge(conf, layer)
-        except OmegaConfBaseException as e:
-            raise ConfigError(_one_line(e, where)) from None
-    cfg = OmegaConf.to_object(conf)
+        _set(cfg, key.split("."), _parse_scalar(value), "overrides", from_text=True)
     return validate(cfg)
 
 
-def _one_line(e: Exception, where: str) -> str:
-    key = getattr(e, "full_key", None) or ""
-    msg = str(e).splitlines()[0]
-    if "not in" in msg:
-        valid = ", ".join(_all_keys(PlacementConfig))
-        return f"unknown key placement.{key} (from {where}); valid keys: {valid}"
-    return f"bad value for placement.{key} (from {where}): {msg}"
+def _read_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except OSError as e:
+        raise ConfigError(f"cannot read placement config file {path!r}: {e.strerror or e}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"placement config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"placement config file {path!r} must hold a mapping of placement keys, "
+                          f"not {type(loaded).__name__}")
+    if set(loaded) == {"placement"} and isinstance(loaded["placement"], dict):
+        loaded = loaded["placement"]
+    return loaded
+
+
+def _merge(node: Any, layer: dict[str, Any], where: str, prefix: tuple[str, ...] = ()) -> None:
+    for key, value in layer.items():
+        if isinstance(value, dict) and dataclasses.is_dataclass(getattr(node, str(key), None)):
+            _merge(getattr(node, key), value, where, prefix + (key,))
+        else:
+            _set(node, [str(key)], value, where, prefix=prefix)
+
+
+def _set(node: Any, path: list[str], value: Any, where: str, *, prefix: tuple[str, ...] = (),
+         from_text: bool = False) -> None:
+    """Set one key, converting and type-checking the value against the dataclass field."""
+    *parents, leaf = path
+    for name in parents:
+        child = getattr(node, name, None) if name in _field_types(node) else None
+        if not dataclasses.is_dataclass(child):
+            _unknown(prefix + tuple(path), where)
+        node, prefix = child, prefix + (name,)
+    types = _field_types(node)
+    if leaf not in types:
+        _unknown(prefix + (leaf,), where)
+    full = "placement." + ".".join(prefix + (leaf,))
+    current = getattr(node, leaf)
+    if dataclasses.is_dataclass(current):
+        raise ConfigError(f"bad value for {full} (from {where}): {value!r} is not a mapping of its keys; "
+                          f"valid keys: {', '.join(_all_keys(type(current), full + '.'))}")
+    setattr(node, leaf, _convert(types[leaf], value, full, where, from_text))
+
+
+def _field_types(node: Any) -> dict[str, Any]:
+    import typing
+
+    hints = typing.get_type_hints(type(node))
+    return {f.name: hints[f.name] for f in dataclasses.fields(node)}
+
+
+_TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
+
+
+def _parse_scalar(text: str) -> Any:
+    """An override's value as text: lists "[a,b]" split, quotes stripped; typed later per field."""
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    if text.startswith("[") and text.endswith("]"):
+        return [v.strip().strip("'\"") for v in text[1:-1].split(",") if v.strip()]
+    return text
+
+
+def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"bad value for {full} (from {where}): {value!r} is not {expected}")
+
+    if kind is bool:
+        if isinstance(value, bool):
+            return value
+        if from_text and isinstance(value, str) and value.lower() in _TRUE + _FALSE:
+            return value.lower() in _TRUE
+        raise bad("a boolean (true or false)")
+    if kind is int:
+        if isinstance(value, bool):
+            raise bad("an integer")
+        if isinstance(value, int):
+            return value
+        if from_text and isinstance(value, str):
+            try:
+                return int(value)
+            except ValueError:
+                pass
+        raise bad("an integer")
+    if kind is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if from_text and isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise bad("a number")
+    if kind is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. reserved_cpus: 3 in YAML
+        raise bad("a string")
+    # list[str]
+    if isinstance(value, str) and from_text:
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise bad("a list of names")
+
+
+def _unknown(path: tuple[str, ...], where: str) -> None:
+    valid = ", ".join(_all_keys(PlacementConfig))
+    raise ConfigError(f"unknown key placement.{'.'.join(path)} (from {where}); valid keys: {valid}")
 
 
 def _all_keys(cls: type, prefix: str = "placement.") -> list[str]:

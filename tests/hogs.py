@@ -1,10 +1,14 @@
 """CPU hogs for tests: forked busy loops pinned to one CPU (no exec, so they start at once)."""
 import os
 import signal
+import time
+
+from placement.cpuset import parse_cpulist
 
 
 def spin_pinned(cpu: int) -> int:
-    """Fork a process that spins on `cpu` until killed; returns its pid."""
+    """Fork a process that spins on `cpu` until killed; returns its pid once the kernel shows
+    it pinned there (right after fork it still has the parent's mask)."""
     pid = os.fork()
     if pid == 0:
         try:
@@ -13,7 +17,18 @@ def spin_pinned(cpu: int) -> int:
                 pass
         finally:
             os._exit(0)
+    deadline = time.monotonic() + 10
+    while _allowed(pid) != {cpu} and time.monotonic() < deadline:
+        time.sleep(0.001)
     return pid
+
+
+def _allowed(pid: int):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Cpus_allowed_list:"):
+                return parse_cpulist(line.split(":", 1)[1])
+    return None
 
 
 def stop(pids: list[int]) -> None:
