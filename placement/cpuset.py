@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from typing import Iterable
 
-CpuSet = frozenset
-
 
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse the kernel list form: "0-3,8,10-11" (also "0-15:2" strides). Empty -> empty set.

@@ -16,8 +16,6 @@ from typing import Any, Optional, Sequence
 
 log = logging.getLogger("placement")
 
-EVENT_KINDS = ("bind", "tune", "rollback", "straggler", "warning", "memory", "start", "end")
-
 
 def rank_log_path(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.jsonl")

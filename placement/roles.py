@@ -24,7 +24,6 @@ class ThreadRole(str, Enum):
 
 
 HOT_ROLES = (ThreadRole.MAIN, ThreadRole.NCCL, ThreadRole.PIN_MEMORY)
-ROLE_NAMES = tuple(r.value for r in ThreadRole)
 
 
 def role_of(name: str, *, is_main_thread: bool = False, in_worker_process: bool = False) -> ThreadRole:
