@@ -8,6 +8,8 @@ with one line that lists the valid choices.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
@@ -183,10 +185,13 @@ def _set(node: Any, path: list[str], value: Any, where: str, *, prefix: tuple[st
 
 
 def _field_types(node: Any) -> dict[str, Any]:
-    import typing
+    return _class_field_types(type(node))
 
-    hints = typing.get_type_hints(type(node))
-    return {f.name: hints[f.name] for f in dataclasses.fields(node)}
+
+@functools.lru_cache(maxsize=None)
+def _class_field_types(cls: type) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)  # resolves the annotations `from __future__` left as strings
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls)}
 
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0")
@@ -212,26 +217,17 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
         if from_text and isinstance(value, str) and value.lower() in _TRUE + _FALSE:
             return value.lower() in _TRUE
         raise bad("a boolean (true or false)")
-    if kind is int:
-        if isinstance(value, bool):
-            raise bad("an integer")
-        if isinstance(value, int):
-            return value
+    if kind in (int, float):
+        # bool is an int to Python, never a number to a user; a float is no integer.
+        accepted = (int,) if kind is int else (int, float)
+        if isinstance(value, accepted) and not isinstance(value, bool):
+            return kind(value)
         if from_text and isinstance(value, str):
             try:
-                return int(value)
+                return kind(value)
             except ValueError:
                 pass
-        raise bad("an integer")
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if from_text and isinstance(value, str):
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        raise bad("a number")
+        raise bad("an integer" if kind is int else "a number")
     if kind is str:
         if isinstance(value, str):
             return value
