@@ -123,3 +123,14 @@ def test_bad_affinity_mask(tmp_path):
     xml = write_xml(tmp_path / "t.xml", '<cpu numaid="0" affinity="zz"/>')
     with pytest.raises(TopologyError, match="bad cpu affinity 'zz'"):
         discover(make_tree(tmp_path, "small_cpu"), nccl_topo_file=xml)
+
+
+def test_topo_file_rule_is_one_for_every_command(tmp_path):
+    """An explicit file wins; $NCCL_TOPO_FILE counts for the live system only, never for a tree."""
+    from placement.topology.nccl_xml import topo_file_for
+
+    env = {"NCCL_TOPO_FILE": "/env.xml"}
+    assert topo_file_for("/", "/arg.xml", "/cfg.xml", environ=env) == "/arg.xml"
+    assert topo_file_for("/", None, "/cfg.xml", environ=env) == "/cfg.xml"
+    assert topo_file_for("/", None, "", environ=env) == "/env.xml"
+    assert topo_file_for(str(tmp_path), None, "", environ=env) is None

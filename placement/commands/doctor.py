@@ -22,7 +22,7 @@ SCHEMA = "placement.doctor/1"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="/", help="read sys/ and proc/ under DIR instead of the live host")
     parser.add_argument("--json", action="store_true", help=f"print schema {SCHEMA} as JSON")
-    parser.add_argument("--nccl-topo-file", default=None, help="NCCL topology XML (clouds that hide PCI)")
+    parser.add_argument("--nccl-topo-file", default=None, help="NCCL topology XML (clouds that hide PCI; default: $NCCL_TOPO_FILE on the live system)")
     parser.add_argument("--nproc-per-node", type=int, default=None,
                         help="ranks to plan for the hot-core and cpuset checks (default: one per GPU, else 1)")
     parser.add_argument("overrides", nargs="*", metavar="placement.KEY=VALUE",
@@ -36,11 +36,13 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
     from placement.plan import make_plan
     from placement.plan.model import JobSpec
     from placement.topology import discover
+    from placement.topology.nccl_xml import topo_file_for
 
     if nproc_per_node is not None and nproc_per_node < 1:
         raise ConfigError(f"--nproc-per-node={nproc_per_node} is not valid; valid: an integer >= 1")
     cfg = load_config(overrides)
-    topo = discover(root, nccl_topo_file=nccl_topo_file or cfg.nccl_topo_file or None)
+    # The same XML `placement topo` and `placement plan` read, so doctor judges the plan's machine.
+    topo = discover(root, nccl_topo_file=topo_file_for(root, nccl_topo_file, cfg.nccl_topo_file))
     live = root == "/"
     gpu_ids = [g.index for g in sorted(topo.gpus, key=lambda g: g.index)]
     n = nproc_per_node or max(1, len(gpu_ids))

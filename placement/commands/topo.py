@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
 
@@ -21,10 +20,9 @@ def run(args: argparse.Namespace) -> int:
     from placement.topology import discover
     from placement.topology.render import format_topology
 
-    xml = args.nccl_topo_file
-    if xml is None and os.path.realpath(args.root) == "/":
-        xml = os.environ.get("NCCL_TOPO_FILE") or None
-    topo = discover(root=args.root, nccl_topo_file=xml)
+    from placement.topology.nccl_xml import topo_file_for
+
+    topo = discover(root=args.root, nccl_topo_file=topo_file_for(args.root, args.nccl_topo_file))
     for warning in topo.warnings:
         print(f"placement topo: warning: {warning}", file=sys.stderr)
     if args.json:

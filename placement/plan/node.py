@@ -29,10 +29,10 @@ def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root
     system only) $NCCL_TOPO_FILE.
     """
     from placement.topology import discover
+    from placement.topology.nccl_xml import topo_file_for
 
     validate(cfg)
-    topo_file = nccl_topo_file or cfg.nccl_topo_file or (environ.get("NCCL_TOPO_FILE") if root == "/" else None)
-    topo = discover(root=root, nccl_topo_file=topo_file or None)
+    topo = discover(root=root, nccl_topo_file=topo_file_for(root, nccl_topo_file, cfg.nccl_topo_file, environ=environ))
     visible, warnings = visible_gpu_indices(topo, environ, strict=cfg.strict)
     n = resolve_nproc(nproc_per_node, topo, visible)
     job = JobSpec(

@@ -6,13 +6,25 @@ element and its switches from the <pci> elements above it.
 """
 from __future__ import annotations
 
+import os
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
 from placement.cpuset import parse_cpumask
 from placement.errors import TopologyError
 from placement.topology.pci import normalize_bdf
+
+
+def topo_file_for(root: str, *given: Optional[str], environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The NCCL topology XML to read: the first file given, else $NCCL_TOPO_FILE, but only for
+    the live system (a gathered tree is another machine: this one's env says nothing of it)."""
+    for path in given:
+        if path:
+            return path
+    if os.path.realpath(root) == "/":
+        return environ.get("NCCL_TOPO_FILE") or None
+    return None
 
 
 @dataclass(frozen=True)
