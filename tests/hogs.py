@@ -3,7 +3,7 @@ import os
 import signal
 import time
 
-from placement.cpuset import parse_cpulist
+from placerun_helpers import allowed
 
 
 def spin_pinned(cpu: int) -> int:
@@ -18,22 +18,7 @@ def spin_pinned(cpu: int) -> int:
         finally:
             os._exit(0)
     deadline = time.monotonic() + 10
-    while _allowed(pid) != {cpu} and time.monotonic() < deadline:
+    while allowed(pid) != {cpu} and time.monotonic() < deadline:
         time.sleep(0.001)
     return pid
 
-
-def _allowed(pid: int):
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return parse_cpulist(line.split(":", 1)[1])
-    return None
-
-
-def stop(pids: list[int]) -> None:
-    """Kill and reap every hog in `pids` (emptied)."""
-    while pids:
-        pid = pids.pop()
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)

@@ -65,9 +65,11 @@ def wait_for(paths, procs, timeout=120):
         time.sleep(0.1)
 
 
-def allowed(pid, tid):
+def allowed(pid, tid=None):
+    """A process's (or one thread's) Cpus_allowed_list read from /proc; None when it is gone."""
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
     try:
-        with open(f"/proc/{pid}/task/{tid}/status") as f:
+        with open(path) as f:
             for line in f:
                 if line.startswith("Cpus_allowed_list:"):
                     return parse_cpulist(line.split(":", 1)[1])

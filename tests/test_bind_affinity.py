@@ -9,19 +9,10 @@ import time
 import pytest
 
 from placement.bind import apply_process_mask, bind_thread, read_allowed, read_last_cpu
-from placement.cpuset import parse_cpulist
 from placement.roles import ThreadRole
+from placerun_helpers import allowed
 
 ALLOWED = sorted(os.sched_getaffinity(0))
-
-
-def proc_allowed(pid, tid):
-    """Independent read-back: the Cpus_allowed_list line of /proc, parsed here."""
-    with open(f"/proc/{pid}/task/{tid}/status") as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return parse_cpulist(line.split(":", 1)[1])
-    raise AssertionError("no Cpus_allowed_list")
 
 
 @pytest.fixture
@@ -45,12 +36,12 @@ def parked_thread():
 
 def test_bind_thread_sets_only_that_thread_and_reads_back(parked_thread):
     pid, target = os.getpid(), frozenset(ALLOWED[-1:])
-    before_main = proc_allowed(pid, pid)
+    before_main = allowed(pid, pid)
     r = bind_thread(pid, parked_thread, "parked", ThreadRole.OTHER, target)
     assert r is not None and r.ok and r.error is None
-    assert r.applied == target == proc_allowed(pid, parked_thread)
+    assert r.applied == target == allowed(pid, parked_thread)
     assert read_allowed(pid, parked_thread) == target
-    assert proc_allowed(pid, pid) == before_main  # the caller's own mask is untouched
+    assert allowed(pid, pid) == before_main  # the caller's own mask is untouched
     assert r.to_dict()["planned"] == sorted(target) and r.to_dict()["role"] == "other"
 
 
@@ -60,14 +51,14 @@ def test_bind_to_no_existing_cpu_reports_einval_with_thread_and_mask(parked_thre
     assert r is not None and not r.ok
     assert "EINVAL" in r.error and str(parked_thread) in r.error and str(max(bad)) in r.error
     assert "'parked'" in r.error and "nccl" in r.error
-    assert proc_allowed(os.getpid(), parked_thread) == frozenset(ALLOWED)  # unchanged
+    assert allowed(os.getpid(), parked_thread) == frozenset(ALLOWED)  # unchanged
 
 
 def test_partly_impossible_mask_is_a_mismatch_not_a_success(parked_thread):
     asked = frozenset({ALLOWED[0], max(ALLOWED) + 4096})  # the kernel keeps only the CPU that exists
     r = bind_thread(os.getpid(), parked_thread, "parked", ThreadRole.MAIN, asked)
     assert r is not None and not r.ok
-    assert r.applied == frozenset({ALLOWED[0]}) == proc_allowed(os.getpid(), parked_thread)
+    assert r.applied == frozenset({ALLOWED[0]}) == allowed(os.getpid(), parked_thread)
     assert "asked for" in r.error and "runs on" in r.error
 
 
@@ -111,7 +102,7 @@ def test_process_mask_covers_existing_and_later_threads():
         assert out["ok"] and out["applied"] == [ALLOWED[0]]
         assert len(out["tids"]) == 3
         for tid in out["tids"]:
-            assert proc_allowed(p.pid, int(tid)) == frozenset({ALLOWED[0]})
+            assert allowed(p.pid, int(tid)) == frozenset({ALLOWED[0]})
     finally:
         p.communicate("\n", timeout=30)
     assert p.returncode == 0
@@ -120,4 +111,4 @@ def test_process_mask_covers_existing_and_later_threads():
 def test_process_mask_failure_is_reported_not_raised():
     r = apply_process_mask(frozenset({max(ALLOWED) + 4096}))
     assert not r.ok and "EINVAL" in r.error and r.role is None
-    assert proc_allowed(os.getpid(), os.getpid()) == frozenset(ALLOWED)
+    assert allowed(os.getpid(), os.getpid()) == frozenset(ALLOWED)

@@ -12,24 +12,15 @@ from torch.utils.data import DataLoader, Dataset
 
 from placement.bind import RoleBinder
 from placement.bind.fork import rehome_forked_children, stop_rehoming
-from placement.cpuset import parse_cpulist
 from placement.events import EventLog
 from placement.plan.model import GpuRef, MemoryPolicy, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
+from placerun_helpers import allowed
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="role sets that differ need 2 allowed CPUs")
 A, B = frozenset(ALLOWED[:1]), frozenset(ALLOWED[1:2])
 BOTH = A | B
-
-
-def proc_allowed(pid, tid=None):
-    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
-    with open(path) as f:
-        for line in f:
-            if line.startswith("Cpus_allowed_list:"):
-                return parse_cpulist(line.split(":", 1)[1])
-    raise AssertionError(path)
 
 
 def rank_plan(gpu=None, dataloader=B):
@@ -99,9 +90,9 @@ def test_real_thread_names_land_on_their_role_sets(threads, tmp_path):
     binder = RoleBinder(rank_plan(), log)
     results = binder.rescan()
     pid = os.getpid()
-    assert proc_allowed(pid, pid) == A  # main: CPU-only rank, narrowed at once
-    assert proc_allowed(pid, pin.tid) == B  # pin_memory
-    assert proc_allowed(pid, autograd.tid) == BOTH  # other
+    assert allowed(pid, pid) == A  # main: CPU-only rank, narrowed at once
+    assert allowed(pid, pin.tid) == B  # pin_memory
+    assert allowed(pid, autograd.tid) == BOTH  # other
     roles = {t.tid: t.role for t in binder.threads()}
     assert roles[pid] is ThreadRole.MAIN and roles[pin.tid] is ThreadRole.PIN_MEMORY
     assert roles[autograd.tid] is ThreadRole.OTHER
@@ -120,7 +111,7 @@ def test_rescan_is_idempotent_and_binds_only_newcomers(threads, monkeypatch):
     nccl = threads("NCCL Progress 0")
     (r,) = binder.rescan()
     assert r.tid == nccl.tid and r.role is ThreadRole.NCCL and r.ok
-    assert proc_allowed(os.getpid(), nccl.tid) == B
+    assert allowed(os.getpid(), nccl.tid) == B
     assert binder.rescan() == []
 
 
@@ -128,20 +119,20 @@ def test_thread_named_after_its_first_scan_is_rehomed(threads):
     late = threads("python", rename_to="NCCL Service 0")  # seen with the inherited name first
     binder = RoleBinder(rank_plan(), None)
     binder.rescan()
-    assert proc_allowed(os.getpid(), late.tid) == BOTH  # `other`, for now
+    assert allowed(os.getpid(), late.tid) == BOTH  # `other`, for now
     late.rename()
     (r,) = binder.rescan()
-    assert r.role is ThreadRole.NCCL and proc_allowed(os.getpid(), late.tid) == B
+    assert r.role is ThreadRole.NCCL and allowed(os.getpid(), late.tid) == B
 
 
 def test_main_waits_for_nccl_threads_on_a_gpu_rank(threads):
     binder = RoleBinder(rank_plan(gpu=GpuRef(0, "0000:18:00.0")), None)
     pid = os.getpid()
     binder.rescan()
-    assert proc_allowed(pid, pid) == frozenset(ALLOWED)  # NCCL not up yet: main keeps the wide mask
+    assert allowed(pid, pid) == frozenset(ALLOWED)  # NCCL not up yet: main keeps the wide mask
     threads("NCCL Progress 0")
     binder.rescan()
-    assert proc_allowed(pid, pid) == A
+    assert allowed(pid, pid) == A
 
 
 def test_set_role_cpus_rehomes_live_threads_now_and_later_ones(threads, tmp_path):
@@ -151,10 +142,10 @@ def test_set_role_cpus_rehomes_live_threads_now_and_later_ones(threads, tmp_path
     binder.rescan()
     results = binder.set_role_cpus(ThreadRole.OTHER, A, "tuner: move other off the nccl core")
     assert {r.tid for r in results} >= {first.tid} and all(r.role is ThreadRole.OTHER for r in results)
-    assert proc_allowed(os.getpid(), first.tid) == A
+    assert allowed(os.getpid(), first.tid) == A
     second = threads("pt_autograd_1")
     binder.rescan()
-    assert proc_allowed(os.getpid(), second.tid) == A
+    assert allowed(os.getpid(), second.tid) == A
     log.close()
     moved = [e for e in events_of(tmp_path / "rank0.jsonl") if e["type"] == "bind" and e["tid"] == first.tid]
     assert moved[-1]["reason"] == "tuner: move other off the nccl core" and moved[-1]["applied"] == sorted(A)
@@ -166,9 +157,9 @@ def test_watcher_rehomes_threads_born_later(threads):
     try:
         pin = threads("pt_data_pin")
         deadline = time.monotonic() + 30
-        while proc_allowed(os.getpid(), pin.tid) != B and time.monotonic() < deadline:
+        while allowed(os.getpid(), pin.tid) != B and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert proc_allowed(os.getpid(), pin.tid) == B
+        assert allowed(os.getpid(), pin.tid) == B
     finally:
         binder.stop_watcher()
     assert not any(t.name == "placement_watch" for t in threading.enumerate() if t.is_alive())
@@ -181,14 +172,14 @@ class WhereAmI(Dataset):
         return 4
 
     def __getitem__(self, i):
-        return torch.tensor([os.getpid(), *sorted(proc_allowed(os.getpid()))])
+        return torch.tensor([os.getpid(), *sorted(allowed(os.getpid()))])
 
 
 def test_dataloader_workers_respawn_and_are_rehomed_every_epoch(tmp_path):
     pid = os.getpid()
     binder = RoleBinder(rank_plan(dataloader=B), None, background_nice=5)
     binder.rescan()
-    assert proc_allowed(pid, pid) == A  # main is narrow: forked workers would inherit A
+    assert allowed(pid, pid) == A  # main is narrow: forked workers would inherit A
     rehome_forked_children(binder)
     loader = DataLoader(WhereAmI(), batch_size=1, num_workers=2, persistent_workers=False)
     epochs = []
@@ -201,7 +192,7 @@ def test_dataloader_workers_respawn_and_are_rehomed_every_epoch(tmp_path):
             binder.rescan()  # stage 2 finds them by name and binds every thread they have
             if os.path.exists(f"/proc/{worker}"):
                 for tid in os.listdir(f"/proc/{worker}/task"):
-                    assert proc_allowed(worker, int(tid)) == B
+                    assert allowed(worker, int(tid)) == B
                 assert os.getpriority(os.PRIO_PROCESS, worker) == 5
         epochs.append(set(seen))
     assert len(epochs[0]) == 2 and epochs[0].isdisjoint(epochs[1])  # respawned: new processes
@@ -218,5 +209,5 @@ def test_spawned_workers_are_found_by_name(tmp_path):
     worker = int(next(it)[0][0])
     binder.rescan()
     for tid in os.listdir(f"/proc/{worker}/task"):
-        assert proc_allowed(worker, int(tid)) == B
+        assert allowed(worker, int(tid)) == B
     del it
