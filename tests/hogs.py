@@ -22,3 +22,10 @@ def spin_pinned(cpu: int) -> int:
         time.sleep(0.001)
     return pid
 
+
+def stop(pids: list[int]) -> None:
+    """Kill and reap every hog in `pids` (emptied)."""
+    while pids:
+        pid = pids.pop()
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
