@@ -56,37 +56,25 @@ def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], overrides: dict[str, Any],
                  base: Optional[PlacementConfig] = None) -> PlacementConfig:
-    """The validated config: `base` (the session's), then `config`, then keyword overrides."""
-    layer: dict[str, Any] = base.to_dict() if base is not None else {}
+    """The validated config: `base` (the session's), then `config`, then keyword overrides
+    (then `config` given as 'key=value' strings)."""
+    layers: list[Union[dict[str, Any], str]] = [base.to_dict()] if base is not None else []
     dotted: list[str] = []
-    config_file = None
     if isinstance(config, PlacementConfig):
-        layer = _merge(layer, config.to_dict())
+        layers.append(config.to_dict())
     elif isinstance(config, dict):
-        layer = _merge(layer, _nest(config))
+        layers.append(_nest(config))
     elif isinstance(config, str):
-        config_file = config
+        layers.append(config)  # a YAML file path
     elif isinstance(config, (list, tuple)):
         dotted = [str(x) for x in config]
     elif config is not None:
         raise PlacementError(f"attach(config={type(config).__name__}) is not valid; give a PlacementConfig, "
                              "a dict, a YAML file path or a list of 'key=value' strings")
-    layer = _merge(layer, _nest(overrides))
-    if config_file and base is not None:
-        # the file sits between the session's config and the keyword overrides
-        file_cfg = load_config(config_file=config_file).to_dict()
-        layer = _merge(_merge(base.to_dict(), file_cfg), _nest(overrides))
-        config_file = None
-    return load_config(overrides=dotted, config_file=config_file, base=layer or None)
+    layers.append(_nest(overrides))
+    return load_config(overrides=dotted, base=layers)
 
 
 def _open_event_log(log_dir: str, rank: int):

@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 from placement.errors import ConfigError
 
@@ -113,18 +113,22 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
 
 
 def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
-                base: dict[str, Any] | None = None) -> PlacementConfig:
-    """Build a validated PlacementConfig from defaults, then a YAML file, then a dict, then
-    dotted overrides ("placement.policy=exclusive" or "policy=exclusive").
+                base: dict[str, Any] | Sequence[dict[str, Any] | str] | None = None) -> PlacementConfig:
+    """Build a validated PlacementConfig from defaults, then a YAML file, then a dict (or a
+    sequence of dicts and YAML file paths, each over the one before), then dotted overrides
+    ("placement.policy=exclusive" or "policy=exclusive").
 
     The YAML file may hold the keys at top level or under a `placement:` key. Plain dataclass
     code, no OmegaConf: placerun pays for this on every launch.
     """
     cfg = PlacementConfig()
     if config_file:
-        _merge(cfg, _read_yaml(config_file), config_file)
-    if base:
-        _merge(cfg, base, "arguments")
+        _merge(cfg, read_config_file(config_file), config_file)
+    for layer in ([base] if isinstance(base, dict) else base or ()):
+        if isinstance(layer, str):  # a YAML file among the layers
+            _merge(cfg, read_config_file(layer), layer)
+        else:
+            _merge(cfg, layer, "arguments")
     for o in overrides:
         if "=" not in o:
             raise ConfigError(f"override {o!r} is not KEY=VALUE; e.g. placement.policy=exclusive")
@@ -136,7 +140,8 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
     return validate(cfg)
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def read_config_file(path: str) -> dict[str, Any]:
+    """The placement keys of a YAML file (top level or under `placement:`); one-line errors."""
     import yaml
 
     try:
