@@ -26,7 +26,7 @@ TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_b
 class MonitorConfig:
     enabled: bool = True
     log_dir: str = "placement_logs"
-    flush_every: int = 10  # steps between JSONL flushes (always flushed at exit)
+    flush_every: int = 20  # steps between JSONL flushes (always flushed at exit)
     rescan_every: int = 20  # steps between rescans of the thread list
     exchange_every: int = 20  # steps between cross-rank exchanges (straggler naming)
     summary_every: int = 50  # steps between one-line logging summaries; 0 = off

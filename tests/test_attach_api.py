@@ -224,3 +224,24 @@ def test_close_restores_torch_distributed_and_a_second_attach_replaces_the_first
     h2.close()
     assert dist.all_reduce is before
     h2.close()  # idempotent
+
+
+def test_step_times_and_wall_stamps_follow_the_clocks(tmp_path):
+    # Steps are stamped with perf_counter alone; their wall time is derived in the batch.
+    h = _attach(tmp_path, monitor={"flush_every": 7, "rescan_every": 5})
+    walls, lengths = [], []
+    t_prev = time.perf_counter()
+    for i in range(23):
+        time.sleep(0.004 + 0.002 * (i % 3))  # unequal steps
+        h.step()
+        now = time.perf_counter()
+        walls.append(time.time())
+        lengths.append(1e3 * (now - t_prev))
+        t_prev = now
+    h.close()
+    steps = [l for l in _lines(tmp_path) if l["type"] == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 24))
+    for s, wall, ms in zip(steps[1:], walls[1:], lengths[1:]):
+        assert abs(s["t"] - wall) < 0.003  # the derived wall stamp is the step's end
+        assert abs(s["step_ms"] - ms) < 1.5
+    assert all(a["t"] < b["t"] for a, b in zip(steps, steps[1:]))

@@ -27,11 +27,14 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
                "barrier", "gather", "scatter", "all_gather_object", "broadcast_object_list")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CommStep:
     comm_ms: Optional[float]  # None: resolved later (NCCL timings arrive after the step)
     count: int
     enter_t: Optional[float]  # time.time() of the first collective entered in the step
+
+
+NO_COMM = CommStep(0.0, 0, None)  # a step without collectives (shared: most steps of a gloo-less loop)
 
 
 def union_ms(intervals: list[tuple[int, int]]) -> float:
@@ -80,7 +83,7 @@ class CollectiveClock:
 
     def take_step(self) -> CommStep:
         if not self._count and not self._intervals:  # no collective this step: no lock needed
-            return CommStep(0.0, 0, None)
+            return NO_COMM
         with self._lock:
             intervals, self._intervals = self._intervals, []
             count, self._count = self._count, 0
@@ -133,7 +136,7 @@ class NoComm(CommTiming):
         return None
 
     def take_step(self) -> CommStep:
-        return CommStep(0.0, 0, None)
+        return NO_COMM
 
 
 class OriginalCollectives:

@@ -66,6 +66,10 @@ class Exchange:
         self._on_report(report, figures)
 
     @property
+    def pending(self) -> bool:
+        return self._pending is not None
+
+    @property
     def enabled(self) -> bool:
         return self.group is not None
 

@@ -159,21 +159,24 @@ class ThreadProbe:
 class MainThreadProbe:
     """The rank's main thread (tid == pid).
 
-    Every step: on-CPU ns (its thread clock), runqueue ns (schedstat) and the CPU it is
-    on (sched_getcpu), when called on that thread, the usual case (the optimizer step runs
-    there); from another thread, its /proc files. Every span: faults and involuntary
-    switches (getrusage(RUSAGE_THREAD) on that thread, else stat and status).
+    Every step: on-CPU ns (its thread clock) and runqueue ns (schedstat): two syscalls, the
+    least the per-step figures need. Whether the caller is the main thread is told by
+    threading.get_ident (pthread_self, no syscall). Every span: faults and involuntary
+    switches (getrusage(RUSAGE_THREAD) on that thread) and the CPU it is on (sched_getcpu);
+    from another thread, all of these from its /proc files.
     """
 
     def __init__(self, fail: Callable[[str, BaseException], None], proc: str = "/proc"):
         self.tid = os.getpid()
         self._files = ThreadProbe(self.tid, self.tid, fail, proc)
         self._fail = fail
-        self._fast = current_cpu is not None and proc == "/proc"
+        # The main thread's pthread id when probing the live /proc (else never matched).
+        main = threading.main_thread()
+        self._ident = main.ident if proc == "/proc" and main.native_id == self.tid else -1
 
-    def step_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
-        """(on-CPU ns, runqueue wait ns, CPU now)."""
-        if self._fast and threading.get_native_id() == self.tid:
+    def step_read(self) -> tuple[Optional[int], Optional[int]]:
+        """(on-CPU ns, runqueue wait ns)."""
+        if threading.get_ident() == self._ident:
             fd = self._files._fds.get("schedstat")
             runq = None
             if fd is not None:
@@ -181,17 +184,17 @@ class MainThreadProbe:
                     runq = int(os.pread(fd, 128, 0).split()[1])
                 except (OSError, ValueError, IndexError) as e:
                     self._fail("schedstat", e)
-            return time.thread_time_ns(), runq, current_cpu()
+            return time.thread_time_ns(), runq
         c = self._files.counters()
-        return c.cpu_ns, c.runq_ns, c.cpu
+        return c.cpu_ns, c.runq_ns
 
-    def span_read(self) -> tuple[Optional[int], Optional[int]]:
-        """(minor faults, involuntary context switches)."""
-        if self._fast and threading.get_native_id() == self.tid:
+    def span_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """(minor faults, involuntary context switches, CPU it is on now)."""
+        if threading.get_ident() == self._ident:
             ru = resource.getrusage(resource.RUSAGE_THREAD)
-            return ru.ru_minflt, ru.ru_nivcsw
+            return ru.ru_minflt, ru.ru_nivcsw, current_cpu() if current_cpu is not None else None
         c = self._files.counters(schedstat=False)
-        return c.minflt, c.nivcsw
+        return c.minflt, c.nivcsw, c.cpu
 
     def close(self) -> None:
         self._files.close()

@@ -2,13 +2,13 @@
 
 Figures a probe could not read are None (and warned about once), never guessed.
 
-Sampling tiers (what keeps the monitor inside its cost budget): every step, `main` gets
-cpu_ms, runq_ms, migrations and cpus, and `nccl` and `pin_memory` get cpu_ms and runq_ms.
-Their other counters (nivcsw, minflt, mhz; for nccl/pin_memory also migrations and cpus),
-and every figure of `dataloader` and `other`, are read every monitor.rescan_every steps
-and appear in that step's record as per-step means over the `span_steps` steps since the
-previous reading (None on the steps between; `dataloader` and `other` are absent from
-`roles` there). cpus/mhz of nccl/pin_memory on the steps between are the last reading's.
+Sampling tiers (what keeps the monitor inside its cost budget): every step, the hot roles
+(`main`, `nccl`, `pin_memory`) get cpu_ms and runq_ms. Their other counters (nivcsw,
+minflt, migrations, cpus, mhz), and every figure of `dataloader` and `other`, are read
+every monitor.rescan_every steps and appear in that step's record as per-step means over
+the `span_steps` steps since the previous reading (None on the steps between; `dataloader`
+and `other` are absent from `roles` there). cpus/mhz of the hot roles on the steps between
+are the last reading's.
 """
 from __future__ import annotations
 
@@ -47,10 +47,16 @@ class RoleSample:
                 "mhz": self.mhz, "cpus": list(self.cpus), "span_steps": self.span_steps}
 
     def to_json(self) -> str:
-        """json.dumps(self.to_dict(), separators=(",", ":")), at a third of its cost."""
-        return (f'{{"threads":{self.threads},"cpu_ms":{_num(self.cpu_ms)},"runq_ms":{_num(self.runq_ms)},'
-                f'"nivcsw":{_num(self.nivcsw)},"migrations":{_num(self.migrations)},"minflt":{_num(self.minflt)},'
-                f'"mhz":{_num(self.mhz)},"cpus":[{",".join(map(str, self.cpus))}],"span_steps":{self.span_steps}}}')
+        """json.dumps(self.to_dict(), separators=(",", ":")), at a third of its cost (None
+        fields, the common case between span readings, skip the call to _num)."""
+        return (f'{{"threads":{self.threads},'
+                f'"cpu_ms":{"null" if self.cpu_ms is None else _num(self.cpu_ms)},'
+                f'"runq_ms":{"null" if self.runq_ms is None else _num(self.runq_ms)},'
+                f'"nivcsw":{"null" if self.nivcsw is None else _num(self.nivcsw)},'
+                f'"migrations":{"null" if self.migrations is None else _num(self.migrations)},'
+                f'"minflt":{"null" if self.minflt is None else _num(self.minflt)},'
+                f'"mhz":{"null" if self.mhz is None else _num(self.mhz)},'
+                f'"cpus":[{",".join(map(str, self.cpus))}],"span_steps":{self.span_steps}}}')
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RoleSample":
@@ -89,7 +95,8 @@ class StepRecord:
         return (f'{{"type":"step","rank":{self.rank},"step":{self.step},"t":{_num(self.t)},'
                 f'"step_ms":{_num(self.step_ms)},"data_ms":{_num(self.data_ms)},"comm_ms":{_num(self.comm_ms)},'
                 f'"comm_count":{self.comm_count},"roles":{{{roles}}},"verdict":"{self.verdict}",'
-                f'"local_rank":{self.local_rank},"comm_enter_t":{_num(self.comm_enter_t)}}}')
+                f'"local_rank":{self.local_rank},'
+                f'"comm_enter_t":{"null" if self.comm_enter_t is None else _num(self.comm_enter_t)}}}')
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":

@@ -2,8 +2,8 @@
 
 Cost design (budget: <= 30 us per step, <= 0.3% of a 10 ms step; see
 benchmarks/monitor_overhead.py):
-- on_step() reads only timestamps, the main thread's thread clock, one pread of its
-  schedstat and sched_getcpu, one pread per nccl/pin_memory thread, and appends a tuple.
+- on_step() reads only timestamps, the main thread's thread clock and one pread of its
+  schedstat, one pread per nccl/pin_memory thread, and appends a tuple.
 - every monitor.rescan_every steps: the span reading of every thread (faults, switches,
   migrations, MHz; dataloader/other in full) and the rescan of the thread list
   (binder.rescan when binding).
@@ -47,13 +47,20 @@ class StepMonitor:
         self._rescan = rescan
         self.exchange = exchange
         self.step = 0
-        self._t_last = time.perf_counter_ns()
-        self._wall_last = time.time()
         self._data_ns = 0
-        self._since_span = 0
+        self._last_span_step = 0
+        # Step boundaries are perf_counter_ns stamps; their wall time is derived in the batch
+        # from an anchor pair re-taken there (one clock read per step instead of two).
+        self._anchor = (time.perf_counter_ns(), time.time())
+        self._t_last = self._anchor[0]
+        self._wall_last = self._anchor[1]
+        # The next step that has batch work (a span reading, a flush, an exchange): one
+        # comparison per step decides whether any is due.
+        self._next_due = min(self.cfg.rescan_every, self.cfg.flush_every, self.cfg.exchange_every)
         # Steps measured but not yet built into records:
-        # (step, start wall, end wall, step_ms, data_ms, CommStep, main read, hot read, span read or None)
+        # (end perf_counter_ns, data ns, CommStep, main read, hot read, span read or None)
         self._raw: list[tuple] = []
+        self._raw_first_step = 1  # step number of _raw[0]
         self._window: list[StepRecord] = []  # since the last exchange
         self._summary: list[StepRecord] = []  # since the last summary line
         self.observers: list[Callable[[StepRecord], None]] = []
@@ -75,7 +82,16 @@ class StepMonitor:
             return
         self._busy = True
         try:
-            self._measure(t0)
+            # Right after a training step every code path runs cold (caches and TLB hold the
+            # step's data), so the per-step path is the two syscalls of main's figures and an
+            # append; records are built in the batch.
+            sampler = self.sampler
+            self._raw.append((t0, self._data_ns, self.comm.take_step(), sampler.main.step_read(),
+                              sampler.read_hot() if sampler.has_hot else (), None))
+            self._data_ns = 0
+            self.step += 1
+            if self.step >= self._next_due:
+                self._batch_work()
         except Exception as e:
             self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
@@ -87,30 +103,26 @@ class StepMonitor:
                 self.emergency_flush("deferred")
                 exitflush.resume_deferred()
 
-    def _measure(self, t0: int) -> None:
-        # Raw reads only: records are built in the batch (_finalize), where caches are warm.
-        self.step += 1
-        wall = time.time()
-        main = self.sampler.read_main()
-        hot = self.sampler.read_hot()
-        comm = self.comm.take_step()
-        span = None
-        self._since_span += 1
-        if self._since_span >= self.cfg.rescan_every:
-            span = self.sampler.read_span(self._since_span, main[2])
-            self._since_span = 0
+    def _batch_work(self) -> None:
+        """The work due at this step: a span reading, building and writing records, an exchange."""
+        cfg, step = self.cfg, self.step
+        span_steps = step - self._last_span_step
+        if span_steps >= cfg.rescan_every:
+            self._raw[-1] = self._raw[-1][:5] + (self.sampler.read_span(span_steps),)
+            self._last_span_step = step
             self._rescan_threads()
-        self._raw.append((self.step, self._wall_last, wall, (t0 - self._t_last) / 1e6, self._data_ns / 1e6,
-                          comm, main, hot, span))
-        self._t_last, self._wall_last, self._data_ns = t0, wall, 0
-        exchange_now = self.exchange is not None and self.exchange.enabled and self.step % self.cfg.exchange_every == 0
-        if exchange_now or self.step % self.cfg.flush_every == 0:
+        exchange = self.exchange
+        exchange_now = exchange is not None and exchange.enabled and step % cfg.exchange_every == 0
+        if exchange_now or step % cfg.flush_every == 0:
             self._finalize(keep_lag=True)
             self.events.flush()
         if exchange_now:
             self._submit_exchange()
-        elif self.exchange is not None:
-            self.exchange.collect()
+        elif exchange is not None and exchange.pending:
+            exchange.collect()
+        self._next_due = step + 1 if exchange is not None and exchange.pending else \
+            min(self._last_span_step + cfg.rescan_every, _next_multiple(step, cfg.flush_every),
+                _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled else 1 << 62)
 
     def _rescan_threads(self) -> None:
         if self._rescan is not None:
@@ -127,20 +139,31 @@ class StepMonitor:
         if not ready:
             return
         self._raw = self._raw[len(ready):]
-        pending = [i for i, r in enumerate(ready) if r[5].comm_ms is None]
-        late_comm = dict(zip(pending, self.comm.resolve([(ready[i][1], ready[i][2]) for i in pending]))) if pending else {}
+        first_step = self._raw_first_step
+        self._raw_first_step += len(ready)
+        # Wall times of the step ends, from the perf_counter stamps and the anchor (re-taken
+        # here so that a drift between the two clocks cannot build up).
+        anchor_ns, anchor_wall = self._anchor
+        ends = [anchor_wall + (r[0] - anchor_ns) / 1e9 for r in ready]
+        starts = [self._wall_last] + ends[:-1]
+        pending = [i for i, r in enumerate(ready) if r[2].comm_ms is None]
+        late_comm = dict(zip(pending, self.comm.resolve([(starts[i], ends[i]) for i in pending]))) if pending else {}
         tune = self._tune
         batch = []
-        for i, (step, _start, end, step_ms, data_ms, comm, main, hot, span) in enumerate(ready):
+        t_last = self._t_last
+        for i, (t_end, data_ns, comm, main, hot, span) in enumerate(ready):
+            step_ms, data_ms, t_last = (t_end - t_last) / 1e6, data_ns / 1e6, t_end
             roles = self.sampler.samples(main, hot)
             if span is not None:
                 merge_span(roles, span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
-            rec = StepRecord(self.rank, step, end, step_ms, data_ms, c, comm.count, roles,
+            rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                              local_rank=self.local_rank, comm_enter_t=comm.enter_t)
             rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), tune.runq_wait_pct,
                                        tune.comm_share_pct, tune.data_share_pct)
             batch.append(rec)
+        self._t_last, self._wall_last = t_last, ends[-1]
+        self._anchor = (time.perf_counter_ns(), time.time())
         write_records(self.events, batch)
         for rec in batch:
             self._deliver(rec)
@@ -222,3 +245,8 @@ class StepMonitor:
         self.events.event("end", source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2))
         self.events.flush()
+
+
+def _next_multiple(step: int, every: int) -> int:
+    """The first multiple of `every` after `step`."""
+    return (step // every + 1) * every

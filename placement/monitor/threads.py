@@ -1,11 +1,11 @@
 """Per-role figures of one rank's threads, in the sampling tiers of record.py.
 
-Every step (on the training thread, so kept to raw reads): `main`'s on-CPU time,
-runqueue wait and CPU; `nccl` and `pin_memory` threads' on-CPU time and runqueue wait.
+Every step (on the training thread, so kept to raw reads): the on-CPU time and runqueue
+wait of `main`, `nccl` and `pin_memory` threads.
 The deltas and RoleSamples are made later, in the batch (`samples`).
 Every span (monitor.rescan_every steps): everything else, as per-step means over the
-span: main's faults, involuntary switches and MHz; the other hot roles' faults,
-switches, migrations, CPUs and MHz; all figures of `dataloader` and `other`.
+span: the hot roles' faults, involuntary switches, migrations, CPUs and MHz; all figures
+of `dataloader` and `other`.
 Which threads exist, and their roles, comes from the binder's thread list (or
 ThreadScan without one), re-read every span.
 """
@@ -23,7 +23,7 @@ from placement.roles import ThreadInfo, ThreadRole
 MAIN = ThreadRole.MAIN.value
 EVERY_STEP_ROLES = (ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
 
-MainRead = tuple  # (cpu_ns, runq_ns, cpu)
+MainRead = tuple  # (cpu_ns, runq_ns)
 HotRead = tuple  # ((tid, role, cpu_ns, runq_ns), ...)
 
 
@@ -55,11 +55,13 @@ class RoleSampler:
         self.main = MainThreadProbe(self._fail, proc)
         self._main_prev: MainRead = self.main.step_read()
         self._main_span_prev = self.main.span_read()
+        self._last_cpus: dict[str, list[int]] = {}
+        if self._main_span_prev[2] is not None:
+            self._last_cpus[MAIN] = [self._main_span_prev[2]]
         self._probes: dict[int, tuple[str, ThreadProbe]] = {}  # tid -> (role, probe)
         self._hot: tuple[tuple[int, str, ThreadProbe], ...] = ()  # the EVERY_STEP_ROLES probes
         self._hot_prev: dict[int, tuple[Optional[int], Optional[int]]] = {}  # tid -> (cpu_ns, runq_ns)
         self._span_prev: dict[int, ThreadCounters] = {}
-        self._last_cpus: dict[str, list[int]] = {}
         self._last_mhz: dict[str, Optional[float]] = {}
         self.refresh()
 
@@ -103,8 +105,9 @@ class RoleSampler:
         self._hot = tuple(h for h in self._hot if h[0] != tid)
 
     # ---- every step: raw reads only --------------------------------------------------
-    def read_main(self) -> MainRead:
-        return self.main.step_read()
+    @property
+    def has_hot(self) -> bool:
+        return bool(self._hot)
 
     def read_hot(self) -> HotRead:
         if not self._hot:
@@ -125,12 +128,10 @@ class RoleSampler:
     def samples(self, main: MainRead, hot: HotRead) -> dict[str, RoleSample]:
         """This step's samples from its raw reads; must be called in step order."""
         prev, self._main_prev = self._main_prev, main
-        cpu = main[2]
         roles = {MAIN: RoleSample(
             threads=1, cpu_ms=None if main[0] is None or prev[0] is None else (main[0] - prev[0]) / 1e6,
             runq_ms=None if main[1] is None or prev[1] is None else (main[1] - prev[1]) / 1e6,
-            migrations=None if cpu is None or prev[2] is None else int(cpu != prev[2]),
-            mhz=self._last_mhz.get(MAIN), cpus=[] if cpu is None else [cpu])}
+            mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
         for tid, role, cpu_ns, runq_ns in hot:
             before = self._hot_prev.get(tid)
             self._hot_prev[tid] = (cpu_ns, runq_ns)
@@ -144,18 +145,21 @@ class RoleSampler:
         return roles
 
     # ---- every span ------------------------------------------------------------------
-    def read_span(self, span_steps: int, main_cpu: Optional[int]) -> dict[str, RoleSample]:
+    def read_span(self, span_steps: int) -> dict[str, RoleSample]:
         """Read every thread in full: per-step means over the last `span_steps` steps.
         For main and the every-step roles only the span figures are set (merge them with
         `merge_span`); dataloader and other get whole samples."""
         span = max(1, span_steps)
-        minflt, nivcsw = self.main.span_read()
-        p_minflt, p_nivcsw = self._main_span_prev
-        self._main_span_prev = (minflt, nivcsw)
-        self._last_mhz[MAIN] = self.freq.mhz(main_cpu)
+        now = self.main.span_read()
+        minflt, nivcsw, cpu = now
+        p_minflt, p_nivcsw, p_cpu = self._main_span_prev
+        self._main_span_prev = now
+        self._last_cpus[MAIN] = [] if cpu is None else [cpu]
+        self._last_mhz[MAIN] = self.freq.mhz(cpu)
         out = {MAIN: RoleSample(threads=1, minflt=_per_step(_delta(minflt, p_minflt), span),
-                                nivcsw=_per_step(_delta(nivcsw, p_nivcsw), span), mhz=self._last_mhz[MAIN],
-                                span_steps=span)}
+                                nivcsw=_per_step(_delta(nivcsw, p_nivcsw), span),
+                                migrations=None if cpu is None or p_cpu is None else _per_step(int(cpu != p_cpu), span),
+                                mhz=self._last_mhz[MAIN], cpus=self._last_cpus[MAIN], span_steps=span)}
         per_role: dict[str, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
         gone = []
         for tid, (role, probe) in self._probes.items():
@@ -204,8 +208,7 @@ def merge_span(step_roles: dict[str, RoleSample], span: dict[str, RoleSample]) -
             step_roles[role] = s
             continue
         mine.nivcsw, mine.minflt, mine.mhz, mine.span_steps = s.nivcsw, s.minflt, s.mhz, s.span_steps
-        if role != MAIN:
-            mine.migrations, mine.cpus = s.migrations, s.cpus
+        mine.migrations, mine.cpus = s.migrations, s.cpus
 
 
 def _add_ms(total: Optional[float], ns: Optional[int]) -> Optional[float]:
