@@ -193,7 +193,8 @@ def test_dataloader_workers_respawn_and_are_rehomed_every_epoch(tmp_path):
             if os.path.exists(f"/proc/{worker}"):
                 for tid in os.listdir(f"/proc/{worker}/task"):
                     assert allowed(worker, int(tid)) == B
-                assert os.getpriority(os.PRIO_PROCESS, worker) == 5
+                # B holds no live hot thread (no NCCL or pin-memory thread here): own nice kept
+                assert os.getpriority(os.PRIO_PROCESS, worker) == 0
         epochs.append(set(seen))
     assert len(epochs[0]) == 2 and epochs[0].isdisjoint(epochs[1])  # respawned: new processes
     dl_threads = [t for t in binder.threads() if t.role is ThreadRole.DATALOADER]
@@ -210,4 +211,36 @@ def test_spawned_workers_are_found_by_name(tmp_path):
     binder.rescan()
     for tid in os.listdir(f"/proc/{worker}/task"):
         assert allowed(worker, int(tid)) == B
+    del it
+
+
+class SlowItems(Dataset):
+    """Items that take a while, so the worker processes stay alive between checks."""
+
+    def __len__(self):
+        return 64
+
+    def __getitem__(self, i):
+        time.sleep(0.05)
+        return torch.tensor([os.getpid()])
+
+
+def _worker_nice(worker):
+    return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{worker}/task")}
+
+
+def test_workers_are_niced_only_while_they_share_a_hot_threads_cpu():
+    if os.geteuid() != 0:
+        pytest.skip("lowering a nice value back needs CAP_SYS_NICE (root here)")
+    binder = RoleBinder(rank_plan(dataloader=BOTH), None, background_nice=5)  # shares main's A
+    binder.rescan()
+    rehome_forked_children(binder)
+    it = iter(DataLoader(SlowItems(), batch_size=1, num_workers=1))
+    worker = int(next(it)[0][0])
+    binder.rescan()
+    assert _worker_nice(worker) == {5}  # born niced (at fork) and every thread of it niced
+    binder.set_role_cpus(ThreadRole.DATALOADER, B, "test: off main's cpu")
+    assert _worker_nice(worker) == {0}  # B has no live hot thread: back to its own nice
+    binder.set_role_cpus(ThreadRole.DATALOADER, A, "test: onto main's cpu")
+    assert _worker_nice(worker) == {5}
     del it

@@ -22,7 +22,7 @@ from typing import Optional
 from placement.bind.affinity import BindResult, bind_thread
 from placement.cpuset import format_cpulist
 from placement.plan.model import RankPlan
-from placement.roles import ThreadInfo, ThreadRole, child_pids, scan_threads
+from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, child_pids, scan_threads
 
 log = logging.getLogger("placement")
 
@@ -49,7 +49,10 @@ class RoleBinder:
         self._threads: dict[tuple[int, int], ThreadInfo] = {}
         self._applied: dict[tuple[int, int], frozenset[int]] = {}  # what this binder set, per thread
         self._first_seen: dict[tuple[int, int], float] = {}
-        self._niced: set[tuple[int, int]] = set()
+        # Workers inherit the rank's nice (the at-fork hook may raise it before we see them).
+        self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
+        self._nice: dict[tuple[int, int], int] = {}  # worker thread -> the nice it has now
+        self._nice_warned = False
         self._main_released = rank_plan.gpu is None
         self._warned = False
         self._lock = threading.RLock()
@@ -133,13 +136,14 @@ class RoleBinder:
         for k in set(self._first_seen) - keys:
             del self._first_seen[k]
             self._applied.pop(k, None)
-            self._niced.discard(k)
+            self._nice.pop(k, None)
         if not self._main_released and self._nccl_started(self._threads.values()):
             self._main_released = True
         results = []
+        worker_nice = self.dataloader_nice()
         for t in self._threads.values():
             if t.role is ThreadRole.DATALOADER:
-                self._nice(t)
+                self._set_nice(t, worker_nice)
             r = self._bind(t)
             if r is not None:
                 results.append(r)
@@ -172,16 +176,38 @@ class RoleBinder:
             self._warn(r.error or "")
         return r
 
-    def _nice(self, t: ThreadInfo) -> None:
-        """Lower the priority of DataLoader worker threads (raising nice needs no privilege)."""
-        if self.background_nice <= 0 or (t.pid, t.tid) in self._niced:
-            return
-        self._niced.add((t.pid, t.tid))
+    def dataloader_nice(self) -> int:
+        """The nice value DataLoader workers get now: background_nice while their set shares a
+        CPU with a hot role that has threads (main always has), so the hot thread preempts
+        them; else 0 (their own), so they are not starved where they share only with foreign
+        work, e.g. after the tuner moved them off a hot thread's core."""
+        if self.background_nice <= 0:
+            return 0
+        live = {t.role for t in self._threads.values()} | {ThreadRole.MAIN}
+        hot = frozenset().union(*(self._role_cpus.get(r, frozenset()) for r in HOT_ROLES if r in live))
+        return self.background_nice if self._role_cpus.get(ThreadRole.DATALOADER, frozenset()) & hot else 0
+
+    def _set_nice(self, t: ThreadInfo, nice: int) -> None:
+        """Raise a worker thread's nice to `nice`, or lower it back to the rank's own value
+        (raising needs no privilege; lowering may need CAP_SYS_NICE: refused, it stays, once said)."""
+        key = (t.pid, t.tid)
         try:
-            if os.getpriority(os.PRIO_PROCESS, t.tid) < self.background_nice:
-                os.setpriority(os.PRIO_PROCESS, t.tid, self.background_nice)
+            now = self._nice[key] if key in self._nice else os.getpriority(os.PRIO_PROCESS, t.tid)
         except OSError:
-            pass  # exited, or not ours: nice is best effort
+            return  # exited, or not ours: nice is best effort
+        want = max(self._own_nice, nice)
+        if want != now:
+            try:
+                os.setpriority(os.PRIO_PROCESS, t.tid, want)
+                now = want
+            except PermissionError as e:
+                if not self._nice_warned:
+                    self._nice_warned = True
+                    self._warn(f"cannot lower the nice value of DataLoader worker {t.tid} back to {want} "
+                               f"({e.strerror}; needs CAP_SYS_NICE or RLIMIT_NICE): workers stay at nice {now}")
+            except OSError:
+                return
+        self._nice[key] = now
 
     def _nccl_started(self, threads) -> bool:
         if any(t.role is ThreadRole.NCCL for t in threads):

@@ -44,7 +44,8 @@ def _after_fork_in_child() -> None:
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)
-        if binder.background_nice > 0 and os.getpriority(os.PRIO_PROCESS, 0) < binder.background_nice:
-            os.setpriority(os.PRIO_PROCESS, 0, binder.background_nice)
+        nice = binder.dataloader_nice()
+        if nice > 0 and os.getpriority(os.PRIO_PROCESS, 0) < nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
         pass  # the next rescan in the parent binds it and logs any failure

@@ -45,6 +45,7 @@ class InFlight:
     proposal: Proposal
     previous: frozenset[int]
     before: WindowStats
+    also_previous: tuple[tuple[ThreadRole, frozenset[int]], ...] = ()  # where the `also` roles were
 
 
 class Tuner:
@@ -134,7 +135,8 @@ class Tuner:
                 continue
             if p is None:
                 continue
-            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)):
+            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)
+                              or any(not c or not c <= self.layout.bounds for _, c in p.also)):
                 continue  # never leave the share; an empty or same set is no action
             out.append(p)
         return out
@@ -147,13 +149,15 @@ class Tuner:
     def _apply(self, p: Proposal, stats: WindowStats) -> None:
         previous = self.layout.cpus(p.role)
         change = {"from": sorted(previous), "to": sorted(p.cpus)}
+        also_previous = tuple((role, self.layout.cpus(role)) for role, _ in p.also)
+        also = _also_changes(also_previous, p.also)
         if self.cfg.dry_run:
             sig = (p.rule, p.role.value, p.cpus)
             if sig not in self._dry_run_logged:
                 self._dry_run_logged.add(sig)
                 self._event("tune", message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
-                            rule=p.rule, role=p.role.value, change=change, reason=p.reason, evidence=p.evidence,
-                            effect=None)
+                            rule=p.rule, role=p.role.value, change=change, also=also, reason=p.reason,
+                            evidence=p.evidence, effect=None)
             self._cooldown = self.cfg.cooldown_windows
             return
         results = self.binder.set_role_cpus(p.role, p.cpus, f"tune {p.rule}: {p.reason}")
@@ -167,9 +171,13 @@ class Tuner:
                         backoff_windows=wait, why=why)
             return
         self.layout = self.layout.with_role(p.role, p.cpus)
-        self._in_flight = InFlight(p, previous, stats)
+        for role, cpus in p.also:
+            results += self.binder.set_role_cpus(role, cpus, f"tune {p.rule}: {p.reason}")
+            self.layout = self.layout.with_role(role, cpus)
+        failed = [r for r in results if not r.ok]
+        self._in_flight = InFlight(p, previous, stats, also_previous)
         self._event("tune", message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
-                    change=change, reason=p.reason,
+                    change=change, also=also, reason=p.reason,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
                     failed=[{"tid": r.tid, "error": r.error} for r in failed])
         log.info("placement: tune %s: %s", p.rule, p.reason)
@@ -182,19 +190,26 @@ class Tuner:
         if v.keep:
             self._backoff.on_keep(key)
             self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
+            for role, prev in f.also_previous:
+                self._held[role] = (prev, self.windows + KEPT_HOLD_WINDOWS + 1)
             self._event("tune", message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
                         phase="kept", rule=p.rule, role=p.role.value,
-                        change={"from": sorted(f.previous), "to": sorted(p.cpus)}, reason=p.reason,
+                        change={"from": sorted(f.previous), "to": sorted(p.cpus)},
+                        also=_also_changes(f.also_previous, p.also), reason=p.reason,
                         evidence=p.evidence, effect=v.effect(), why=v.why)
             log.info("placement: tune %s kept: %s", p.rule, v.why)
             return
         results = self.binder.set_role_cpus(p.role, f.previous, f"rollback of tune {p.rule}: {v.why}")
         self.layout = self.layout.with_role(p.role, f.previous)
+        for role, prev in f.also_previous:
+            results += self.binder.set_role_cpus(role, prev, f"rollback of tune {p.rule}: {v.why}")
+            self.layout = self.layout.with_role(role, prev)
         wait = self._backoff.on_revert(key, self.windows)
         self._event("rollback", message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
                                         f"back off {wait} windows",
                     rule=p.rule, role=p.role.value,
-                    change={"from": sorted(p.cpus), "to": sorted(f.previous)}, evidence=p.evidence,
+                    change={"from": sorted(p.cpus), "to": sorted(f.previous)},
+                    also=_also_changes(p.also, f.also_previous), evidence=p.evidence,
                     effect=v.effect(), why=v.why, backoff_windows=wait,
                     failed=[{"tid": r.tid, "error": r.error} for r in results if not r.ok])
         log.info("placement: tune %s rolled back (%s); back off %d windows", p.rule, v.why, wait)
@@ -212,6 +227,11 @@ class Tuner:
     def role_cpus(self, role: ThreadRole) -> frozenset[int]:
         """Where the tuner has `role` now (the plan's set until an action changed it)."""
         return self.layout.cpus(role)
+
+
+def _also_changes(before, after) -> list[dict[str, Any]]:
+    """The `also` moves of an action as event fields: [{"role", "from", "to"}, ...]."""
+    return [{"role": role.value, "from": sorted(b), "to": sorted(a)} for (role, b), (_, a) in zip(before, after)]
 
 
 def _moved(before: frozenset[int], after: frozenset[int]) -> str:

@@ -19,8 +19,8 @@ class RuleContext:
     cfg: TuneConfig
     facts: HostFacts
     memory_mode: str  # the plan's memory policy for this rank ("bind", "none", ...)
-    # DataLoader workers run at a higher nice value than hot threads (the binder applies
-    # tune.background_nice to them), so a hot thread sharing their core preempts them.
+    # DataLoader workers sharing a hot thread's CPU run at tune.background_nice (the binder
+    # sees to it), so the hot thread preempts them.
     background_niced: bool
 
 
@@ -33,6 +33,10 @@ class Proposal:
     cpus: Optional[frozenset[int]]
     reason: str  # one line a person reads
     evidence: dict[str, Any] = field(default_factory=dict)
+    # Our background roles moved in the same action, judged and undone with it: the role
+    # goes to a core they ran on, so they make room (one action, one judgement, instead of
+    # a move that the next window would have to undo half of).
+    also: tuple[tuple[ThreadRole, frozenset[int]], ...] = ()
 
     @property
     def is_move(self) -> bool:

@@ -58,9 +58,28 @@ class RunqueueRule(Rule):
         target = layout.shaped_like(hot, cores[0])
         cause = (f"foreign {foreign[0].name!r} (pid {foreign[0].pid})" if foreign
                  else "an unseen co-runner" if own is None else f"our {own[0]}")
+        also = self._make_room(ctx, hot, target)
+        room = "".join(f"; {role} makes room: {format_cpulist(layout.cpus(role))} -> {format_cpulist(cpus)}"
+                       for role, cpus in also)
         return Proposal(self.name, hot, target,
                         f"{hot} waits {wait_pct:.0f}% of the step on core {format_cpulist(core)} behind "
-                        f"{cause}: move it to free core {format_cpulist(target)}", evidence)
+                        f"{cause}: move it to free core {format_cpulist(target)}{room}", evidence, also)
+
+    @staticmethod
+    def _make_room(ctx: RuleContext, hot: ThreadRole,
+                   target: frozenset[int]) -> tuple[tuple[ThreadRole, frozenset[int]], ...]:
+        """Our background roles on the target core leave it: to the rest of their set, or,
+        with none left, to the cores the hot thread leaves (they share those with whatever
+        drove it out, at their own nice, rather than make it wait again)."""
+        layout = ctx.layout
+        core = layout.cores.cores_of(target)
+        moves = []
+        for other in layout.co_runners(hot, core):
+            if other in HOT_ROLES:
+                continue
+            rest = layout.cpus(other) - core
+            moves.append((other, rest or layout.cpus(hot) - core))
+        return tuple((role, cpus) for role, cpus in moves if cpus)
 
     @staticmethod
     def _own_co_runner(ctx: RuleContext, hot: ThreadRole, core: frozenset[int],
