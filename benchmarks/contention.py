@@ -21,7 +21,9 @@ wait for data), the ratios to the quiet phase, and the steps until the step time
 (rolling median of one tune window back within RECOVERED x the quiet p50). "settled p99" is
 the p99 of a phase after its first SETTLE_WINDOWS windows, the same cut for every mode.
 The first window of every run (worker start, allocator warm-up) is left out of the quiet phase.
-Each (scenario, mode) runs --repeat times, interleaved, and figures are medians over the runs;
+Each (scenario, mode) runs --repeat times, interleaved; phase figures are taken over the steps
+of all its runs pooled (a single run's p99 rests on two or three steps), recovery is the
+median over the runs;
 "other load" is how many CPUs' worth of time the rest of the machine used meanwhile (this
 benchmark's own processes, the hog included, subtracted): on a shared machine it says how
 much to trust a row. The last line is one JSON object of headline figures.
@@ -169,21 +171,32 @@ def recovery_steps(times: list[float], start: int, end: int, quiet_p50: float, w
     return None
 
 
-def figures(times: list[float], steps: Steps, window: int) -> dict:
-    cuts = [(window, steps.before), (steps.before, steps.before + steps.during),
+def phase_cuts(steps: Steps, window: int) -> list[tuple[int, int]]:
+    """Step ranges of the three phases (the first window of a run, warm-up, left out)."""
+    return [(window, steps.before), (steps.before, steps.before + steps.during),
             (steps.before + steps.during, steps.total)]
+
+
+def phase_figures(series: list[list[float]], steps: Steps, window: int) -> dict:
+    """p50, p99 and settled p99 of each phase over the steps of all `series` pooled (one run's
+    p99 is its second or third slowest step: pooled runs give the tail three times the steps),
+    and the ratios to the quiet phase."""
     phases = []
-    for lo, hi in cuts:
-        xs = times[lo:hi]
-        settled = times[min(lo + SETTLE_WINDOWS * window, hi - 1):hi]
+    for lo, hi in phase_cuts(steps, window):
+        xs = [t for times in series for t in times[lo:hi]]
+        settled = [t for times in series for t in times[min(lo + SETTLE_WINDOWS * window, hi - 1):hi]]
         phases.append({"p50": quantile(xs, 0.5), "p99": quantile(xs, 0.99), "settled_p99": quantile(settled, 0.99)})
     quiet = phases[0]
-    rec = recovery_steps(times, cuts[1][0], cuts[1][1], quiet["p50"], window)
-    return {"phases": phases, "recovery_steps": rec,
-            "recovery_windows": None if rec is None else round(rec / window, 2),
+    return {"phases": phases,
             "during_settled_p99_ratio": phases[1]["settled_p99"] / quiet["p99"],
             "during_p50_ratio": phases[1]["p50"] / quiet["p50"],
             "after_p50_ratio": phases[2]["p50"] / quiet["p50"]}
+
+
+def run_recovery(times: list[float], steps: Steps, window: int) -> int | None:
+    """Steps of one run from the start of its middle phase until it recovered."""
+    (qlo, qhi), (lo, hi), _ = phase_cuts(steps, window)
+    return recovery_steps(times, lo, hi, quantile(times[qlo:qhi], 0.5), window)
 
 
 def tune_actions(log_path: str) -> list[str]:
@@ -231,24 +244,24 @@ def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: 
         raise SystemExit(f"contention: {scenario}/{mode} run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     with open(out) as f:
         data = json.load(f)
-    data.update(figures(data["times_ms"], steps, window))
+    data["recovery_steps"] = run_recovery(data["times_ms"], steps, window)
     data["actions"] = tune_actions(os.path.join(log_dir, "rank0.jsonl"))
     data["other_load_cpus"] = max(0.0, (busy_cpu_seconds() - busy0) - (children_cpu_seconds() - ours0)) / wall
     return data
 
 
-def median_of_runs(runs: list[dict]) -> dict:
-    """Each figure as the median over repeated runs (the first run's details for the rest)."""
+def combine_runs(runs: list[dict], steps: Steps, window: int) -> dict:
+    """Phase figures over the pooled steps of repeated runs; recovery and load as medians
+    over the runs (the first run's details for the rest)."""
     def med(values):
         known = [v for v in values if v is not None]
         return statistics.median(known) if len(known) > len(values) / 2 else None
 
     out = dict(runs[0])
-    out["phases"] = [{k: med([r["phases"][i][k] for r in runs]) for k in runs[0]["phases"][i]}
-                     for i in range(len(runs[0]["phases"]))]
-    for k in ("recovery_steps", "recovery_windows", "during_settled_p99_ratio", "during_p50_ratio",
-              "after_p50_ratio", "other_load_cpus"):
-        out[k] = med([r[k] for r in runs])
+    out.update(phase_figures([r["times_ms"] for r in runs], steps, window))
+    out["recovery_steps"] = med([r["recovery_steps"] for r in runs])
+    out["recovery_windows"] = None if out["recovery_steps"] is None else round(out["recovery_steps"] / window, 2)
+    out["other_load_cpus"] = med([r["other_load_cpus"] for r in runs])
     out["runs"] = len(runs)
     return out
 
@@ -261,7 +274,7 @@ def print_table(scenario: str, results: dict[str, dict], steps: Steps, window: i
     names = PHASES[scenario]
     runs = next(iter(results.values()))["runs"]
     print(f"\nscenario {scenario}: phases {names[0]} {steps.before} steps, {names[1]} {steps.during}, "
-          f"{names[2]} {steps.after}; tune window {window} steps; figures are medians of {runs} run(s)")
+          f"{names[2]} {steps.after}; tune window {window} steps; phase figures over the steps of {runs} run(s) pooled, recovery their median")
     head = (f"{'mode':<7}" + "".join(f"{n + ' p50/p99 ms':>24}" for n in names)
             + f"{names[1] + ' settled p99':>20}{'p50 x quiet':>13}{'settled p99 x quiet p99':>25}"
             + f"{'recovery steps':>16}{names[2] + ' p50 x quiet':>22}{'other load':>12}")
@@ -317,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             for scenario in scenarios:
                 for m in modes:
                     runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep))
-    all_results = {sc: {m: median_of_runs(runs[(sc, m)]) for m in modes} for sc in scenarios}
+    all_results = {sc: {m: combine_runs(runs[(sc, m)], steps, w) for m in modes} for sc in scenarios}
     for scenario in scenarios:
         print_table(scenario, all_results[scenario], steps, w)
     print(f"\n({time.monotonic() - started:.0f} s)")

@@ -344,8 +344,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     from placement.monitor.warn import WarnOnce
 
     warn = WarnOnce(events)
+    # The binder's thread list when its watcher keeps it current (off the training thread);
+    # else ThreadScan, which re-reads the threads only when their count changed.
     binder = None if session is None else session.binder
-    sampler = RoleSampler(binder.threads if binder is not None else ThreadScan(), warn)
+    sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
     backend = None if dist is None else str(dist.get_backend()).lower()
     comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
@@ -359,8 +361,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
                      and install_ddp_hook(model, comm.clock, original, warn))
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=local_rank, world_size=world_size,
-                          sampler=sampler, comm=comm, warn=warn,
-                          rescan=binder.rescan if binder is not None else None)
+                          sampler=sampler, comm=comm, warn=warn)
     if dist is not None and world_size > 1 and original is not None:
         monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
                                     slots=cfg.monitor.exchange_every)

@@ -56,17 +56,18 @@ def test_a_hot_role_without_live_threads_holds_no_core():
 
 def test_fleeing_a_hog_onto_our_workers_core_swaps_them_in_one_action():
     # The 2-CPU plan under a hog on main's CPU 0: main goes to CPU 1, and the DataLoader
-    # workers and other threads that ran there take CPU 0 in the same action (one judgement).
+    # workers that ran there take CPU 0 in the same action (one judgement); `other` (threads
+    # of this process, GIL holders) stays with main rather than be descheduled behind the hog.
     plan = {"main": [0], "nccl": [1], "pin_memory": [1], "dataloader": [1], "other": [1]}
     recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}, "dataloader": {"cpu_ms": 0.3}})
     p = RULES["runqueue"]().propose(ctx(recs, plan, topo=topology(2), facts=FakeFacts(foreign=[hog(0)])))
     assert p.role is MAIN and p.cpus == {1}
-    assert dict(p.also) == {DL: {0}, OTHER: {0}} and "dataloader makes room: 1 -> 0" in p.reason
-    # with CPUs of their own left, background roles only give up the core main takes
+    assert dict(p.also) == {DL: {0}} and "dataloader makes room: 1 -> 0" in p.reason
+    # with CPUs of their own left, the workers only give up the core main takes
     plan = {"main": [0], "nccl": [1], "dataloader": [2, 3], "other": [2, 3]}
     recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}, "nccl": NCCL_IDLE})
     p = RULES["runqueue"]().propose(ctx(recs, plan, topo=topology(4), facts=FakeFacts(foreign=[hog(0)])))
-    assert p.cpus == {2} and dict(p.also) == {DL: {3}, OTHER: {3}}
+    assert p.cpus == {2} and dict(p.also) == {DL: {3}}
 
 
 def test_runqueue_skips_a_core_with_a_pinned_foreign_thread():

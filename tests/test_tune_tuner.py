@@ -44,13 +44,11 @@ def test_a_move_that_helps_is_kept_and_logged_with_its_effect():
     run.quiet(3)  # warm-up window, then two quiet windows for the noise band
     assert run.binder.calls == []
     run.hogged()
-    # main goes to core 2; our background roles that ran there make room in the same action
-    assert [(r, c) for r, c, _ in run.binder.calls] == [
-        (MAIN, frozenset({2})), (ThreadRole.DATALOADER, frozenset({3})), (ThreadRole.OTHER, frozenset({3}))]
+    # main goes to core 2; the DataLoader workers that ran there make room in the same action
+    assert [(r, c) for r, c, _ in run.binder.calls] == [(MAIN, frozenset({2})), (ThreadRole.DATALOADER, frozenset({3}))]
     applied = run.events.of("tune", phase="applied", rule="runqueue")
     assert applied and applied[0]["change"] == {"from": [0], "to": [2]} and applied[0]["effect"] is None
-    assert applied[0]["also"] == [{"role": "dataloader", "from": [2, 3], "to": [3]},
-                                  {"role": "other", "from": [2, 3], "to": [3]}]
+    assert applied[0]["also"] == [{"role": "dataloader", "from": [2, 3], "to": [3]}]
     assert applied[0]["evidence"]["foreign"][0]["name"] == "hog"
     run.quiet()  # the window after the move: back to 10 ms
     kept = run.events.of("tune", phase="kept", rule="runqueue")
@@ -68,9 +66,8 @@ def test_a_move_that_makes_things_worse_is_rolled_back():
     rb = run.events.of("rollback", rule="runqueue")
     assert len(rb) == 1 and rb[0]["why"].startswith("worse")
     assert rb[0]["change"] == {"from": [2], "to": [0]} and rb[0]["effect"]["gain_pct"] < -20
-    # the whole action is undone: main back to 0, the roles that made room back to 2-3
-    assert [c for _, c, _ in run.binder.calls] == [frozenset({2}), frozenset({3}), frozenset({3}),
-                                                   frozenset({0}), frozenset({2, 3}), frozenset({2, 3})]
+    # the whole action is undone: main back to 0, the workers that made room back to 2-3
+    assert [c for _, c, _ in run.binder.calls] == [frozenset({2}), frozenset({3}), frozenset({0}), frozenset({2, 3})]
     assert rb[0]["also"][0] == {"role": "dataloader", "from": [3], "to": [2, 3]}
     assert run.tuner.role_cpus(MAIN) == {0} and run.tuner.role_cpus(ThreadRole.DATALOADER) == {2, 3}
 

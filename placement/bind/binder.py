@@ -1,8 +1,8 @@
 """Stage 2: bind every thread of a rank, and of its DataLoader worker processes, by role.
 
 Threads appear late (NCCL creates its proxy threads lazily, DataLoader workers respawn every
-epoch), so the binder is rescanned: at step boundaries by the monitor and by a low-rate
-watcher thread. A rescan lists thread ids only; names are read and threads bound only when
+epoch), so the binder is rescanned by a low-rate watcher thread (off the training thread;
+forked DataLoader workers are re-homed at birth by placement.bind.fork). A rescan lists thread ids only; names are read and threads bound only when
 that list changed, or while a thread is young (threads are named just after they start).
 
 `main` is narrowed to its own core only once NCCL has created its threads (NCCL gives its
@@ -101,6 +101,11 @@ class RoleBinder:
         self._watcher = threading.Thread(target=self._watch, args=(interval_s,),
                                          name="placement_watch", daemon=True)
         self._watcher.start()
+
+    @property
+    def watching(self) -> bool:
+        """Whether the watcher thread rescans (so threads() stays current without a rescan call)."""
+        return self._watcher is not None and self._watcher.is_alive()
 
     def stop_watcher(self) -> None:
         self._stop.set()

@@ -5,8 +5,8 @@ benchmarks/monitor_overhead.py):
 - on_step() reads only timestamps, the main thread's thread clock and one pread of its
   schedstat, one pread per nccl/pin_memory thread, and appends a tuple.
 - every monitor.rescan_every steps: the span reading of every thread (faults, switches,
-  migrations, MHz; dataloader/other in full) and the rescan of the thread list
-  (binder.rescan when binding).
+  migrations, MHz; dataloader/other in full) and a refresh of the thread list (the
+  binder's, kept current by its watcher thread off the training thread, or ThreadScan's).
 - every monitor.flush_every steps: records are built, judged, handed to observers (the
   tuner), encoded and written in one batch, and the file flushed.
 - every monitor.exchange_every steps: one asynchronous all-gather on a side gloo group.
@@ -34,7 +34,7 @@ from placement.monitor.warn import WarnOnce, first_line, log
 class StepMonitor:
     def __init__(self, cfg: PlacementConfig, events, *, rank: int, local_rank: int, world_size: int,
                  sampler: RoleSampler, comm: CommTiming, warn: WarnOnce,
-                 rescan: Optional[Callable[[], object]] = None, exchange: Optional[Exchange] = None):
+                 exchange: Optional[Exchange] = None):
         self.cfg = cfg.monitor
         self._tune = cfg.tune
         self.events = events
@@ -44,7 +44,6 @@ class StepMonitor:
         self.sampler = sampler
         self.comm = comm
         self.warn = warn
-        self._rescan = rescan
         self.exchange = exchange
         self.step = 0
         self._data_ns = 0
@@ -110,7 +109,7 @@ class StepMonitor:
         if span_steps >= cfg.rescan_every:
             self._raw[-1] = self._raw[-1][:5] + (self.sampler.read_span(span_steps),)
             self._last_span_step = step
-            self._rescan_threads()
+            self.sampler.refresh()
         exchange = self.exchange
         exchange_now = exchange is not None and exchange.enabled and step % cfg.exchange_every == 0
         if exchange_now or step % cfg.flush_every == 0:
@@ -123,14 +122,6 @@ class StepMonitor:
         self._next_due = step + 1 if exchange is not None and exchange.pending else \
             min(self._last_span_step + cfg.rescan_every, _next_multiple(step, cfg.flush_every),
                 _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled else 1 << 62)
-
-    def _rescan_threads(self) -> None:
-        if self._rescan is not None:
-            try:
-                self._rescan()
-            except Exception as e:
-                self.warn("rescan", f"binder rescan failed ({first_line(e)})")
-        self.sampler.refresh()
 
     # ---- records ----------------------------------------------------------------------
     def _finalize(self, keep_lag: bool) -> None:

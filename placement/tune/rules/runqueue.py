@@ -68,14 +68,16 @@ class RunqueueRule(Rule):
     @staticmethod
     def _make_room(ctx: RuleContext, hot: ThreadRole,
                    target: frozenset[int]) -> tuple[tuple[ThreadRole, frozenset[int]], ...]:
-        """Our background roles on the target core leave it: to the rest of their set, or,
-        with none left, to the cores the hot thread leaves (they share those with whatever
-        drove it out, at their own nice, rather than make it wait again)."""
+        """DataLoader workers on the target core leave it: to the rest of their set, or, with
+        none left, to the cores the hot thread leaves (they share those with whatever drove it
+        out, at their own nice, rather than make it wait again). `other` stays: its threads
+        of this process take the GIL, and one descheduled behind a foreign hog while holding
+        it stalls main; next to main it only runs when main would wait for the GIL anyway."""
         layout = ctx.layout
         core = layout.cores.cores_of(target)
         moves = []
         for other in layout.co_runners(hot, core):
-            if other in HOT_ROLES:
+            if other is not ThreadRole.DATALOADER:
                 continue
             rest = layout.cpus(other) - core
             moves.append((other, rest or layout.cpus(hot) - core))
