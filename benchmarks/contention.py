@@ -29,7 +29,7 @@ benchmark's own processes, the hog included, subtracted): on a shared machine it
 much to trust a row. The last line is one JSON object of headline figures.
 
     python benchmarks/contention.py --quick      # < 1 minute
-    python benchmarks/contention.py              # 3x the steps
+    python benchmarks/contention.py              # 3x the steps, 5 runs of each (about 7 minutes)
 """
 from __future__ import annotations
 
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps: under a minute")
     ap.add_argument("--window", type=int, default=20, help="tune window in steps (placement.tune.window)")
-    ap.add_argument("--repeat", type=int, help="runs per scenario and mode, interleaved (default 1 with --quick, else 3)")
+    ap.add_argument("--repeat", type=int, help="runs per scenario and mode, interleaved (default 1 with --quick, else 5)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--hog", type=int, help=argparse.SUPPRESS)
@@ -323,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     steps = Steps(4 * w, 8 * w, 4 * w) if args.quick else Steps(12 * w, 24 * w, 12 * w)
     print(f"contention benchmark on {os.cpu_count()} CPUs, pid {os.getpid()}; modes {', '.join(modes)}")
     started = time.monotonic()
-    repeat = args.repeat or (1 if args.quick else 3)
+    repeat = args.repeat or (1 if args.quick else 5)
     runs: dict[tuple[str, str], list[dict]] = {(sc, m): [] for sc in scenarios for m in modes}
     with tempfile.TemporaryDirectory(prefix="placement-contention-") as tmp:
         for rep in range(repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
