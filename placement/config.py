@@ -32,6 +32,9 @@ class MonitorConfig:
     summary_every: int = 50  # steps between one-line logging summaries; 0 = off
     tensorboard: bool = False  # write TensorBoard scalars when tensorboard is installed
     comm_timing: str = "auto"  # auto | wall | flight_recorder | hook | off
+    # Share of step time the step hook may take on the training thread; above it the hot
+    # threads' kernel counters are read every k-th step (monitor/budget.py). 0 = every step.
+    budget_pct: float = 0.3
 
 
 @dataclass
@@ -99,6 +102,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     for k in ("flush_every", "rescan_every", "exchange_every"):
         _range(f"monitor.{k}", getattr(m, k), 1)
     _range("monitor.summary_every", m.summary_every, 0)
+    _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)

@@ -7,6 +7,7 @@ NCCL_SET_THREAD_NAME=1 (e.g. "NCCL Progress 0", "NCCL Service 0").
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass
 from enum import Enum
@@ -102,3 +103,11 @@ def scan_threads(pid: int | None = None, *, include_children: bool = True, proc:
                 if name is not None:
                     out.append(ThreadInfo(child, tid, name, ThreadRole.DATALOADER))
     return out
+
+
+def name_this_thread(name: bytes) -> None:
+    """Set the kernel name (comm) of the calling thread, so it reads well in /proc and top -H."""
+    try:
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

@@ -72,10 +72,16 @@ def test_optimizer_post_step_hook_makes_one_record_per_step(tmp_path):
     seen = []
     h = _attach(tmp_path, model, opt, monitor={"flush_every": 4})
     h.add_observer(seen.append)
+    built_on = set()
+    h.add_observer(lambda r: built_on.add(threading.current_thread().name))
     x = torch.randn(8, 16)
     for _ in range(10):
         _train_step(model, opt, x)
+    deadline = time.monotonic() + 10
+    while len(seen) < 8 and time.monotonic() < deadline:  # records are built on the monitor thread
+        time.sleep(0.01)
     assert [r.step for r in seen] == [1, 2, 3, 4, 5, 6, 7, 8]  # delivered in batches of flush_every
+    assert built_on == {"placement_mon"}  # not on the training thread
     h.close()
     assert [r.step for r in seen] == list(range(1, 11))  # close writes the rest
     steps = [l for l in _lines(tmp_path) if l["type"] == "step"]

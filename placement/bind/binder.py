@@ -11,7 +11,6 @@ core), or at once when this rank has no GPU or its process group has no NCCL bac
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import sys
@@ -22,7 +21,7 @@ from typing import Optional
 from placement.bind.affinity import BindResult, bind_thread
 from placement.cpuset import format_cpulist
 from placement.plan.model import RankPlan
-from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, child_pids, scan_threads
+from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, child_pids, name_this_thread, scan_threads
 
 log = logging.getLogger("placement")
 
@@ -116,7 +115,7 @@ class RoleBinder:
 
     # ---- internals --------------------------------------------------------
     def _watch(self, interval_s: float) -> None:
-        _name_this_thread(b"placement_watch")
+        name_this_thread(b"placement_watch")
         while not self._stop.wait(interval_s):
             self.rescan()
             if self.events is not None:
@@ -240,10 +239,3 @@ def _listdir(path: str) -> list[str]:
     except OSError:
         return []
 
-
-def _name_this_thread(name: bytes) -> None:
-    """Set the kernel name (comm) of the calling thread, so it reads well in /proc and top -H."""
-    try:
-        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
-    except (OSError, AttributeError):
-        pass

@@ -5,6 +5,7 @@ so no rank waits for it. Rank 0 classifies and writes a `straggler` event.
 """
 from __future__ import annotations
 
+import datetime
 from typing import Callable
 
 from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline
@@ -12,6 +13,10 @@ from placement.monitor.warn import WarnOnce, first_line
 
 
 class Exchange:
+    # How long submit() waits for the previous exchange (a peer more than a whole exchange
+    # window behind). The monitor thread waits, not training; exits wait for it (EXIT_WAIT_S).
+    WAIT_S = 10.0
+
     def __init__(self, rank: int, world_size: int, all_gather: Callable, warn: WarnOnce,
                  on_report: Callable[[StragglerReport, list[RankFigures]], None], slots: int,
                  thresholds: Thresholds = Thresholds()):
@@ -51,7 +56,7 @@ class Exchange:
         try:
             if not block and not work.is_completed():
                 return
-            work.wait()
+            work.wait(datetime.timedelta(seconds=self.WAIT_S))
         except Exception as e:
             self._pending = None
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
@@ -78,8 +83,6 @@ class Exchange:
         quick) before the group can be torn down under it; give up after `timeout_s`."""
         if self._pending is None:
             return
-        import datetime
-
         work, _ = self._pending
         self._pending = None
         try:

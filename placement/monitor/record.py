@@ -3,7 +3,8 @@
 Figures a probe could not read are None (and warned about once), never guessed.
 
 Sampling tiers (what keeps the monitor inside its cost budget): every step, the hot roles
-(`main`, `nccl`, `pin_memory`) get cpu_ms and runq_ms. Their other counters (nivcsw,
+(`main`, `nccl`, `pin_memory`) get cpu_ms and runq_ms (per-step means over `probe_steps`
+steps when the monitor's budget has their counters read every k-th step). Their other counters (nivcsw,
 minflt, migrations, cpus, mhz), and every figure of `dataloader` and `other`, are read
 every monitor.rescan_every steps and appear in that step's record as per-step means over
 the `span_steps` steps since the previous reading (None on the steps between; `dataloader`
@@ -78,6 +79,10 @@ class StepRecord:
     # When this rank entered its first collective of the step (time.time()); tells the late
     # arriver from the ranks that waited for it.
     comm_enter_t: Optional[float] = None
+    # Steps the hot roles' cpu_ms/runq_ms cover, as per-step means: 1 when the counters are
+    # read every step, k when the monitor's budget has them read every k-th step, 0 when not
+    # read (steps after the last reading, at exit).
+    probe_steps: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         # Built by hand: dataclasses.asdict costs ~50 us per record, a whole step's budget.
@@ -86,7 +91,7 @@ class StepRecord:
                 "comm_count": self.comm_count,
                 "roles": {name: s.to_dict() for name, s in self.roles.items()},
                 "verdict": self.verdict, "local_rank": self.local_rank,
-                "comm_enter_t": self.comm_enter_t}
+                "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps}
 
     def to_json(self) -> str:
         """One JSONL line, equal to json.dumps(self.to_dict(), separators=(",", ":")) but built
@@ -96,7 +101,8 @@ class StepRecord:
                 f'"step_ms":{_num(self.step_ms)},"data_ms":{_num(self.data_ms)},"comm_ms":{_num(self.comm_ms)},'
                 f'"comm_count":{self.comm_count},"roles":{{{roles}}},"verdict":"{self.verdict}",'
                 f'"local_rank":{self.local_rank},'
-                f'"comm_enter_t":{"null" if self.comm_enter_t is None else _num(self.comm_enter_t)}}}')
+                f'"comm_enter_t":{"null" if self.comm_enter_t is None else _num(self.comm_enter_t)},'
+                f'"probe_steps":{self.probe_steps}}}')
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":

@@ -7,7 +7,7 @@ from placement.monitor.logread import RunLog
 from placement.monitor.summary import RunSummary, summarize
 
 HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
-SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end")
+SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end", "monitor")
 
 
 def _f(v: Optional[float], digits: int = 1) -> str:
@@ -91,6 +91,8 @@ def _describe(e: dict) -> str:
     if kind == "start" and e.get("source") == "monitor":
         return (f"monitor start: comm timing {e.get('comm_timing')} (backend {e.get('backend')}), "
                 f"DDP hook {e.get('ddp_hook')}, exchange {e.get('exchange')}")
+    if kind == "monitor":
+        return f"monitor: {e.get('message')}"
     if kind == "start":
         return f"start pid {e.get('pid')} policy {e.get('policy')}"
     return _generic(e)

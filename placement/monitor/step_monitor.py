@@ -1,24 +1,39 @@
-"""The per-rank step monitor: the step hook, per-step records, and their delivery.
+"""The per-rank step monitor: the step hook on the training thread, and the monitor thread
+that turns its raw readings into records and delivers them.
 
-Cost design (budget: <= 30 us per step, <= 0.3% of a 10 ms step; see
-benchmarks/monitor_overhead.py):
-- on_step() reads only timestamps, the main thread's thread clock and one pread of its
-  schedstat, one pread per nccl/pin_memory thread, and appends a tuple.
-- every monitor.rescan_every steps: the span reading of every thread (faults, switches,
-  migrations, MHz; dataloader/other in full) and a refresh of the thread list (the
-  binder's, kept current by its watcher thread off the training thread, or ThreadScan's).
-- every monitor.flush_every steps: records are built, judged, handed to observers (the
-  tuner), encoded and written in one batch, and the file flushed.
-- every monitor.exchange_every steps: one asynchronous all-gather on a side gloo group.
+Cost design (the hook may take monitor.budget_pct of the step on the training thread:
+0.3% is 30 us of a 10 ms step; see benchmarks/monitor_overhead.py):
+- on_step(), training thread: a perf_counter stamp, the step's data wait and comm
+  counters, on probe steps the hot threads' kernel counters (main's thread clock and one
+  pread of its schedstat, one pread per nccl/pin_memory thread), and an append. Every
+  step is a probe step unless that costs more than the budget (budget.py). At the next
+  due step (a span reading, a flush or an exchange) the raw steps are handed over: a
+  deque append and one wake-up.
+- the monitor thread (`placement_mon`, role `other`, so never on a hot core): every
+  monitor.rescan_every steps the span reading of every thread and a refresh of the
+  thread list; every monitor.flush_every steps records are built, judged, handed to the
+  observers (the tuner), encoded and written in one batch, and the file flushed; every
+  monitor.exchange_every steps one asynchronous all-gather on a side gloo group.
 Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
+
+The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
+in training code, interpreter exit) take it and finish that work on their own thread, so
+every measured step is written whichever thread gets there.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import dataclasses
+import queue
+import statistics
+import threading
 import time
 from typing import Callable, Optional
 
 from placement.config import PlacementConfig
 from placement.monitor import exitflush
+from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommTiming
 from placement.monitor.exchange import Exchange
 from placement.monitor.jsonl import write_records
@@ -29,6 +44,20 @@ from placement.monitor.tensorboard_sink import open_writer, write_batch
 from placement.monitor.threads import RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
+from placement.roles import name_this_thread
+
+# Batches waiting for the monitor thread beyond which the training thread builds them
+# itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
+# lets the monitor thread run only one switch interval (5 ms) per system call it makes.
+MAX_BACKLOG = 4
+# How long an exit path waits for the monitor thread to finish what it is doing (it can
+# be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
+EXIT_WAIT_S = 15.0
+
+# One raw step, as on_step appends it:
+# (end perf_counter_ns, data ns, CommStep, main read or None, hot read or None, span read or None).
+# Main and hot reads are None on the steps between probe steps; the span read is set by the
+# monitor thread on the step it was taken at.
 
 
 class StepMonitor:
@@ -45,30 +74,46 @@ class StepMonitor:
         self.comm = comm
         self.warn = warn
         self.exchange = exchange
+        self.budget = ProbeBudget(self.cfg.budget_pct)
+        self.observers: list[Callable[[StepRecord], None]] = []
+        self.closed = False
+
+        # -- training thread ------------------------------------------------------------
         self.step = 0
         self._data_ns = 0
-        self._last_span_step = 0
-        # Step boundaries are perf_counter_ns stamps; their wall time is derived in the batch
-        # from an anchor pair re-taken there (one clock read per step instead of two).
-        self._anchor = (time.perf_counter_ns(), time.time())
-        self._t_last = self._anchor[0]
-        self._wall_last = self._anchor[1]
-        # The next step that has batch work (a span reading, a flush, an exchange): one
-        # comparison per step decides whether any is due.
+        self._raw: list[tuple] = []  # steps measured since the last hand-over
+        self._probe_in = 1  # steps until the next probe step
+        self._span_due = self.cfg.rescan_every
+        # The next step with work for the monitor thread: one comparison per step.
         self._next_due = min(self.cfg.rescan_every, self.cfg.flush_every, self.cfg.exchange_every)
-        # Steps measured but not yet built into records:
-        # (end perf_counter_ns, data ns, CommStep, main read, hot read, span read or None)
-        self._raw: list[tuple] = []
-        self._raw_first_step = 1  # step number of _raw[0]
-        self._window: list[StepRecord] = []  # since the last exchange
-        self._summary: list[StepRecord] = []  # since the last summary line
-        self.observers: list[Callable[[StepRecord], None]] = []
-        self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
-        self.self_ns = 0  # time spent inside the monitor on the training thread
+        self.self_ns = 0  # time spent inside the hook on the training thread
         self.steps_timed = 0
         self._busy = False
         self._flush_requested = False
-        self.closed = False
+
+        # -- hand-over --------------------------------------------------------------------
+        # (last step, raw steps, span due, hook ns so far, hook steps so far); deque appends
+        # and pops are atomic, and only the holder of _lock pops.
+        self._handed: collections.deque = collections.deque()
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._holder: Optional[int] = None  # thread ident holding _lock
+        self._thread: Optional[threading.Thread] = None
+        self._stopping = False
+
+        # -- monitor thread (or whoever holds _lock) --------------------------------------
+        self._pending: list[tuple] = []  # raw steps handed over, not yet built into records
+        self._pending_first_step = 1  # step number of _pending[0]
+        # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
+        # are built, from an anchor pair re-taken then (one clock read per step, not two).
+        self._anchor = (time.perf_counter_ns(), time.time())
+        self._t_last = self._anchor[0]
+        self._wall_last = self._anchor[1]
+        self._last_span_step = 0
+        self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
+        self._window: list[StepRecord] = []  # since the last exchange
+        self._summary: list[StepRecord] = []  # since the last summary line
+        self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
 
     # ---- fed by the training loop --------------------------------------------------------
     def add_data_wait(self, ns: int) -> None:
@@ -82,15 +127,20 @@ class StepMonitor:
         self._busy = True
         try:
             # Right after a training step every code path runs cold (caches and TLB hold the
-            # step's data), so the per-step path is the two syscalls of main's figures and an
-            # append; records are built in the batch.
-            sampler = self.sampler
-            self._raw.append((t0, self._data_ns, self.comm.take_step(), sampler.main.step_read(),
-                              sampler.read_hot() if sampler.has_hot else (), None))
+            # step's data): this path is a few lines, and the system calls only on probe steps.
+            step = self.step + 1
+            self._probe_in -= 1
+            if self._probe_in <= 0 or step >= self._next_due:  # a hand-over step is a probe step
+                self._probe_in = self.budget.every
+                sampler = self.sampler
+                self._raw.append((t0, self._data_ns, self.comm.take_step(), sampler.main.step_read(),
+                                  sampler.read_hot() if sampler.has_hot else (), None))
+            else:
+                self._raw.append((t0, self._data_ns, self.comm.take_step(), None, None, None))
             self._data_ns = 0
-            self.step += 1
-            if self.step >= self._next_due:
-                self._batch_work()
+            self.step = step
+            if step >= self._next_due:
+                self._hand_over(step)
         except Exception as e:
             self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
@@ -102,36 +152,121 @@ class StepMonitor:
                 self.emergency_flush("deferred")
                 exitflush.resume_deferred()
 
-    def _batch_work(self) -> None:
-        """The work due at this step: a span reading, building and writing records, an exchange."""
-        cfg, step = self.cfg, self.step
-        span_steps = step - self._last_span_step
-        if span_steps >= cfg.rescan_every:
-            self._raw[-1] = self._raw[-1][:5] + (self.sampler.read_span(span_steps),)
+    def _hand_over(self, step: int) -> None:
+        cfg = self.cfg
+        raw, self._raw = self._raw, []
+        span = step >= self._span_due
+        if span:
+            self._span_due = step + cfg.rescan_every
+        self._handed.append((step, raw, span, self.self_ns, self.steps_timed))
+        exchange = self.exchange
+        self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
+                             _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
+                             else 1 << 62)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
+            self._thread.start()
+        self._wake.put(None)
+        if len(self._handed) > MAX_BACKLOG:
+            with self._holding():
+                self._drain(exchange=True)
+
+    # ---- the monitor thread ----------------------------------------------------------------
+    def _run(self) -> None:
+        name_this_thread(b"placement_mon")
+        while True:
+            self._wake.get()
+            if self._stopping:
+                return
+            with self._holding():
+                self._drain(exchange=True)
+
+    @contextlib.contextmanager
+    def _holding(self, timeout: float = -1):
+        """Hold _lock (yields False when it was not had within `timeout`). A SIGTERM that lands
+        while the main thread holds it is deferred to the release, as one mid-step is."""
+        if not self._lock.acquire(timeout=timeout):
+            yield False
+            return
+        self._holder = threading.get_ident()
+        try:
+            yield True
+        finally:
+            self._holder = None
+            self._lock.release()
+            if self._flush_requested and not self._busy and threading.current_thread() is threading.main_thread():
+                self._flush_requested = False
+                self.emergency_flush("deferred")
+                exitflush.resume_deferred()
+
+    def _drain(self, exchange: bool) -> None:
+        """Work through what was handed over (the caller holds _lock). `exchange`: take part
+        in due cross-rank exchanges (not on the way out: peers may be gone)."""
+        while self._handed:
+            item = self._handed.popleft()
+            try:
+                self._process(*item, exchange=exchange)
+            except Exception as e:  # the monitor never breaks training, nor stops for one bad batch
+                self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
+                                                       f"{first_line(e)}); continuing")
+
+    def _process(self, step: int, raw: list[tuple], span: bool, hook_ns: int, hook_steps: int,
+                 exchange: bool) -> None:
+        cfg = self.cfg
+        if span:
+            raw[-1] = raw[-1][:5] + (self.sampler.read_span(step - self._last_span_step),)
             self._last_span_step = step
             self.sampler.refresh()
-        exchange = self.exchange
-        exchange_now = exchange is not None and exchange.enabled and step % cfg.exchange_every == 0
+        self._pending.extend(raw)
+        self._judge_budget(raw, hook_ns, hook_steps)
+        ex = self.exchange if exchange else None
+        exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
         if exchange_now or step % cfg.flush_every == 0:
             self._finalize(keep_lag=True)
             self.events.flush()
         if exchange_now:
             self._submit_exchange()
-        elif exchange is not None and exchange.pending:
-            exchange.collect()
-        self._next_due = step + 1 if exchange is not None and exchange.pending else \
-            min(self._last_span_step + cfg.rescan_every, _next_multiple(step, cfg.flush_every),
-                _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled else 1 << 62)
+        elif ex is not None and ex.pending:
+            ex.collect()
+
+    def _judge_budget(self, raw: list[tuple], hook_ns: int, hook_steps: int) -> None:
+        """Read the kernel counters every k-th step when every step costs more than the budget."""
+        ns0, steps0 = self._hook_seen
+        self._hook_seen = (hook_ns, hook_steps)
+        if hook_steps - steps0 < 4 or len(raw) < 4:
+            return
+        hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
+        step_ms = statistics.median((b[0] - a[0]) / 1e6 for a, b in zip(raw, raw[1:]))
+        was = self.budget.every
+        now = self.budget.update(hook_us, step_ms)
+        if now is not None:
+            self.events.event("monitor", message=(
+                f"kernel counters read every {now} step(s), was {was}: the step hook costs {hook_us:.1f} us "
+                f"per step on this machine, {hook_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
+                f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
+                probe_every=now, hook_us=round(hook_us, 1), step_ms=round(step_ms, 3),
+                budget_pct=self.budget.budget_pct)
+        elif self.budget.over(hook_us, step_ms):
+            self.warn("budget", f"the step hook costs {hook_us:.1f} us per step, over "
+                                f"{self.budget.budget_pct}% of a {step_ms:.2f} ms step although it reads "
+                                f"the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
     def _finalize(self, keep_lag: bool) -> None:
-        lag = self.comm.lag_steps if keep_lag else 0
-        ready = self._raw[:len(self._raw) - lag] if lag else self._raw
-        if not ready:
+        """Build, write and deliver the records of the pending steps. With keep_lag, the last
+        comm.lag_steps steps wait (their NCCL durations are not in yet), and the cut is made
+        at a probe step so that every step built has its counters."""
+        raw = self._pending
+        cut = len(raw)
+        if keep_lag:
+            cut -= self.comm.lag_steps
+            while cut > 0 and raw[cut - 1][3] is None:
+                cut -= 1
+        if cut <= 0:
             return
-        self._raw = self._raw[len(ready):]
-        first_step = self._raw_first_step
-        self._raw_first_step += len(ready)
+        ready, self._pending = raw[:cut], raw[cut:]
+        first_step = self._pending_first_step
+        self._pending_first_step += cut
         # Wall times of the step ends, from the perf_counter stamps and the anchor (re-taken
         # here so that a drift between the two clocks cannot build up).
         anchor_ns, anchor_wall = self._anchor
@@ -139,17 +274,18 @@ class StepMonitor:
         starts = [self._wall_last] + ends[:-1]
         pending = [i for i, r in enumerate(ready) if r[2].comm_ms is None]
         late_comm = dict(zip(pending, self.comm.resolve([(starts[i], ends[i]) for i in pending]))) if pending else {}
+        roles_of, probe_steps = self._role_samples(ready)
         tune = self._tune
         batch = []
         t_last = self._t_last
-        for i, (t_end, data_ns, comm, main, hot, span) in enumerate(ready):
+        for i, (t_end, data_ns, comm, _main, _hot, span) in enumerate(ready):
             step_ms, data_ms, t_last = (t_end - t_last) / 1e6, data_ns / 1e6, t_end
-            roles = self.sampler.samples(main, hot)
+            roles = roles_of[i]
             if span is not None:
                 merge_span(roles, span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
-                             local_rank=self.local_rank, comm_enter_t=comm.enter_t)
+                             local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i])
             rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), tune.runq_wait_pct,
                                        tune.comm_share_pct, tune.data_share_pct)
             batch.append(rec)
@@ -169,6 +305,29 @@ class StepMonitor:
             self._summary = []
             if s is not None:
                 log.info(one_line(s))
+
+    def _role_samples(self, ready: list[tuple]) -> tuple[list[dict], list[int]]:
+        """Per-step role samples: a probe step's counter deltas are spread evenly over it and
+        the steps since the probe step before it, which share its samples (records are not
+        changed once built; only a step with a span reading gets its own copy, which
+        merge_span fills). Steps after the last probe step, only at exit, have none."""
+        roles_of: list[dict] = []
+        probe_steps: list[int] = []
+        run = 0  # steps waiting for the next probe step
+        for _t, _d, _c, main, hot, span in ready:
+            run += 1
+            if main is None:
+                continue
+            roles = self.sampler.samples(main, hot, run)
+            roles_of.extend([roles] * (run - 1))
+            roles_of.append(roles if span is None or run == 1 else
+                            {name: dataclasses.replace(s) for name, s in roles.items()})
+            probe_steps.extend([run] * run)
+            run = 0
+        for _ in range(run):
+            roles_of.append(self.sampler.unread())
+            probe_steps.append(0)
+        return roles_of, probe_steps
 
     def _deliver(self, rec: StepRecord) -> None:
         for fn in list(self.observers):
@@ -203,16 +362,35 @@ class StepMonitor:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
 
     # ---- ends --------------------------------------------------------------------------
+    def _write_everything(self, exchange: bool) -> bool:
+        """Every measured step into records now, on this thread. False when the monitor
+        thread did not let go within EXIT_WAIT_S (it then writes what it holds itself)."""
+        with self._holding(EXIT_WAIT_S) as held:
+            if not held:
+                self.warn("exit-wait", f"the monitor thread was busy for {EXIT_WAIT_S:.0f} s at exit; "
+                                       "steps it had not built are not written")
+                return False
+            self._drain(exchange=exchange)
+            raw, self._raw = self._raw, []
+            if raw and raw[-1][3] is None:
+                # Steps since the last probe step: read the counters now, so that they have
+                # their figures (the reading includes the moments since the last step ended).
+                sampler = self.sampler
+                raw[-1] = raw[-1][:3] + (sampler.main.step_read(), sampler.read_hot(), None)
+            self._pending.extend(raw)
+            self._finalize(keep_lag=False)
+            return True
+
     def emergency_flush(self, reason: str) -> bool:
         """Write every measured step now (exit, SIGTERM, exception). False when mid-step:
         then it happens at the end of that step."""
-        if self._busy:
+        if self._busy or self._holder == threading.get_ident():  # interrupted mid-step or mid-batch
             self._flush_requested = True
             return False
         if self.closed:
             return True
         try:
-            self._finalize(keep_lag=False)
+            self._write_everything(exchange=False)
         finally:
             self.events.flush()
         return True
@@ -220,10 +398,15 @@ class StepMonitor:
     def close(self) -> None:
         if self.closed:
             return
-        self._finalize(keep_lag=False)
         self.closed = True
+        thread = self._thread
+        if thread is not None:
+            self._stopping = True
+            self._wake.put(None)
+            thread.join(timeout=EXIT_WAIT_S)
+        self._write_everything(exchange=False)
         exitflush.unregister(self)
-        if self.exchange is not None:
+        if self.exchange is not None and (thread is None or not thread.is_alive()):
             self.exchange.close()
         self.comm.close()
         self.sampler.close()
@@ -234,7 +417,8 @@ class StepMonitor:
                 pass
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
         self.events.event("end", source="monitor", steps=self.step,
-                          monitor_us_per_step=None if per_step is None else round(per_step, 2))
+                          monitor_us_per_step=None if per_step is None else round(per_step, 2),
+                          probe_every=self.budget.every)
         self.events.flush()
 
 

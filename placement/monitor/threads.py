@@ -1,17 +1,24 @@
 """Per-role figures of one rank's threads, in the sampling tiers of record.py.
 
-Every step (on the training thread, so kept to raw reads): the on-CPU time and runqueue
-wait of `main`, `nccl` and `pin_memory` threads.
-The deltas and RoleSamples are made later, in the batch (`samples`).
-Every span (monitor.rescan_every steps): everything else, as per-step means over the
-span: the hot roles' faults, involuntary switches, migrations, CPUs and MHz; all figures
-of `dataloader` and `other`.
+Every probe step (on the training thread, so kept to raw reads; every step unless the
+monitor's budget says otherwise, see budget.py): the on-CPU time and runqueue wait of
+`main`, `nccl` and `pin_memory` threads.
+The deltas and RoleSamples are made later, on the monitor thread (`samples`).
+Every span (monitor.rescan_every steps, on the monitor thread): everything else, as
+per-step means over the span: the hot roles' faults, involuntary switches, migrations,
+CPUs and MHz; all figures of `dataloader` and `other`.
 Which threads exist, and their roles, comes from the binder's thread list (or
 ThreadScan without one), re-read every span.
+
+Two threads use a sampler: the training thread calls `main.step_read` and `read_hot`,
+the monitor thread everything else. The hot probes' table is swapped and their file
+descriptors closed under `_hot_lock`, which read_hot holds while it reads, so a read
+never lands on a descriptor the kernel has already given to another file.
 """
 from __future__ import annotations
 
 import os
+import threading
 from typing import Callable, Iterable, Optional
 
 from placement.monitor.cpufreq import CoreFreq
@@ -60,6 +67,8 @@ class RoleSampler:
             self._last_cpus[MAIN] = [self._main_span_prev[2]]
         self._probes: dict[int, tuple[str, ThreadProbe]] = {}  # tid -> (role, probe)
         self._hot: tuple[tuple[int, str, ThreadProbe], ...] = ()  # the EVERY_STEP_ROLES probes
+        self._hot_lock = threading.Lock()
+        self._gone: set[int] = set()  # hot threads read_hot found gone; dropped at the next refresh
         self._hot_prev: dict[int, tuple[Optional[int], Optional[int]]] = {}  # tid -> (cpu_ns, runq_ns)
         self._span_prev: dict[int, ThreadCounters] = {}
         self._last_mhz: dict[str, Optional[float]] = {}
@@ -80,9 +89,11 @@ class RoleSampler:
             self._fail("thread list", e)
             return
         me = os.getpid()
+        gone = set(self._gone)
+        self._gone -= gone  # each set operation is atomic: a tid read_hot adds meanwhile stays
         seen: dict[int, str] = {}
         for t in infos:
-            if not (t.pid == me and t.tid == me):  # main has its own probe
+            if not (t.pid == me and t.tid == me) and t.tid not in gone:  # main has its own probe
                 seen[t.tid] = t.role.value if isinstance(t.role, ThreadRole) else str(t.role)
         for tid in [tid for tid, (role, _) in self._probes.items() if seen.get(tid) != role]:
             self._drop(tid)
@@ -94,43 +105,44 @@ class RoleSampler:
                 self._probes[t.tid] = (role, ThreadProbe(t.pid, t.tid, self._fail, self._proc))
             except ThreadGone:
                 continue
-        self._hot = tuple((tid, role, probe) for tid, (role, probe) in self._probes.items()
-                          if role in EVERY_STEP_ROLES)
+        hot = tuple((tid, role, probe) for tid, (role, probe) in self._probes.items() if role in EVERY_STEP_ROLES)
+        with self._hot_lock:
+            self._hot = hot
 
     def _drop(self, tid: int) -> None:
         _, probe = self._probes.pop(tid)
-        probe.close()
+        with self._hot_lock:
+            self._hot = tuple(h for h in self._hot if h[0] != tid)
+            probe.close()
         self._hot_prev.pop(tid, None)
         self._span_prev.pop(tid, None)
-        self._hot = tuple(h for h in self._hot if h[0] != tid)
 
-    # ---- every step: raw reads only --------------------------------------------------
+    # ---- probe steps, on the training thread: raw reads only ------------------------
     @property
     def has_hot(self) -> bool:
         return bool(self._hot)
 
     def read_hot(self) -> HotRead:
-        if not self._hot:
-            return ()
-        out, gone = [], []
-        for tid, role, probe in self._hot:
-            try:
-                cpu_ns, runq_ns = probe.schedstat()
-            except ThreadGone:
-                gone.append(tid)
-                continue
-            out.append((tid, role, cpu_ns, runq_ns))
-        for tid in gone:
-            self._drop(tid)
+        out = []
+        with self._hot_lock:
+            for tid, role, probe in self._hot:
+                try:
+                    cpu_ns, runq_ns = probe.schedstat()
+                except ThreadGone:
+                    self._gone.add(tid)
+                    continue
+                out.append((tid, role, cpu_ns, runq_ns))
         return tuple(out)
 
-    # ---- in the batch: raw reads -> per-step RoleSamples -----------------------------
-    def samples(self, main: MainRead, hot: HotRead) -> dict[str, RoleSample]:
-        """This step's samples from its raw reads; must be called in step order."""
+    # ---- on the monitor thread: raw reads -> per-step RoleSamples ---------------------
+    def samples(self, main: MainRead, hot: HotRead, steps: int = 1) -> dict[str, RoleSample]:
+        """Per-step samples from one probe step's raw reads, the counters' deltas since the
+        probe step before spread over the `steps` steps between; called in step order."""
         prev, self._main_prev = self._main_prev, main
+        scale = 1e6 * steps
         roles = {MAIN: RoleSample(
-            threads=1, cpu_ms=None if main[0] is None or prev[0] is None else (main[0] - prev[0]) / 1e6,
-            runq_ms=None if main[1] is None or prev[1] is None else (main[1] - prev[1]) / 1e6,
+            threads=1, cpu_ms=None if main[0] is None or prev[0] is None else (main[0] - prev[0]) / scale,
+            runq_ms=None if main[1] is None or prev[1] is None else (main[1] - prev[1]) / scale,
             mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
         for tid, role, cpu_ns, runq_ns in hot:
             before = self._hot_prev.get(tid)
@@ -140,9 +152,14 @@ class RoleSampler:
                 s = roles[role] = RoleSample(threads=0, cpus=self._last_cpus.get(role, []), mhz=self._last_mhz.get(role))
             s.threads += 1
             if before is not None:
-                s.cpu_ms = _add_ms(s.cpu_ms, _delta(cpu_ns, before[0]))
-                s.runq_ms = _add_ms(s.runq_ms, _delta(runq_ns, before[1]))
+                s.cpu_ms = _add_ms(s.cpu_ms, _delta(cpu_ns, before[0]), steps)
+                s.runq_ms = _add_ms(s.runq_ms, _delta(runq_ns, before[1]), steps)
         return roles
+
+    def unread(self) -> dict[str, RoleSample]:
+        """Samples of a step whose counters were not read (measured after the last probe
+        step, at exit): main's CPUs as last seen, no figures."""
+        return {MAIN: RoleSample(threads=1, mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
 
     # ---- every span ------------------------------------------------------------------
     def read_span(self, span_steps: int) -> dict[str, RoleSample]:
@@ -211,10 +228,10 @@ def merge_span(step_roles: dict[str, RoleSample], span: dict[str, RoleSample]) -
         mine.migrations, mine.cpus = s.migrations, s.cpus
 
 
-def _add_ms(total: Optional[float], ns: Optional[int]) -> Optional[float]:
+def _add_ms(total: Optional[float], ns: Optional[int], steps: int) -> Optional[float]:
     if ns is None:
         return total
-    return (total or 0.0) + ns / 1e6
+    return (total or 0.0) + ns / 1e6 / steps
 
 
 class ThreadScan:
