@@ -11,9 +11,11 @@ A small MLP trained on CPU (one intra-op thread), batch sized so a step takes ab
   blocks only, so it runs as in a long job (its probe budget settles in the first batch).
 
 Printed, per arm: step time quantiles and
-- in hook us: the arm's own wall time inside its step hook, measured on every step: what
-  the training thread pays directly. The headline overhead_us_per_step.
-- background us: CPU time of the process's other threads (the monitor thread) per step.
+- in hook us: the wall time of the arm's step-hook call, timed by the loop around the call
+  on every step, minus the same timing around no call in the off arm. With the time
+  handle.watch() adds to fetching a batch (on's next() minus off's), what the training
+  thread pays directly: the headline overhead_us_per_step.
+- the monitor thread's CPU per step (its own clock): the records are built there.
 - added wall / added CPU: the arm's median per-round difference from `off` of the block
   medians of step wall time / of the training thread's CPU time per step, with their
   resolution: the 95% band of the same estimate for off2 - off, two arms that differ in
@@ -57,19 +59,19 @@ def make_job(batch: int):
 
 
 class Block:
-    """Per-step wall and training-thread CPU ms of one block, and its background CPU ms."""
+    """Per-step wall and training-thread CPU ms of one block, and the us its next() calls took."""
 
     def __init__(self):
         self.wall: list[float] = []
         self.cpu: list[float] = []
-        self.background_ms = 0.0
+        self.next_us: list[float] = []  # fetching the batch: through handle.watch() in the on arm
+        self.hook_us: list[float] = []  # the arm's end_step() call (none in off), timed by the caller
 
 
 def run_block(model, opt, data, steps: int, source, end_step=None) -> Block:
     """A step = next batch + forward/backward + optimizer step (+ end_step(), the arm's hook)."""
     b = Block()
     it = iter(source)
-    p0, c00 = time.process_time_ns(), time.thread_time_ns()
     for _ in range(steps):
         t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
@@ -77,15 +79,17 @@ def run_block(model, opt, data, steps: int, source, end_step=None) -> Block:
         except StopIteration:
             it = iter(source)
             x, y = next(it)
+        b.next_us.append((time.perf_counter_ns() - t0) / 1e3)
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        t1 = time.perf_counter_ns()  # timed in every arm: the off arms' figure is the timing's own cost
         if end_step is not None:
             end_step()
+        b.hook_us.append((time.perf_counter_ns() - t1) / 1e3)
         b.wall.append((time.perf_counter_ns() - t0) / 1e6)
         b.cpu.append((time.thread_time_ns() - c0) / 1e6)
-    b.background_ms = ((time.process_time_ns() - p0) - (time.thread_time_ns() - c00)) / 1e6
     return b
 
 
@@ -146,6 +150,14 @@ def probe_costs() -> dict[str, float]:
     return out
 
 
+def thread_cpu_ms(thread) -> float:
+    """On-CPU ms of a thread of this process so far (schedstat field 1)."""
+    if thread is None:
+        return 0.0
+    with open(f"/proc/self/task/{thread.native_id}/schedstat", "rb") as f:
+        return int(f.read().split()[0]) / 1e6
+
+
 def round_diffs_us(blocks: dict[str, list[Block]], arm: str, field: str) -> list[float]:
     """Per round: block median of `arm` minus block median of off, in us."""
     return [1e3 * (statistics.median(getattr(a, field)) - statistics.median(getattr(o, field)))
@@ -174,29 +186,34 @@ def main(argv=None) -> int:
     watched = h.watch(data)
     floor = FloorHook()
     blocks: dict[str, list[Block]] = {a: [] for a in ARMS}
-    hook_ns = {"floor": 0, "on": 0}
-    hook_steps = {"floor": 0, "on": 0}
+    inside_ns = 0  # the monitor's own count of its time inside on_step, for comparison
     for i in range(rounds):
         for arm in ARMS[i % 4:] + ARMS[:i % 4]:  # rotate which arm goes first
             if arm in ("off", "off2"):
                 blocks[arm].append(run_block(model, opt, data, steps, data))
             elif arm == "floor":
-                ns0 = floor.self_ns
                 blocks[arm].append(run_block(model, opt, data, steps, data, floor))
-                hook_ns[arm] += floor.self_ns - ns0
-                hook_steps[arm] += steps
             else:
-                ns0, n0 = h.monitor.self_ns, h.monitor.steps_timed
+                ns0 = h.monitor.self_ns
                 blocks[arm].append(run_block(model, opt, data, steps, watched, h.step))
-                hook_ns[arm] += h.monitor.self_ns - ns0
-                hook_steps[arm] += h.monitor.steps_timed - n0
+                inside_ns += h.monitor.self_ns - ns0
     probe_every = h.monitor.budget.every
+    monitor_cpu_ms = thread_cpu_ms(h.monitor._thread)
     h.close()
     floor.close()
-    hook = {a: hook_ns[a] / 1e3 / hook_steps[a] for a in hook_ns}
+    # The caller's two clock reads around the hook cost a few us themselves right after a step
+    # (cold): the same reads around nothing, in the off arm, are subtracted.
+    empty_us = statistics.mean(u for b in blocks["off"] for u in b.hook_us)
+    hook = {a: statistics.mean(u for b in blocks[a] for u in b.hook_us) - empty_us for a in ("floor", "on")}
+    inside_us = inside_ns / 1e3 / (rounds * steps)
     flat = {a: [ms for b in blocks[a] for ms in b.wall] for a in ARMS}
     step_ms = statistics.median(flat["off"])
-    background = {a: 1e3 * sum(b.background_ms for b in blocks[a]) / (rounds * steps) for a in ARMS}
+    on_steps = rounds * steps
+    monitor_us = 1e3 * monitor_cpu_ms / on_steps  # the monitor thread's CPU per step it monitored
+    # handle.watch() runs on the training thread too: its cost is on's next() minus off's.
+    watch_us = statistics.mean(u for b in blocks["on"] for u in b.next_us) - \
+        statistics.mean(u for b in blocks["off"] for u in b.next_us)
+    training_us = hook["on"] + max(0.0, watch_us)
     added_wall = {a: statistics.median(round_diffs_us(blocks, a, "wall")) for a in ARMS[1:]}
     added_cpu = {a: statistics.median(round_diffs_us(blocks, a, "cpu")) for a in ARMS[1:]}
     # Resolution: the standard error of the same estimate between two arms that differ in
@@ -204,26 +221,30 @@ def main(argv=None) -> int:
     resolution = {f: 1.96 * standard_error_of_median(round_diffs_us(blocks, "off2", f)) for f in ("wall", "cpu")}
     print(f"monitor overhead: batch {batch}, {rounds} rounds of one {steps}-step block per arm, 1 intra-op thread, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f}")
-    print(f"{'arm':6s} {'steps':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'in hook us':>11s} {'background us':>14s} "
+    print(f"{'arm':6s} {'steps':>6s} {'p50 ms':>8s} {'p99 ms':>8s} {'in hook us':>11s} "
           f"{'added wall us':>14s} {'added CPU us':>13s}")
     for a in ARMS:
         v = sorted(flat[a])
         print(f"{a:6s} {len(v):6d} {statistics.median(v):8.3f} {v[int(0.99 * (len(v) - 1))]:8.3f} "
-              f"{f'{hook[a]:.1f}' if a in hook else '':>11s} {background[a]:14.1f} "
+              f"{f'{hook[a]:.1f}' if a in hook else '':>11s} "
               f"{'' if a == 'off' else f'{added_wall[a]:.1f}':>14s} {'' if a == 'off' else f'{added_cpu[a]:.1f}':>13s}")
-    print(f"\nin hook: the arm's own time inside its step hook, wall clock, every step; the monitor read the "
-          f"kernel counters every {probe_every} step(s) (monitor.budget_pct={h.config.monitor.budget_pct})")
-    print("background: CPU of the process's other threads per step (the monitor thread builds, writes and "
-          "delivers the records there)")
+    print(f"\non the training thread per step: {hook['on']:.1f} us in handle.step() (of which {inside_us:.1f} us "
+          f"inside on_step, as the monitor counts itself) + {watch_us:.1f} us more in handle.watch() = "
+          f"{training_us:.1f} us ({100 * training_us / 1e3 / step_ms:.3f}% of the step); kernel counters read "
+          f"every {probe_every} step(s) (monitor.budget_pct={h.config.monitor.budget_pct})")
+    print(f"on the monitor thread (placement_mon): {monitor_us:.1f} us CPU per step (records built, encoded, "
+          f"written and delivered there, on a core of the rank's `other` set)")
     print(f"added: median over rounds of the arm's block median minus off's; resolution (95%, from off2 - off): "
           f"wall +-{resolution['wall']:.0f} us, CPU +-{resolution['cpu']:.0f} us")
     print("\nprobe primitives here, warm (us per call):")
     costs = probe_costs()
     for name, us in costs.items():
         print(f"  {name:20s} {us:6.2f}")
-    print(json.dumps({"step_ms": round(step_ms, 3), "overhead_us_per_step": round(hook["on"], 1),
-                      "overhead_pct": round(100 * hook["on"] / 1e3 / step_ms, 3), "probe_every": probe_every,
-                      "background_us_per_step": round(background["on"] - background["off"], 1),
+    print(json.dumps({"step_ms": round(step_ms, 3), "overhead_us_per_step": round(training_us, 1),
+                      "overhead_pct": round(100 * training_us / 1e3 / step_ms, 3), "probe_every": probe_every,
+                      "hook_us": round(hook["on"], 1), "watch_us": round(watch_us, 1),
+                      "inside_on_step_us": round(inside_us, 1),
+                      "monitor_thread_us_per_step": round(monitor_us, 1),
                       "added_wall_us": round(added_wall["on"], 1), "added_cpu_us": round(added_cpu["on"], 1),
                       "resolution_wall_us": round(resolution["wall"], 1),
                       "resolution_cpu_us": round(resolution["cpu"], 1),

@@ -8,15 +8,17 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.budget import MAX_EVERY, ProbeBudget
+from placement.monitor.budget import AIM, MAX_EVERY, ProbeBudget
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
-    b = ProbeBudget(budget_pct=0.3)  # 30 us of a 10 ms step
-    assert b.update(hook_us_per_step=20.0, step_ms=10.0) is None and b.every == 1  # inside
-    assert b.update(hook_us_per_step=45.0, step_ms=10.0) == 2  # 1.5x over: every 2nd step
-    assert b.update(hook_us_per_step=25.0, step_ms=10.0) is None  # 25 * 2 / 1 = 50 > 24: stays
-    assert b.update(hook_us_per_step=10.0, step_ms=10.0) == 1  # 10 * 2 = 20 < 24: back to every step
+    b = ProbeBudget(budget_pct=0.3)  # 30 us of a 10 ms step; the hook's own figure aims at 18 us
+    assert AIM * 30.0 == pytest.approx(18.0)
+    assert b.update(hook_us_per_step=15.0, step_ms=10.0) is None and b.every == 1  # inside the aim
+    assert b.update(hook_us_per_step=27.0, step_ms=10.0) == 2  # 1.5x over the aim: every 2nd step
+    assert b.update(hook_us_per_step=15.0, step_ms=10.0) is None  # 15 * 2 / 1 = 30 > 14.4: stays
+    assert b.update(hook_us_per_step=7.0, step_ms=10.0) == 1  # 7 * 2 = 14 < 14.4: back to every step
+    assert b.update(hook_us_per_step=25.0, step_ms=10.0) == 2  # over the aim though under the budget
     assert b.update(hook_us_per_step=300.0, step_ms=1.0) == MAX_EVERY  # 100x over: capped
     assert b.over(hook_us_per_step=300.0, step_ms=1.0)
     assert not b.over(hook_us_per_step=2.0, step_ms=1.0)

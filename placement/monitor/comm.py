@@ -103,13 +103,13 @@ class CommTiming:
         self.warn = warn
         self.clock = CollectiveClock(self.timed_calls)
         self._wrappers: Optional[CollectiveWrappers] = None
+        # take_step() -> CommStep, called by the step hook every step: the clock's own method,
+        # bound here so that the call is one frame (every frame costs on that path).
+        self.take_step: Callable[[], CommStep] = self.clock.take_step
 
     def install(self, original: "OriginalCollectives") -> None:
         self._wrappers = CollectiveWrappers(self.clock, original)
         self._wrappers.install()
-
-    def take_step(self) -> CommStep:
-        return self.clock.take_step()
 
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""
@@ -132,11 +132,16 @@ class NoComm(CommTiming):
 
     name = "off"
 
+    def __init__(self, warn: WarnOnce):
+        super().__init__(warn)
+        self.take_step = _no_comm
+
     def install(self, original: "OriginalCollectives") -> None:
         return None
 
-    def take_step(self) -> CommStep:
-        return NO_COMM
+
+def _no_comm() -> CommStep:
+    return NO_COMM
 
 
 class OriginalCollectives:

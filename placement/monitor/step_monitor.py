@@ -29,6 +29,7 @@ import queue
 import statistics
 import threading
 import time
+from time import perf_counter_ns
 from typing import Callable, Optional
 
 from placement.config import PlacementConfig
@@ -80,7 +81,7 @@ class StepMonitor:
 
         # -- training thread ------------------------------------------------------------
         self.step = 0
-        self._data_ns = 0
+        self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
         self._raw: list[tuple] = []  # steps measured since the last hand-over
         self._probe_in = 1  # steps until the next probe step
         self._span_due = self.cfg.rescan_every
@@ -115,13 +116,18 @@ class StepMonitor:
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
 
-    # ---- fed by the training loop --------------------------------------------------------
-    def add_data_wait(self, ns: int) -> None:
-        self._data_ns += ns
+    def start(self) -> None:
+        """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
+        the tuner, the first events) is neither step time nor the first step's CPU."""
+        self.sampler.rebase()
+        self._anchor = (time.perf_counter_ns(), time.time())
+        self._t_last, self._wall_last = self._anchor
 
-    def on_step(self) -> None:
-        """Mark the end of one training step. Never raises."""
-        t0 = time.perf_counter_ns()
+    # ---- fed by the training loop --------------------------------------------------------
+    def on_step(self, _optimizer=None, _args=None, _kwargs=None) -> None:
+        """Mark the end of one training step. Never raises. Registered as the optimizer's
+        post-step hook itself (no adapter: every frame costs on this path)."""
+        t0 = perf_counter_ns()
         if self.closed:
             return
         self._busy = True
@@ -133,11 +139,11 @@ class StepMonitor:
             if self._probe_in <= 0 or step >= self._next_due:  # a hand-over step is a probe step
                 self._probe_in = self.budget.every
                 sampler = self.sampler
-                self._raw.append((t0, self._data_ns, self.comm.take_step(), sampler.main.step_read(),
+                self._raw.append((t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
                                   sampler.read_hot() if sampler.has_hot else (), None))
             else:
-                self._raw.append((t0, self._data_ns, self.comm.take_step(), None, None, None))
-            self._data_ns = 0
+                self._raw.append((t0, self.data_ns, self.comm.take_step(), None, None, None))
+            self.data_ns = 0
             self.step = step
             if step >= self._next_due:
                 self._hand_over(step)
@@ -145,7 +151,7 @@ class StepMonitor:
             self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
             self._busy = False
-            self.self_ns += time.perf_counter_ns() - t0
+            self.self_ns += perf_counter_ns() - t0
             self.steps_timed += 1
             if self._flush_requested:
                 self._flush_requested = False

@@ -74,6 +74,12 @@ class RoleSampler:
         self._last_mhz: dict[str, Optional[float]] = {}
         self.refresh()
 
+    def rebase(self) -> None:
+        """Main's counters start again from now: the first step's figures cover training
+        only, not what attach() did after this sampler was made."""
+        self._main_prev = self.main.step_read()
+        self._main_span_prev = self.main.span_read()
+
     def _fail(self, what: str, e: BaseException) -> None:
         if what == "cpufreq" and isinstance(e, FileNotFoundError):  # VMs and some kernels have no cpufreq
             self._warn("probe:cpufreq", f"no cpufreq on this machine ({e.filename} is missing): MHz figures are null")
