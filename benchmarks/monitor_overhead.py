@@ -44,6 +44,7 @@ import time
 import torch
 
 import placement
+from placement.monitor.probes import thread_cpu_clock
 
 TARGET_MS = 10.0
 ARMS = ("off", "off2", "floor", "on")
@@ -151,11 +152,10 @@ def probe_costs() -> dict[str, float]:
 
 
 def thread_cpu_ms(thread) -> float:
-    """On-CPU ms of a thread of this process so far (schedstat field 1)."""
+    """On-CPU ms of a live thread of this process so far (its kernel CPU clock)."""
     if thread is None:
         return 0.0
-    with open(f"/proc/self/task/{thread.native_id}/schedstat", "rb") as f:
-        return int(f.read().split()[0]) / 1e6
+    return time.clock_gettime_ns(thread_cpu_clock(thread.native_id)) / 1e6
 
 
 def round_diffs_us(blocks: dict[str, list[Block]], arm: str, field: str) -> list[float]:

@@ -60,8 +60,7 @@ class RoleSampler:
         self._proc = proc
         self.freq = CoreFreq(self._fail, root)
         self.main = MainThreadProbe(self._fail, proc)
-        self._main_prev: MainRead = self.main.step_read()
-        self._main_span_prev = self.main.span_read()
+        self.rebase()
         self._last_cpus: dict[str, list[int]] = {}
         if self._main_span_prev[2] is not None:
             self._last_cpus[MAIN] = [self._main_span_prev[2]]
@@ -75,9 +74,9 @@ class RoleSampler:
         self.refresh()
 
     def rebase(self) -> None:
-        """Main's counters start again from now: the first step's figures cover training
-        only, not what attach() did after this sampler was made."""
-        self._main_prev = self.main.step_read()
+        """Main's counters start again from now (at creation, and as attach() returns: the
+        first step's figures cover training only, not attach()'s own set-up)."""
+        self._main_prev: MainRead = self.main.step_read()
         self._main_span_prev = self.main.span_read()
 
     def _fail(self, what: str, e: BaseException) -> None:
