@@ -2,7 +2,8 @@
 
 Every probe step (on the training thread, so kept to raw reads; every step unless the
 monitor's budget says otherwise, see budget.py): the on-CPU time and runqueue wait of
-`main`, `nccl` and `pin_memory` threads.
+`main`, `backward` (torch's pt_autograd_<device>, which runs the GPU backward work), `nccl` and
+`pin_memory` threads.
 The deltas and RoleSamples are made later, on the monitor thread (`samples`).
 Every span (monitor.rescan_every steps, on the monitor thread): everything else, as
 per-step means over the span: the hot roles' faults, involuntary switches, migrations,
@@ -29,7 +30,7 @@ from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadInfo, ThreadRole
 
 MAIN = ThreadRole.MAIN.value
-EVERY_STEP_ROLES = (ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
+EVERY_STEP_ROLES = (ThreadRole.BACKWARD.value, ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
 
 MainRead = tuple  # (cpu_ns, runq_ns)
 HotRead = tuple  # ((tid, role, cpu_ns, runq_ns), ...)
