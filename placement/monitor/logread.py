@@ -1,16 +1,18 @@
 """Reading monitor JSONL logs back: step records per rank and the events, in order.
 
-Lines that are truncated (a killed process) or corrupt are skipped and counted, never
-fatal. A file that holds several runs (step numbers start over) is reported by its
+Lines that are truncated (a killed process) or corrupt (not JSON, or a field of the wrong
+type) are skipped and counted, never fatal. `lost` events (records the writer could not
+write, e.g. a full disk) are totalled per rank. A file that holds several runs (step numbers start over) is reported by its
 last run, and that is said.
 """
 from __future__ import annotations
 
 import glob
 import json
+import math
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Optional
 
 from placement.errors import PlacementError
 from placement.monitor.record import StepRecord
@@ -25,6 +27,7 @@ class RunLog:
     steps: dict[int, list[StepRecord]] = field(default_factory=dict)  # rank -> records in step order
     events: list[dict[str, Any]] = field(default_factory=list)  # everything else, by time
     skipped: int = 0  # lines that were not a readable record
+    lost: dict[int, int] = field(default_factory=dict)  # rank -> records its writer could not write
     earlier_runs: dict[int, int] = field(default_factory=dict)  # rank -> runs dropped before the last
     files: list[str] = field(default_factory=list)
 
@@ -63,6 +66,49 @@ def read_logs(paths: list[str]) -> RunLog:
     return log
 
 
+def _is_num(v: Any, optional: bool = False) -> bool:
+    if v is None:
+        return optional
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_ROLE_NUMBERS = ("cpu_ms", "runq_ms", "nivcsw", "migrations", "minflt", "mhz")
+
+
+def _step_record(d: dict) -> Optional[StepRecord]:
+    """A StepRecord when every field has the type the writer gives it; None otherwise."""
+    if not (_is_int(d.get("rank")) and _is_int(d.get("step")) and _is_num(d.get("t")) and _is_num(d.get("step_ms"))
+            and all(_is_num(d.get(k), optional=k not in d or k == "comm_ms") for k in ("data_ms", "comm_ms"))
+            and _is_num(d.get("comm_enter_t"), optional=True)
+            and all(_is_int(d[k]) for k in ("comm_count", "local_rank", "probe_steps") if k in d)
+            and isinstance(d.get("verdict", ""), str) and isinstance(d.get("roles", {}), dict)):
+        return None
+    for sample in d.get("roles", {}).values():
+        if not (isinstance(sample, dict) and all(_is_num(sample.get(k), optional=True) for k in _ROLE_NUMBERS)
+                and _is_int(sample.get("threads", 0)) and _is_int(sample.get("span_steps", 1))
+                and isinstance(sample.get("cpus", []), list) and all(_is_int(c) for c in sample.get("cpus", []))):
+            return None
+    try:
+        return StepRecord.from_dict(d)
+    except (TypeError, ValueError, KeyError, AttributeError):
+        return None
+
+
+def _event_ok(d: dict) -> bool:
+    """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
+    if not _is_num(d.get("t")) or not (d.get("rank") is None or _is_int(d.get("rank"))):
+        return False
+    if d["type"] == "straggler":
+        return isinstance(d.get("stragglers", []), list) and all(isinstance(x, dict) for x in d.get("stragglers", []))
+    if d["type"] == "lost":
+        return _is_int(d.get("records")) and _is_int(d.get("rank"))
+    return True
+
+
 def _parse(raw: bytes, log: RunLog) -> None:
     last_step: dict[int, int] = {}
     for line in raw.split(b"\n"):
@@ -70,22 +116,28 @@ def _parse(raw: bytes, log: RunLog) -> None:
             continue
         try:
             d = json.loads(line)
-        except ValueError:
+        except ValueError:  # also UnicodeDecodeError: bytes that are not UTF-8
+            log.skipped += 1
+            continue
+        except RecursionError:  # nesting deeper than the parser goes
             log.skipped += 1
             continue
         if not isinstance(d, dict) or not isinstance(d.get("type"), str):
             log.skipped += 1
             continue
         if d["type"] != "step":
+            if not _event_ok(d):
+                log.skipped += 1
+                continue
+            if d["type"] == "lost":  # cumulative count: the last one written is the total
+                log.lost[d["rank"]] = max(log.lost.get(d["rank"], 0), d["records"])
             log.events.append(d)
             continue
-        try:
-            rec = StepRecord.from_dict(d)
-            rank, step = int(rec.rank), int(rec.step)
-            float(rec.step_ms)
-        except (TypeError, ValueError, KeyError, AttributeError):
+        rec = _step_record(d)
+        if rec is None:
             log.skipped += 1
             continue
+        rank, step = rec.rank, rec.step
         if rank in last_step and step <= last_step[rank]:
             log.earlier_runs[rank] = log.earlier_runs.get(rank, 0) + 1
             log.steps[rank] = []

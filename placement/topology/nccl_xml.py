@@ -11,9 +11,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from placement._procfs import read_bounded
 from placement.cpuset import parse_cpumask
 from placement.errors import TopologyError
-from placement.topology.pci import normalize_bdf
+from placement.topology.pci import PCI_ADDRESS, normalize_bdf
+
+XML_MAX = 16 * 1024 * 1024  # NCCL's own topology dumps are a few KiB; a larger file is refused
 
 
 def topo_file_for(root: str, *given: Optional[str], environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -57,21 +60,23 @@ def read_nccl_xml(path: str) -> list[XmlDevice]:
     """GPUs and NICs of an NCCL topology file. TopologyError (one line, naming the path) when the
     file cannot be read or is not such a file."""
     try:
-        tree = ET.parse(path)
+        root = ET.fromstring(read_bounded(path, XML_MAX))  # bounded; a FIFO or device is refused
     except OSError as e:
         raise TopologyError(f"NCCL topology file {path}: {e.strerror or e}") from None
     except ET.ParseError as e:
         raise TopologyError(f"NCCL topology file {path}: malformed XML ({e})") from None
-    root = tree.getroot()
     if root.tag != "system":
         raise TopologyError(f"NCCL topology file {path}: root element is <{root.tag}>, expected <system>")
     devices: list[XmlDevice] = []
     for position, cpu in enumerate(root.iter("cpu")):
         numa = _int(cpu.get("numaid"), 10)
+        affinity = cpu.get("affinity", "")
         try:
-            cpus = parse_cpumask(cpu.get("affinity", ""))
-        except ValueError:
-            raise TopologyError(f"NCCL topology file {path}: bad cpu affinity {cpu.get('affinity')!r}") from None
+            cpus = parse_cpumask(affinity)
+        except ValueError as e:
+            shown = affinity if len(affinity) <= 40 else affinity[:40] + "..."
+            raise TopologyError(f"NCCL topology file {path}: bad cpu affinity {shown!r} ({e}); "
+                                "valid: a hex cpu mask such as ffff,ffffffff") from None
 
         def walk(el: ET.Element, switches: tuple[str, ...]) -> None:
             for pci in el.findall("pci"):
@@ -79,6 +84,10 @@ def read_nccl_xml(path: str) -> list[XmlDevice]:
                 if busid is None:
                     continue
                 bdf = normalize_bdf(busid)
+                if not PCI_ADDRESS.match(bdf):
+                    shown = busid if len(busid) <= 40 else busid[:40] + "..."
+                    raise TopologyError(f"NCCL topology file {path}: busid {shown!r} is not a PCI address; "
+                                        "valid: DDDD:BB:DD.F, e.g. 0000:18:00.0")
                 cls = _int(pci.get("class"), 16)
                 kind = _kind(pci, cls)
                 if kind is not None:
