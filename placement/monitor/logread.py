@@ -14,8 +14,12 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from placement._procfs import read_bounded
 from placement.errors import PlacementError
 from placement.monitor.record import StepRecord
+
+
+LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
 
 
 class LogReadError(PlacementError):
@@ -55,8 +59,7 @@ def read_logs(paths: list[str]) -> RunLog:
     log = RunLog(files=expand(paths))
     for path in log.files:
         try:
-            with open(path, "rb") as f:
-                raw = f.read()
+            raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
         except OSError as e:
             raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
         _parse(raw, log)
