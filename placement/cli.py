@@ -1,4 +1,4 @@
-"""`placement topo | plan | doctor | report`: a thin dispatcher; each subcommand is its own module
+"""`placement topo | plan | doctor | report | selftest`: a thin dispatcher; each subcommand is its own module
 in placement.commands exposing `add_arguments(parser)` and `run(args) -> int`."""
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ SUBCOMMANDS = {
     "plan": "show the per-rank, per-role CPU plan placerun would apply",
     "doctor": "check the host for settings that hurt training (NUMA balancing, governor, ...)",
     "report": "summarise monitor JSONL logs: per-rank table, events, plot",
+    "selftest": "run a short job under placerun on this GPU node and check placement and comm timing",
 }
 
 
