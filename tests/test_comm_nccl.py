@@ -167,6 +167,9 @@ def test_entries_from_parses_only_the_new_tail_and_detects_a_reset():
         entries_from(text, 500)  # ids went back below what was read: reset_all()
     reader = RingReader(low=500)
     assert len(reader.read(text).entries) == 10 and reader.low == 110
+    late = RingReader()  # attached to a job whose ring wrapped long ago: nothing counted as lost
+    got = late.read(text)
+    assert len(got.entries) == 10 and got.lost == 0 and late.overflow == 0
 
 
 def _standin_source(dumps: list[str]) -> DumpSource:
@@ -181,7 +184,8 @@ def test_flight_recorder_comm_time_per_step_with_timing_on():
                fr_entry(1, t + 0.02, duration_ms=1.5, completed_s=t + 0.06, retired=True),
                fr_entry(2, t + 0.15, duration_ms=8.0, completed_s=t + 0.19, retired=True),
                fr_entry(3, t + 0.16, name="gloo:all_reduce", completed_s=t + 0.17, retired=True)]
-    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(entries)])], timing_on=True)
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(entries)])], timing_on=True,
+                                  since=0)
     assert comm.resolve(spans) == [4.0, 8.0, None]  # the third step's collectives: not in the ring
 
 
@@ -192,7 +196,7 @@ def test_timing_off_leaves_comm_null_and_says_what_to_set(caplog):
     t = time.time() - 10
     dumps = [fr_dump_json([fr_entry(i, t + 0.01 * i, completed_s=t + 0.01 * i + 0.005, retired=True)
                            for i in range(n)]) for n in (10, 20, 30)]
-    comm = NcclFlightRecorderComm(WarnOnce(), window=15, sources=[_standin_source(dumps)], timing_on=False)
+    comm = NcclFlightRecorderComm(WarnOnce(), window=15, sources=[_standin_source(dumps)], timing_on=False, since=0)
     assert comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10)]) == [None] * 10
     assert "NCCL comm time is null" not in caplog.text
     comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10, 20)])
@@ -209,7 +213,7 @@ def test_overflow_nulls_the_steps_whose_records_were_lost(caplog):
     wrapped = [fr_entry(i, t + 0.01 * i, duration_ms=1.0, completed_s=t + 0.01 * i + 0.001, retired=True)
                for i in range(25, 35)]  # 10..24 overwritten
     comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(ring), fr_dump_json(wrapped)])],
-                                  timing_on=True, environ={"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"})
+                                  timing_on=True, environ={"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, since=0)
     assert comm.resolve([(t, t + 0.1)]) == [10.0]
     got = comm.resolve([(t + 0.1, t + 0.2), (t + 0.2, t + 0.3), (t + 0.3, t + 0.4)])
     assert got[0] is None and got[1] is None and got[2] == 5.0  # 30..34 read whole; 10..24 gone
@@ -224,7 +228,7 @@ def test_no_nccl_record_in_the_nccl_recorder_probes_the_generic_one_once(caplog)
     nccl = _standin_source([fr_dump_json([])] * 3)
     merged = DumpSource("generic", "handler", "fr_trace_json",
                         lambda: fr_dump_json([fr_entry(0, t + 0.01, duration_ms=3.0, completed_s=t + 0.02)]))
-    comm = NcclFlightRecorderComm(WarnOnce(), sources=[nccl, merged], timing_on=True)
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[nccl, merged], timing_on=True, since=0)
     comm.resolve([(t, t + 0.005)])
     assert comm.source is merged and "NCCL records are in handler fr_trace_json" in caplog.text
     assert comm.resolve([(t + 0.005, t + 0.1)]) == [3.0]
@@ -336,3 +340,46 @@ def test_ring_size_as_torch_reads_it():
     assert ring_size({}) == 2000
     assert ring_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 500
     assert ring_size({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 64
+
+
+# ---- through attach(): the step monitor holds steps back until the poll that times them -------------
+def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_world_of_one, monkeypatch):
+    """The real CPU recorder, its gloo records relabelled as NCCL ones with a duration (as
+    ProcessGroupNCCL's are with timing on): every step gets its collectives' time, also the
+    steps held back on flushes without a poll (a budget so small that polls are spaced out)."""
+    import placement
+    import placement.monitor.comm as comm_mod
+
+    real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "handler")
+
+    def as_nccl():
+        d = json.loads(real.dump())
+        for e in d.get("entries", []):
+            if e["profiling_name"] == "gloo:all_reduce":
+                e.update(profiling_name="nccl:all_reduce", state="completed", duration_ms=1.5)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    made = []
+
+    def make(mode, backend, warn, **kw):
+        made.append(NcclFlightRecorderComm(warn, window=kw.get("window", 20), budget_pct=0.0001,
+                                           sources=[DumpSource("nccl", "handler", "dump_nccl_trace_json", as_nccl)],
+                                           timing_on=True))
+        return made[-1]
+
+    monkeypatch.setattr(comm_mod, "make_comm_timing", make)
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": 5, "summary_every": 0})
+    t = torch.ones(16)
+    for _ in range(23):
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+        h.step()
+    h.close()
+    lines = [json.loads(l) for l in open(tmp_path / "rank0.jsonl")]
+    steps = [l for l in lines if l["type"] == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 24))
+    assert [s["comm_ms"] for s in steps] == [3.0] * 23
+    assert made[0].cadence.every > 1 and made[0].polls < 23 / 5  # polls were spaced out
+    fr_event = next(l for l in lines if l["type"] == "monitor" and l.get("source") == "comm")
+    assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46

@@ -109,10 +109,12 @@ needs_gpu = pytest.mark.skipif(not torch.cuda.is_available() or not dist.is_nccl
 @pytest.mark.gpu
 @needs_gpu
 @pytest.mark.parametrize("mode", ["hook", "flight_recorder"])
-def test_nccl_comm_time_on_a_one_gpu_group(tmp_path, mode):
-    os.environ.setdefault("NCCL_SET_THREAD_NAME", "1")
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1,
-                            device_id=torch.device("cuda", 0))
+def test_nccl_comm_time_on_a_one_gpu_group(tmp_path, mode, monkeypatch):
+    monkeypatch.setenv("NCCL_SET_THREAD_NAME", "1")
+    if mode == "flight_recorder":  # durations are recorded only with timing on (ProcessGroupNCCL.hpp:88-94)
+        monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")
+    dist.init_process_group(init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))  # no backend: "undefined", NCCL on a GPU host
     try:
         h = placement.attach(policy="none", tune={"enabled": False},
                              monitor={"log_dir": str(tmp_path), "comm_timing": mode, "flush_every": 5,
@@ -122,7 +124,7 @@ def test_nccl_comm_time_on_a_one_gpu_group(tmp_path, mode):
             for _ in range(4):
                 dist.all_reduce(x)
             torch.cuda.synchronize()  # the test's own sync: the monitor adds none
-            time.sleep(0.05)  # let the watchdog see completions (flight recorder without timing)
+            time.sleep(0.15)  # let the watchdog (kWatchdogThreadSleepMillis = 100) retire them
             h.step()
         h.close()
         steps, lines = _steps(tmp_path)

@@ -221,11 +221,13 @@ class NcclFlightRecorderComm(NcclTiming):
 
     def __init__(self, warn: WarnOnce, window: int = 20, budget_pct: float = 0.3,
                  sources: Optional[list[DumpSource]] = None, timing_on: Optional[bool] = None,
-                 environ=os.environ):
+                 environ=os.environ, since: Optional[float] = None):
         super().__init__(warn, window)
         self.sources = dump_sources() if sources is None else sources
         self.source: Optional[DumpSource] = self.sources[0] if self.sources else None
-        self.reader = RingReader()
+        # Collectives from before the monitor started are not its steps' (`since`: wall time).
+        self.since = time.time() if since is None else since
+        self.reader = RingReader(not_before=self.since)
         self.ring = ring_size(environ)
         self.timing_on = timing_enabled_by_env(environ) if timing_on is None else timing_on
         self.cadence = FrCadence(budget_pct, self.ring)
@@ -277,8 +279,8 @@ class NcclFlightRecorderComm(NcclTiming):
         if got.lost:
             self.ledger.lost_between(*got.lost_span)
             self.warn("fr-overflow", f"the flight recorder's ring ({self.ring} records) wrapped between two polls: "
-                                     f"{got.lost} records lost, their steps' comm time is null (count in "
-                                     "the end event); set TORCH_NCCL_TRACE_BUFFER_SIZE larger or "
+                                     f"{got.lost} records lost, their steps' comm time is null (counted as "
+                                     "overflow in the monitor's flight_recorder event); set TORCH_NCCL_TRACE_BUFFER_SIZE larger or "
                                      "placement.monitor.flush_every smaller")
         self.gil_ns += gil + time.perf_counter_ns() - t0
         if not got.seen and not self._probed_other:
@@ -293,9 +295,9 @@ class NcclFlightRecorderComm(NcclTiming):
                 continue
             try:
                 dump, _ = self._dump(other)
-                if RingReader().read(dump).seen:
+                if RingReader(not_before=self.since).read(dump).seen:
                     self.warn("fr-switch", f"NCCL records are in {other}, not {self.source}: reading that one")
-                    self.source, self.reader = other, RingReader()
+                    self.source, self.reader = other, RingReader(not_before=self.since)
                 return
             except Exception:
                 continue
@@ -304,7 +306,7 @@ class NcclFlightRecorderComm(NcclTiming):
         if not spans:
             return []
         gil0, polls0 = self.gil_ns, self.polls
-        self.poll()
+        self.poll()  # a flush with no poll due never gets here: lag_steps held every step back
         got = self._judge_nulls(self.ledger.take(spans))
         if self.polls > polls0:
             step_ms = statistics.median((e - s) * 1e3 for s, e in spans)
@@ -323,8 +325,9 @@ class NcclFlightRecorderComm(NcclTiming):
         if self.ring <= 0:
             return "the flight recorder is off (TORCH_NCCL_TRACE_BUFFER_SIZE=0); set it to 2000"
         if self.entries and not self.timed_entries:
-            return ("PyTorch records no duration without collective timing: set TORCH_NCCL_ENABLE_TIMING=1 (one "
-                    "start CUDA event per collective on the NCCL stream) or placement.monitor.comm_timing=hook")
+            unset = "" if self.timing_on else " (TORCH_NCCL_ENABLE_TIMING is not set)"
+            return (f"PyTorch records no duration without collective timing{unset}: set TORCH_NCCL_ENABLE_TIMING=1 "
+                    "(one start CUDA event per collective on the NCCL stream) or placement.monitor.comm_timing=hook")
         if not self.entries:
             return f"the flight recorder ({self.source}) holds no NCCL record"
         return "no step's NCCL records carried a duration"

@@ -251,6 +251,11 @@ class RingReader:
 
     prefix: str = "nccl:"
     low: int = 0
+    # The first read starts at the oldest record the ring still holds: records overwritten
+    # before the monitor started are not lost by it.
+    started: bool = False
+    # Records created before this wall time (the monitor's start) are skipped, not handed out.
+    not_before: float = 0.0
     done: set = field(default_factory=set)
     overflow: int = 0  # records lost to the ring wrapping between polls, in all
     _last_created: float = 0.0  # created time of the newest entry read so far
@@ -264,6 +269,9 @@ class RingReader:
         if first is None:
             return RingRead([], 0, None, 0)
         lost, lost_span = 0, None
+        if not self.started:
+            self.started = True
+            self.low = max(self.low, first)
         if first > self.low:  # the ring wrapped past records never read
             lost = sum(1 for i in range(self.low, first) if i not in self.done)
             self.overflow += lost
@@ -278,10 +286,14 @@ class RingReader:
         out = []
         seen = settled = 0
         prefix, done = self.prefix, self.done
+        not_before_ns = int(self.not_before * 1e9)
         for e in raw:
+            rid = e["record_id"]
+            if int(e.get("time_created_ns") or 0) < not_before_ns:
+                done.add(rid)
+                continue
             ours = str(e.get("profiling_name", "")).startswith(prefix)
             seen += ours
-            rid = e["record_id"]
             if rid in done:
                 continue
             if (e.get("state") == "completed" or e.get("retired")
