@@ -12,7 +12,7 @@ SUBCOMMANDS = {
     "topo": "show the machine's CPU/NUMA/GPU/NIC topology",
     "plan": "show the per-rank, per-role CPU plan placerun would apply",
     "doctor": "check the host for settings that hurt training (NUMA balancing, governor, ...)",
-    "report": "summarise monitor JSONL logs: per-rank table, events, plot",
+    "report": "summarise monitor JSONL logs: per-rank or per-node figures, who held the job back, plot, heatmap, trace",
 }
 
 
