@@ -38,6 +38,9 @@ core, package by package, then the SMT siblings in the same order):
   packages 0 and 3, nodes 0 and 2 plus node 3 without CPUs but with memory (distance
   columns follow the online node list 0,2,3).
 - no_numa_dir: a kernel without NUMA (no node/ directory), 4 CPUs.
+- prefcore_two_ccd: 1 node, 16 cores without SMT in two 8-core L3 groups (CCDs), amd-pstate
+  prefcore: equal CPPC highest_perf, every core its own prefcore ranking (196 + core: the
+  second CCD 1-7% ahead); `prefcore_two_ccd(boosted=...)` lifts the named cores to 250.
 """
 from __future__ import annotations
 
@@ -272,6 +275,13 @@ def no_numa_dir() -> Machine:
     return Machine(smp_cpus(1, 4, 1), numa_dir=False, description="kernel without NUMA")
 
 
+def prefcore_two_ccd(boosted: frozenset[int] = frozenset()) -> Machine:
+    cpus = smp_cpus(1, 16, 1, l3_of=lambda pkg, core: core // 8, max_khz=5_000_000, base_khz=3_000_000,
+                    highest_perf=166, prefcore_ranking=lambda pkg, core: 250 if core in boosted else 196 + core)
+    return Machine(cpus, {0: 64_000_000}, {0: {0: 10}}, turbo_driver="boost",
+                   description="2 CCDs, amd-pstate prefcore: every core its own ranking")
+
+
 FIXTURES: dict[str, Callable[[], Machine]] = {
     "dgx_h100": dgx_h100,
     "epyc_nps4": epyc_nps4,
@@ -283,6 +293,7 @@ FIXTURES: dict[str, Callable[[], Machine]] = {
     "legacy_masks": legacy_masks,
     "sparse_offline": sparse_offline,
     "no_numa_dir": no_numa_dir,
+    "prefcore_two_ccd": prefcore_two_ccd,
 }
 
 
