@@ -9,7 +9,7 @@ import threading
 import pytest
 import torch
 
-from placement.roles import name_this_thread
+from placement.roles import ThreadRole, name_this_thread
 from placement.selftest import checks as C
 from placement.selftest.job import _main_cpus, _threads
 from placement.selftest.runner import SelftestResult, evaluate, job_command, table
@@ -90,11 +90,15 @@ def test_threads_off_their_planned_cpus_fail(named_threads):
     cpus = sorted(os.sched_getaffinity(0))
     plan = _plan(cpus)
     plan["roles"]["nccl"] = {"cpus": [max(cpus) + 1], "reason": "elsewhere"}
-    c = C.threads_on_plan(_evidence(cpus), plan, when="after_init", prefix="NCCL", role="nccl", name="n")
+    c = C.threads_on_plan(_evidence(cpus), plan, when="after_init", kind=ThreadRole.NCCL, name="n")
     assert c.passed is False and "off the planned CPUs" in c.why
-    missing = C.threads_on_plan({"threads_after_steps": []}, plan, when="after_steps", prefix="pt_data_pin",
-                                role="pin_memory", name="p")
-    assert missing.passed is False and "no thread named pt_data_pin" in missing.why
+    missing = C.threads_on_plan({"threads_after_steps": []}, plan, when="after_steps", kind=ThreadRole.PIN_MEMORY,
+                                name="p")
+    assert missing.passed is False and "no pin_memory thread found" in missing.why
+    backward = C.threads_on_plan(_evidence(cpus), dict(plan, roles=dict(plan["roles"], backward={"cpus": cpus})),
+                                 when="after_steps", kind=ThreadRole.BACKWARD, name="b")
+    assert backward.passed is True and backward.evidence["role"] == "backward"
+    assert [t["name"] for t in backward.evidence["threads"]] == ["pt_autograd_0"]
 
 
 @pytest.mark.parametrize("change, name, why", [

@@ -62,28 +62,32 @@ def rank_placement(ev: dict, plan: dict) -> Check:
     return Check("rank_placement", not problems, evidence, "; ".join(problems) or "GPU, NUMA node and main's CPUs as planned")
 
 
-def _threads_of(threads: list[dict], prefix: str) -> list[dict]:
-    """Threads recognised by name: "NCCL" and "pt_data_pin" as the binder does (roles.role_of)."""
-    by_role = {"NCCL": ThreadRole.NCCL, "pt_data_pin": ThreadRole.PIN_MEMORY}.get(prefix)
-    if by_role is not None:
-        return [t for t in threads if role_of(str(t.get("name", ""))) is by_role]
-    return [t for t in threads if str(t.get("name", "")).startswith(prefix)]
+def _threads_of(threads: list[dict], role: ThreadRole) -> list[dict]:
+    """Threads the binder's own rule (roles.role_of, by name) puts in `role`."""
+    return [t for t in threads if role_of(str(t.get("name", ""))) is role]
 
 
-def threads_on_plan(ev: dict, plan: dict, *, when: str, prefix: str, role: str, name: str) -> Check:
-    """Threads named `prefix`* exist in the snapshot `when` and each one's Cpus_allowed_list
-    (read back from /proc by the job) lies inside the planned set of `role`."""
-    threads = _threads_of(ev.get(f"threads_{when}") or [], prefix)
+def threads_on_plan(ev: dict, plan: dict, *, when: str, kind: ThreadRole, name: str) -> Check:
+    """Threads of kind `kind` (recognised by name) exist in the snapshot `when` and each one's
+    Cpus_allowed_list (read back from /proc by the job) lies inside the set the plan gives
+    that kind (for autograd threads: `backward`, or `other` in plans without that role)."""
+    threads = _threads_of(ev.get(f"threads_{when}") or [], kind)
+    role = planned_role(kind, plan)
     planned = set((plan.get("roles") or {}).get(role, {}).get("cpus", []))
     off = [t for t in threads if not t.get("cpus") or not set(t["cpus"]) <= planned]
     evidence = {"role": role, "planned": sorted(planned),
                 "threads": [{"tid": t.get("tid"), "name": t.get("name"), "cpus": t.get("cpus")} for t in threads]}
     if not threads:
-        return Check(name, False, evidence, f"no thread named {prefix}* found {when.replace('_', ' ')}")
+        return Check(name, False, evidence, f"no {kind} thread found {when.replace('_', ' ')}")
     if not planned:
         return Check(name, False, evidence, f"the plan has no CPUs for role {role}")
     return Check(name, not off, evidence, f"{len(threads)} thread(s), all on the planned CPUs" if not off else
                  f"{len(off)} of {len(threads)} thread(s) off the planned CPUs")
+
+
+def planned_role(kind: ThreadRole, plan: dict) -> str:
+    """The plan's role for threads of `kind`: itself, or `other` where the plan lacks it."""
+    return str(kind) if str(kind) in (plan.get("roles") or {}) else str(ThreadRole.OTHER)
 
 
 def main_mask_after_nccl_init(ev: dict) -> Check:
@@ -130,21 +134,14 @@ def monitor_cost(ev: dict, budget_pct: float) -> Check:
     return Check("monitor_cost", ok, evidence, f"{us:.1f} us per step, {pct:.3f}% of a {step_ms:.2f} ms step")
 
 
-def backward_role(plan: dict) -> str:
-    """The role autograd's device threads are planned in: `backward` where the plan has it."""
-    return "backward" if "backward" in (plan.get("roles") or {}) else str(ThreadRole.OTHER)
-
-
 def rank_checks(ev: dict, plan: dict, budget_pct: float) -> list[Check]:
     checks = [rank_placement(ev, plan),
-              threads_on_plan(ev, plan, when="after_init", prefix="NCCL", role="nccl", name="nccl_threads_after_init"),
-              threads_on_plan(ev, plan, when="after_steps", prefix="NCCL", role="nccl", name="nccl_threads_after_steps"),
+              threads_on_plan(ev, plan, when="after_init", kind=ThreadRole.NCCL, name="nccl_threads_after_init"),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.NCCL, name="nccl_threads_after_steps"),
               main_mask_after_nccl_init(ev),
               comm_time(ev),
-              threads_on_plan(ev, plan, when="after_steps", prefix="pt_data_pin", role="pin_memory",
-                              name="pin_memory_threads"),
-              threads_on_plan(ev, plan, when="after_steps", prefix="pt_autograd", role=backward_role(plan),
-                              name="backward_threads"),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.PIN_MEMORY, name="pin_memory_threads"),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.BACKWARD, name="backward_threads"),
               monitor_cost(ev, budget_pct)]
     for c in checks:
         c.rank = ev.get("rank")

@@ -33,23 +33,24 @@ def _gpu_numa(pci: str):
 
 
 def _threads() -> list[dict]:
-    from placement.bind.affinity import read_allowed
+    """This process's threads: name, role and Cpus_allowed_list read back from /proc."""
+    from placement import _procfs
     from placement.roles import scan_threads
 
-    pid = os.getpid()
     out = []
-    for t in scan_threads(pid, include_children=False):
-        allowed = read_allowed(t.pid, t.tid)
-        out.append({"tid": t.tid, "name": t.name, "role": str(t.role),
-                    "cpus": None if allowed is None else sorted(allowed)})
+    for t in scan_threads(os.getpid(), include_children=False):
+        try:
+            cpus = sorted(_procfs.cpus_allowed(t.pid, t.tid))
+        except _procfs.ThreadGone:
+            continue
+        out.append({"tid": t.tid, "name": t.name, "role": str(t.role), "cpus": cpus})
     return out
 
 
 def _main_cpus() -> list[int]:
-    from placement.bind.affinity import read_allowed
+    from placement import _procfs
 
-    pid = os.getpid()
-    return sorted(read_allowed(pid, pid) or ())
+    return sorted(_procfs.cpus_allowed(os.getpid(), os.getpid()))
 
 
 def _read_log(path: str) -> tuple[dict, list[dict], dict]:
