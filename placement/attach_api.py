@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
@@ -361,12 +362,22 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
         monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
                                     slots=cfg.monitor.exchange_every)
     sigterm = exitflush.register(monitor)
-    events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
+    # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
+    # `placement report` which node each rank ran on.
+    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
+                 node_rank=_int_env("GROUP_RANK"), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
     events.flush()
     return monitor, comm
+
+
+def _int_env(name: str) -> Optional[int]:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):

@@ -27,6 +27,8 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
+from placement import _procfs
+
 
 class ThreadRole(str, Enum):
     MAIN = "main"
@@ -77,28 +79,11 @@ class ThreadInfo:
     role: ThreadRole
 
 
-def _read_comm(path: str) -> str | None:
+def _comm(pid: int, tid: int | None, proc: str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace").strip()
-    except OSError:  # thread or process gone, or not ours to read
+        return _procfs.comm(pid, tid, proc)
+    except (_procfs.ThreadGone, OSError):  # thread or process gone, or not ours to read
         return None
-
-
-def child_pids(pid: int, proc: str = "/proc") -> list[int]:
-    """Direct children of a process, from /proc/<pid>/task/*/children (no psutil walk)."""
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"{proc}/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
-        try:
-            with open(f"{proc}/{pid}/task/{tid}/children") as f:
-                kids.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return kids
 
 
 def scan_threads(pid: int | None = None, *, include_children: bool = True, proc: str = "/proc") -> list[ThreadInfo]:
@@ -110,25 +95,28 @@ def scan_threads(pid: int | None = None, *, include_children: bool = True, proc:
     pid = os.getpid() if pid is None else pid
     out: list[ThreadInfo] = []
     try:
-        tids = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task"))
-    except OSError:
+        tids = _procfs.task_ids(pid, proc)
+    except (_procfs.ThreadGone, OSError):
         return out
     for tid in tids:
-        name = _read_comm(f"{proc}/{pid}/task/{tid}/comm")
-        if name is None:
-            continue
-        out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
+        name = _comm(pid, tid, proc)
+        if name is not None:
+            out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
     if include_children:
-        for child in child_pids(pid, proc):
-            cname = _read_comm(f"{proc}/{child}/comm")
+        try:
+            kids = _procfs.children(pid, proc)
+        except (_procfs.ThreadGone, OSError, ValueError):
+            kids = []
+        for child in kids:
+            cname = _comm(child, None, proc)
             if cname is None or not cname.startswith("pt_data_worker"):
                 continue
             try:
-                ctids = sorted(int(t) for t in os.listdir(f"{proc}/{child}/task"))
-            except OSError:
+                ctids = _procfs.task_ids(child, proc)
+            except (_procfs.ThreadGone, OSError):
                 continue
             for tid in ctids:
-                name = _read_comm(f"{proc}/{child}/task/{tid}/comm")
+                name = _comm(child, tid, proc)
                 if name is not None:
                     out.append(ThreadInfo(child, tid, name, ThreadRole.DATALOADER))
     return out

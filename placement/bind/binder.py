@@ -29,7 +29,8 @@ from typing import Optional
 from placement.bind.affinity import BindResult, bind_thread, read_allowed
 from placement.cpuset import format_cpulist
 from placement.plan.model import RankPlan
-from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, child_pids, name_this_thread, scan_threads
+from placement import _procfs
+from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, name_this_thread, scan_threads
 
 log = logging.getLogger("placement")
 
@@ -135,9 +136,13 @@ class RoleBinder:
 
     def _keys(self) -> set[tuple[int, int]]:
         """(pid, tid) of this process's threads and its children's threads: directory listings only."""
-        keys = {(self.pid, int(t)) for t in _listdir(f"/proc/{self.pid}/task")}
-        for child in child_pids(self.pid):
-            keys.update((child, int(t)) for t in _listdir(f"/proc/{child}/task"))
+        keys = {(self.pid, t) for t in _task_ids(self.pid)}
+        try:
+            kids = _procfs.children(self.pid)
+        except (_procfs.ThreadGone, OSError, ValueError):
+            kids = []
+        for child in kids:
+            keys.update((child, t) for t in _task_ids(child))
         return keys
 
     def _rescan(self, force: bool = False) -> list[BindResult]:
@@ -286,9 +291,9 @@ class RoleBinder:
             log.warning("placement: %s", message)
 
 
-def _listdir(path: str) -> list[str]:
+def _task_ids(pid: int) -> list[int]:
     try:
-        return os.listdir(path)
-    except OSError:
+        return _procfs.task_ids(pid)
+    except (_procfs.ThreadGone, OSError):
         return []
 
