@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
@@ -343,6 +344,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
 def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
     from placement.monitor import exitflush
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+    from placement.monitor.comm_groups import default_backend
     from placement.monitor.exchange import Exchange
     from placement.monitor.step_monitor import StepMonitor
     from placement.monitor.threads import RoleSampler, ThreadScan
@@ -354,8 +356,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     binder = None if session is None else session.binder
     sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
-    backend = None if dist is None else str(dist.get_backend()).lower()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
+    # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
+    backend = None if dist is None else default_backend()
+    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+                            budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
@@ -371,12 +375,22 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
         monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
                                     slots=cfg.monitor.exchange_every)
     sigterm = exitflush.register(monitor)
-    events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
+    # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
+    # `placement report` which node each rank ran on.
+    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
+                 node_rank=_int_env("GROUP_RANK"), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
     events.flush()
     return monitor, comm
+
+
+def _int_env(name: str) -> Optional[int]:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):

@@ -42,17 +42,23 @@ class RunLog:
 
 
 def expand(paths: list[str]) -> list[str]:
-    """Files named, and the *.jsonl files of directories named."""
+    """Files named, the *.jsonl files anywhere under directories named (one per node, gathered
+    into a tree), and what glob patterns match (quoted, so the shell left them to us)."""
     out = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "*.jsonl")))
+            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
             if not found:
                 raise LogReadError(f"{p!r} holds no *.jsonl file; give monitor logs, e.g. placement_logs/rank0.jsonl")
             out.extend(found)
+        elif not os.path.exists(p) and glob.has_magic(p):
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise LogReadError(f"{p!r} matches no file; give monitor logs, e.g. 'logs/*/rank*.jsonl'")
+            out.extend(found)
         else:
             out.append(p)
-    return out
+    return list(dict.fromkeys(out))
 
 
 def read_logs(paths: list[str]) -> RunLog:
@@ -69,14 +75,14 @@ def read_logs(paths: list[str]) -> RunLog:
     return log
 
 
-def _is_num(v: Any, optional: bool = False) -> bool:
+def is_number(v: Any, optional: bool = False) -> bool:
     if v is None:
         return optional
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def is_integer(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(1 << 63) <= v < 1 << 63
 
 
 _ROLE_NUMBERS = ("cpu_ms", "runq_ms", "nivcsw", "migrations", "minflt", "mhz")
@@ -84,16 +90,16 @@ _ROLE_NUMBERS = ("cpu_ms", "runq_ms", "nivcsw", "migrations", "minflt", "mhz")
 
 def _step_record(d: dict) -> Optional[StepRecord]:
     """A StepRecord when every field has the type the writer gives it; None otherwise."""
-    if not (_is_int(d.get("rank")) and _is_int(d.get("step")) and _is_num(d.get("t")) and _is_num(d.get("step_ms"))
-            and all(_is_num(d.get(k), optional=k not in d or k == "comm_ms") for k in ("data_ms", "comm_ms"))
-            and _is_num(d.get("comm_enter_t"), optional=True)
-            and all(_is_int(d[k]) for k in ("comm_count", "local_rank", "probe_steps") if k in d)
+    if not (is_integer(d.get("rank")) and is_integer(d.get("step")) and is_number(d.get("t")) and is_number(d.get("step_ms"))
+            and all(is_number(d.get(k), optional=k not in d or k == "comm_ms") for k in ("data_ms", "comm_ms"))
+            and is_number(d.get("comm_enter_t"), optional=True)
+            and all(is_integer(d[k]) for k in ("comm_count", "local_rank", "probe_steps") if k in d)
             and isinstance(d.get("verdict", ""), str) and isinstance(d.get("roles", {}), dict)):
         return None
     for sample in d.get("roles", {}).values():
-        if not (isinstance(sample, dict) and all(_is_num(sample.get(k), optional=True) for k in _ROLE_NUMBERS)
-                and _is_int(sample.get("threads", 0)) and _is_int(sample.get("span_steps", 1))
-                and isinstance(sample.get("cpus", []), list) and all(_is_int(c) for c in sample.get("cpus", []))):
+        if not (isinstance(sample, dict) and all(is_number(sample.get(k), optional=True) for k in _ROLE_NUMBERS)
+                and is_integer(sample.get("threads", 0)) and is_integer(sample.get("span_steps", 1))
+                and isinstance(sample.get("cpus", []), list) and all(is_integer(c) for c in sample.get("cpus", []))):
             return None
     try:
         return StepRecord.from_dict(d)
@@ -101,14 +107,14 @@ def _step_record(d: dict) -> Optional[StepRecord]:
         return None
 
 
-def _event_ok(d: dict) -> bool:
+def valid_event(d: dict) -> bool:
     """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
-    if not _is_num(d.get("t")) or not (d.get("rank") is None or _is_int(d.get("rank"))):
+    if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))):
         return False
     if d["type"] == "straggler":
         return isinstance(d.get("stragglers", []), list) and all(isinstance(x, dict) for x in d.get("stragglers", []))
     if d["type"] == "lost":
-        return _is_int(d.get("records")) and _is_int(d.get("rank"))
+        return is_integer(d.get("records")) and is_integer(d.get("rank"))
     return True
 
 
@@ -129,7 +135,7 @@ def _parse(raw: bytes, log: RunLog) -> None:
             log.skipped += 1
             continue
         if d["type"] != "step":
-            if not _event_ok(d):
+            if not valid_event(d):
                 log.skipped += 1
                 continue
             if d["type"] == "lost":  # cumulative count: the last one written is the total
