@@ -78,7 +78,7 @@ def _after_fork_in_child() -> None:
     # lock may have been held by a thread that does not exist in the child: a new one.
     for ev in list(_open_logs):
         ev._lock = threading.Lock()
-        ev._owner = None
+        ev._inside = threading.local()
         ev._buf, ev._buf_bytes = [], 0
         ev._fd = None
         ev._reported = True
@@ -110,7 +110,7 @@ class EventLog:
         self.path = path
         self.rank = rank
         self._lock = threading.Lock()
-        self._owner: Optional[int] = None  # thread ident holding _lock
+        self._inside = threading.local()  # .here: this thread holds (or is taking/releasing) _lock
         self._fd: Optional[int] = None
         self._buf: list[str] = []
         self._buf_bytes = 0
@@ -125,19 +125,34 @@ class EventLog:
             _open_logs.add(self)
 
     # ---- the lock: never waited on by the thread that holds it ----------------------------
+    # `_inside.here` is set by a thread BEFORE it takes the lock and cleared AFTER it lets go, so
+    # a signal handler (which runs on the main thread, between two bytecodes of whatever that
+    # thread was doing) sees it at every point where the lock may be this thread's, including
+    # the instants between the acquire and the bookkeeping. Per thread: another thread's
+    # holding never makes the main thread's handler give up, only wait (bounded where it asks).
     def held_here(self) -> bool:
-        """Whether the calling thread holds the lock (a signal handler interrupted its write)."""
-        return self._owner == threading.get_ident()
+        """Whether the calling thread holds the lock, or is taking or releasing it (a signal
+        handler that interrupted this thread's own write must not wait for it)."""
+        return getattr(self._inside, "here", False)
 
     def _acquire(self, timeout: float = -1) -> bool:
-        if self.held_here() or not self._lock.acquire(timeout=timeout):
+        inside = self._inside
+        if getattr(inside, "here", False):
             return False
-        self._owner = threading.get_ident()
+        inside.here = True
+        if not self._lock.acquire(timeout=timeout):
+            inside.here = False
+            self._run_hook()  # a signal that arrived while we waited is delivered now
+            return False
         return True
 
     def _release(self) -> None:
-        self._owner = None
         self._lock.release()
+        self._inside.here = False
+        self._run_hook()
+
+    @staticmethod
+    def _run_hook() -> None:
         hook = after_release
         if hook is not None:
             hook()
