@@ -291,7 +291,7 @@ def test_ledger_sums_per_span_and_consumes():
 
 
 # ---- backend detection -------------------------------------------------------------------------------
-@pytest.mark.parametrize("form", [None, "gloo", "GLOO", "cpu:gloo"])
+@pytest.mark.parametrize("form", [None, "gloo", "GLOO", "cpu:gloo", "cpu:gloo,cuda:gloo"])
 def test_backend_of_real_gloo_groups_from_each_string_form(form):
     kw = {} if form is None else {"backend": form}
     _init(**kw)
