@@ -334,6 +334,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
 def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
     from placement.monitor import exitflush
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+    from placement.monitor.comm_groups import default_backend
     from placement.monitor.exchange import Exchange
     from placement.monitor.step_monitor import StepMonitor
     from placement.monitor.threads import RoleSampler, ThreadScan
@@ -345,8 +346,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     binder = None if session is None else session.binder
     sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
-    backend = None if dist is None else str(dist.get_backend()).lower()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
+    # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
+    backend = None if dist is None else default_backend()
+    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+                            budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
