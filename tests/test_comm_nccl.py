@@ -291,7 +291,7 @@ def test_ledger_sums_per_span_and_consumes():
 
 
 # ---- backend detection -------------------------------------------------------------------------------
-@pytest.mark.parametrize("form", [None, "gloo", "GLOO", "cpu:gloo"])
+@pytest.mark.parametrize("form", [None, "gloo", "GLOO", "cpu:gloo", "cpu:gloo,cuda:gloo"])
 def test_backend_of_real_gloo_groups_from_each_string_form(form):
     kw = {} if form is None else {"backend": form}
     _init(**kw)
@@ -383,3 +383,35 @@ def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_wo
     assert made[0].cadence.every > 1 and made[0].polls < 23 / 5  # polls were spaced out
     fr_event = next(l for l in lines if l["type"] == "monitor" and l.get("source") == "comm")
     assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46
+
+
+def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path, gloo_world_of_one, monkeypatch):
+    """Timing off: the records carry no duration; after monitor.exchange_every steps one
+    `warning` event (and log line) says why and what to set, and no more follow."""
+    import placement
+    import placement.monitor.comm as comm_mod
+
+    real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "handler")
+
+    def as_untimed_nccl():
+        d = json.loads(real.dump())
+        for e in d.get("entries", []):
+            e.update(profiling_name="nccl:all_reduce", state="completed")  # no duration_ms: timing off
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    def make(mode, backend, warn, **kw):
+        return NcclFlightRecorderComm(warn, window=kw["window"], timing_on=False,
+                                      sources=[DumpSource("nccl", "handler", "dump_nccl_trace_json", as_untimed_nccl)])
+
+    monkeypatch.setattr(comm_mod, "make_comm_timing", make)
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": 5, "exchange_every": 10, "summary_every": 0})
+    t = torch.ones(16)
+    for _ in range(40):
+        dist.all_reduce(t)
+        h.step()
+    h.close()
+    lines = [json.loads(l) for l in open(tmp_path / "rank0.jsonl")]
+    assert all(l["comm_ms"] is None for l in lines if l["type"] == "step")
+    warnings = [l["message"] for l in lines if l["type"] == "warning" and "NCCL comm time is null" in l["message"]]
+    assert len(warnings) == 1 and "TORCH_NCCL_ENABLE_TIMING=1" in warnings[0], warnings
