@@ -300,6 +300,12 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     if _current_handle is not None and not _current_handle.closed:
         log.warning("placement: attach() called again; closing the previous handle first")
         _current_handle.close()
+    if model is not None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"attach(model={type(model).__name__}) is not valid; give the torch.nn.Module "
+                              "(DDP-wrapped or not) or leave it out")
     session = _current_session()
     cfg = build_config(config, overrides, base=None if session is None else session.config)
     if session is not None:
