@@ -3,8 +3,11 @@ init_process_group and after wrapping the model (DDP), before the training loop.
 
 Under placerun it uses the Session that stage 1 created (plan, event log, binder);
 without placerun it plans this rank itself (plan_for_node for LOCAL_WORLD_SIZE ranks,
-this LOCAL_RANK), binds (process mask, memory policy, threads by role) and creates the
-Session. Then it starts the step monitor and returns a Handle.
+this LOCAL_RANK) and runs the same stage 1 placerun's workers run (placement.bind.stage1:
+process mask, memory policy, env, Session), then stage 2. NCCL reads its env once: called
+before init_process_group, attach() names and places NCCL's threads as placerun does; called
+after NCCL created its communicator, it says so in one warning line with the fix.
+Then it starts the step monitor and returns a Handle.
 
     handle = placement.attach(model, optimizer, monitor={"log_dir": "runs/x"})
     for batch in handle.watch(loader):   # data wait
@@ -22,6 +25,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
@@ -110,31 +114,19 @@ def _identity(environ=os.environ) -> tuple[int, int, int, int]:
 
 # ---- binding without placerun ------------------------------------------------------------
 def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_size: int, local_world: int):
-    """Plan this rank, bind it (stage 1 and 2) and make it the current Session; None when unavailable."""
+    """Plan this rank and run the same stage 1 as placerun's workers, then stage 2; None when
+    binding is unavailable."""
     try:
-        from placement.bind import session as session_mod
-        from placement.bind.affinity import apply_process_mask
-        from placement.bind.binder import RoleBinder
-        from placement.bind.memory import apply_memory_policy
-        from placement.bootstrap import start_stage2
+        from placement.bind.stage1 import run_stage1, start_stage2
         from placement.plan import plan_for_node
     except ImportError as e:
         log.warning("placement: binding is not available (%s); monitoring only", e)
         return None
     topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
-    rank_plan = plan.for_local_rank(local_rank)
     for w in plan.warnings:
         events.event("warning", source="plan", message=w)
-    binder = RoleBinder(rank_plan, events, background_nice=cfg.tune.background_nice)
-    memory = None
-    if plan.policy != "none" and rank_plan.roles:
-        mask = apply_process_mask(rank_plan.share())
-        events.event("bind", **mask.to_dict(), reason="attach: the rank's whole share")
-        memory = apply_memory_policy(rank_plan.memory, events)
-    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, topology=topo, events=events,
-                            binder=binder, rank=rank, local_rank=local_rank, world_size=world_size,
-                            memory=memory)
-    session_mod.set_current(s)
+    s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank, world_size=world_size,
+                   entry="attach")
     start_stage2(s)
     return s
 
@@ -342,6 +334,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
 def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
     from placement.monitor import exitflush
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+    from placement.monitor.comm_groups import default_backend
     from placement.monitor.exchange import Exchange
     from placement.monitor.step_monitor import StepMonitor
     from placement.monitor.threads import RoleSampler, ThreadScan
@@ -353,8 +346,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     binder = None if session is None else session.binder
     sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
-    backend = None if dist is None else str(dist.get_backend()).lower()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
+    # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
+    backend = None if dist is None else default_backend()
+    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+                            budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
@@ -370,12 +365,22 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
         monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
                                     slots=cfg.monitor.exchange_every)
     sigterm = exitflush.register(monitor)
-    events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
+    # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
+    # `placement report` which node each rank ran on.
+    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
+                 node_rank=_int_env("GROUP_RANK"), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
     events.flush()
     return monitor, comm
+
+
+def _int_env(name: str) -> Optional[int]:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from placement.cli import main as cli_main
-from placement.commands.doctor import SCHEMA, gather
+from placement.doctor.command import SCHEMA, gather
 from placement.cpuset import format_cpulist, parse_cpulist
-from placement.doctor_checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
+from placement.doctor.checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
                                     run_checks)
 from placement.roles import HOT_ROLES
 from sysfs_builder import make_tree, shared_trees

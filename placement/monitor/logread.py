@@ -35,17 +35,23 @@ class RunLog:
 
 
 def expand(paths: list[str]) -> list[str]:
-    """Files named, and the *.jsonl files of directories named."""
+    """Files named, the *.jsonl files anywhere under directories named (one per node, gathered
+    into a tree), and what glob patterns match (quoted, so the shell left them to us)."""
     out = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "*.jsonl")))
+            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
             if not found:
                 raise LogReadError(f"{p!r} holds no *.jsonl file; give monitor logs, e.g. placement_logs/rank0.jsonl")
             out.extend(found)
+        elif not os.path.exists(p) and glob.has_magic(p):
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise LogReadError(f"{p!r} matches no file; give monitor logs, e.g. 'logs/*/rank*.jsonl'")
+            out.extend(found)
         else:
             out.append(p)
-    return out
+    return list(dict.fromkeys(out))
 
 
 def read_logs(paths: list[str]) -> RunLog:

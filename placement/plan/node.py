@@ -64,10 +64,13 @@ def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list
 
 def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: bool
                         ) -> tuple[Optional[list[int]], list[str]]:
-    """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices
-    or UUIDs, matched by PCI bus id). None: unset, every GPU by index. With strict off, an entry
-    that matches no GPU ends the list there, as CUDA itself does, and a warning says so."""
+    """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices,
+    UUIDs, or MIG devices standing for their parent GPU, matched by PCI bus id). None: unset,
+    every GPU by index. With strict off, an entry that matches no GPU ends the list there, as CUDA
+    itself does, and a warning says so. A list mixing MIG devices and GPUs is refused: a MIG
+    device's rank would get the parent's CPUs while the same GPU may serve another rank whole."""
     from placement.topology import gpu_for_local_rank
+    from placement.topology.gpus import is_mig_entry, lookup_mig
 
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if not topo.gpus:
@@ -76,15 +79,22 @@ def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: b
     if cvd is None:
         return None, []
     entries = [e.strip() for e in cvd.split(",")]
+    migs = [e for e in entries if is_mig_entry(e)]
+    mig = lookup_mig(migs) if migs else None
     visible: list[int] = []
     for position, entry in enumerate(entries):
         if entry in _NO_DEVICE or (entry == "" and position == 0 and len(entries) == 1):
             break
-        gpu = gpu_for_local_rank(topo, 0, entry)  # this entry alone, to tell its own fault
-        if gpu is None or gpu.index in visible:
-            fault = "matches no GPU" if gpu is None else f"repeats GPU {gpu.index}"
-            problem = (f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; "
-                       f"GPUs: {_describe_with_uuid(topo)}")
+        if migs and not is_mig_entry(entry):
+            fault = f"is a GPU among MIG devices ({', '.join(migs)}); give either MIG devices or GPUs"
+            gpu = None
+        else:
+            gpu = gpu_for_local_rank(topo, 0, entry, mig)  # this entry alone, to tell its own fault
+            fault = ("matches no MIG device" if is_mig_entry(entry) else "matches no GPU") if gpu is None else \
+                f"repeats GPU {gpu.index}"
+        if gpu is None or (gpu.index in visible and not is_mig_entry(entry)):
+            found = f"GPUs: {_describe_with_uuid(topo)}" + (f"; {mig.describe()}" if mig is not None else "")
+            problem = f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; {found}"
             if strict:
                 raise PlanError(problem + "; set placement.strict=false to run a degraded plan")
             return visible, [problem + f"; degraded plan: like CUDA, only the {len(visible)} GPU(s) before it are used"]

@@ -2,8 +2,9 @@
 
 Every discovery module reads through one SysfsReader: paths are relative to the root
 ("sys/devices/system/cpu/online"), a missing file is simply None (most facts are
-optional), NUL bytes are dropped, and a file that exists but cannot be read or parsed
-adds one warning naming it and reads as None, so one bad file never fails discovery.
+optional), NUL bytes are dropped, reads are bounded and refuse what is not a regular file, and a
+file that exists but cannot be read or parsed adds one warning naming it and reads as None, so one
+bad file never fails discovery.
 """
 from __future__ import annotations
 
@@ -11,10 +12,13 @@ import errno
 import os
 from typing import Optional
 
+from placement._procfs import read_bounded
 from placement.cpuset import parse_cpulist, parse_cpumask
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
-_CHUNK = 65536
+# sysfs attributes are at most a page (cpu lists of huge machines a few pages); procfs files read
+# here (numa_balancing, cgroup files) are smaller still.
+FILE_MAX = 1024 * 1024
 
 
 class SysfsReader:
@@ -30,24 +34,18 @@ class SysfsReader:
         self.warnings.append(f"{self.path(rel)}: {problem}")
 
     def text(self, rel: str) -> Optional[str]:
-        """The file's text without NUL bytes and surrounding whitespace; None if absent or unreadable."""
+        """The file's text without NUL bytes and surrounding whitespace; None if absent or unreadable.
+
+        Bounded (FILE_MAX) and regular files only: a FIFO would hang the read, a link to
+        /dev/zero would never end; either is one warning naming the file, and reads as None.
+        """
         try:
-            fd = os.open(self.path(rel), os.O_RDONLY)
+            raw = read_bounded(self.path(rel), FILE_MAX)
         except OSError as e:
             if e.errno not in _ABSENT:
                 self.warn(rel, f"unreadable ({e.strerror})")
             return None
-        try:
-            # sysfs returns a whole attribute in one read; only a full buffer needs another.
-            chunks = [os.read(fd, _CHUNK)]
-            while len(chunks[-1]) == _CHUNK:
-                chunks.append(os.read(fd, _CHUNK))
-        except OSError as e:
-            self.warn(rel, f"unreadable ({e.strerror})")
-            return None
-        finally:
-            os.close(fd)
-        return b"".join(chunks).replace(b"\x00", b"").decode("latin-1").strip()
+        return raw.replace(b"\x00", b"").decode("latin-1").strip()
 
     def integer(self, rel: str, base: int = 10) -> Optional[int]:
         text = self.text(rel)

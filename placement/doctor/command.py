@@ -11,9 +11,9 @@ import sys
 from dataclasses import asdict
 from typing import Optional
 
-from placement import doctor_facts
 from placement.config import load_config
-from placement.doctor_checks import STATUSES, Check, Facts, run_checks
+from placement.doctor import facts as doctor_facts
+from placement.doctor.checks import STATUSES, Check, Facts, run_checks
 from placement.errors import ConfigError, PlanError
 
 SCHEMA = "placement.doctor/1"

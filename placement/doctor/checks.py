@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from placement.cpuset import format_cpulist
-from placement.doctor_facts import Interrupt, SmtState, TurboState
+from placement.doctor.facts import Interrupt, SmtState, TurboState
 from placement.plan.model import Plan
 from placement.roles import HOT_ROLES, ThreadRole
 from placement.topology.model import PATH_CLASSES, Gpu, Topology
@@ -32,7 +32,7 @@ class Check:
 
 @dataclass
 class Facts:
-    """Everything the checks read, gathered once (placement.commands.doctor.gather)."""
+    """Everything the checks read, gathered once (placement.doctor.command.gather)."""
 
     topology: Topology
     live: bool  # reading the running host (root "/"), not a gathered tree
