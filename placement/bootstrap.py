@@ -66,12 +66,14 @@ def _read_json(path: str, build, what: str):
 def stage1(environ: MutableMapping[str, str] = os.environ):
     """Stage 1 from placerun's hand-off files (placement.bind.stage1.run_stage1); the Session."""
     from placement.bind.stage1 import run_stage1
-    from placement.events import EventLog, rank_log_path
+    from placement.events import open_rank_log
 
     cfg, plan, topo = load_handoff(environ)
     local_rank = int(environ.get("LOCAL_RANK", "0"))
     rank = int(environ.get("RANK", str(local_rank)))
-    events = _open_events(EventLog, rank_log_path(cfg.monitor.log_dir, rank), rank)
+    # placerun checked the directory before starting any worker; should it have become
+    # unwritable since, this is the same one-line error (exit 2), never a silent null log.
+    events = open_rank_log(cfg.monitor.log_dir, rank)
     try:
         s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank,
                        world_size=int(environ.get("WORLD_SIZE", "1")), entry="placerun", environ=environ,
@@ -81,15 +83,6 @@ def stage1(environ: MutableMapping[str, str] = os.environ):
         raise HandoffError(str(e.args[0])) from None
     atexit.register(s.close)  # registered first, so it runs after the monitor's own exit hooks
     return s
-
-
-def _open_events(event_log_cls, path: str, rank: int):
-    try:
-        return event_log_cls(path, rank)
-    except OSError as e:
-        print(f"placement: rank {rank}: cannot open event log {path!r} ({e.strerror or e}); "
-              "binding goes on unlogged", file=sys.stderr)
-        return event_log_cls(None, rank)
 
 
 def _split(argv: list[str]) -> tuple[str, str, list[str]]:

@@ -7,6 +7,7 @@ import os
 from typing import Mapping, Optional, Union
 
 from placement.config import PlacementConfig, validate
+from placement.cpuset import MAX_CPUS
 from placement.errors import PlanError
 from placement.plan.gpus import describe_gpus
 from placement.plan.make import make_plan
@@ -14,6 +15,8 @@ from placement.plan.model import JobSpec, Plan
 from placement.topology.model import Topology
 
 NPROC_WORDS = ("auto", "gpu", "cpu")
+# Ranks per node: every rank needs at least one CPU, and the kernel has at most MAX_CPUS.
+MAX_LOCAL_RANKS = MAX_CPUS
 # CUDA_VISIBLE_DEVICES values that deliberately hide every GPU or end the list.
 _NO_DEVICE = ("-1", "NoDevFiles")
 
@@ -50,6 +53,9 @@ def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list
     gpus = len(topo.gpus) if visible is None else len(visible)
     text = str(value).strip()
     if text.isdigit() and int(text) >= 1:
+        if int(text) > MAX_LOCAL_RANKS:
+            raise PlanError(f"nproc_per_node={text} is too many ranks for one node; valid: an integer "
+                            f"1..{MAX_LOCAL_RANKS} (the kernel's CPU limit), {', '.join(NPROC_WORDS)}")
         return int(text)
     cpus = sum(1 for c in topo.cpus if c.online)
     if text == "cpu" or (text == "auto" and gpus == 0):

@@ -39,15 +39,28 @@ def _text(value) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+# Why the last nvml_gpus() call could not use NVML (None: it could); `placement topo` and
+# `placement doctor` say it in one info line.
+nvml_unavailable: Optional[str] = None
+
+
 def nvml_gpus() -> Optional[list[NvmlGpu]]:
-    """GPUs NVML reports, or None when NVML cannot be used (no driver, no library): one debug line."""
+    """GPUs NVML reports, or None when NVML cannot be used (no driver, no library); the reason
+    is kept in `nvml_unavailable`."""
+    global nvml_unavailable
     try:
         import pynvml
-
-        pynvml.nvmlInit()
-    except Exception as e:  # ImportError or any NVMLError: no usable driver here
+    except ImportError as e:
+        nvml_unavailable = f"nvidia-ml-py is not installed ({e}); pip install nvidia-ml-py"
         log.debug("NVML unavailable (%s); GPUs from PCI sysfs", e)
         return None
+    try:
+        pynvml.nvmlInit()
+    except Exception as e:  # any NVMLError: no usable driver here
+        nvml_unavailable = f"NVML did not load ({type(e).__name__}: {e})"
+        log.debug("NVML unavailable (%s); GPUs from PCI sysfs", e)
+        return None
+    nvml_unavailable = None
     try:
         out = []
         for i in range(pynvml.nvmlDeviceGetCount()):
@@ -56,6 +69,7 @@ def nvml_gpus() -> Optional[list[NvmlGpu]]:
             out.append(NvmlGpu(pci, _text(pynvml.nvmlDeviceGetUUID(h)), _text(pynvml.nvmlDeviceGetName(h))))
         return out
     except Exception as e:
+        nvml_unavailable = f"an NVML query failed ({type(e).__name__}: {e})"
         log.debug("NVML query failed (%s); GPUs from PCI sysfs", e)
         return None
     finally:

@@ -28,9 +28,12 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from placement._procfs import read_bounded
 from placement.cpuset import parse_cpumask
 from placement.errors import TopologyError
-from placement.topology.pci import normalize_bdf
+from placement.topology.pci import PCI_ADDRESS, normalize_bdf
+
+XML_MAX = 16 * 1024 * 1024  # NCCL's own topology dumps are a few KiB; a larger file is refused
 
 
 def topo_file_for(root: str, *given: Optional[str], environ: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -123,14 +126,12 @@ def nccl_host_hash(root: str = "/", environ: Mapping[str, str] = os.environ) -> 
     if os.path.realpath(root) == "/" and environ.get("NCCL_HOSTID"):
         return nccl_hash(environ["NCCL_HOSTID"].encode()[:1023])
     try:
-        with open(os.path.join(root, "proc/sys/kernel/hostname"), "rb") as f:
-            text = f.read(1024).split(b"\0")[0].strip()
+        text = read_bounded(os.path.join(root, "proc/sys/kernel/hostname"), 4096)[:1024].split(b"\0")[0].strip()
     except OSError:
         return None
     try:
-        with open(os.path.join(root, "proc/sys/kernel/random/boot_id"), "rb") as f:
-            words = f.read(1024).split()
-            text += words[0] if words else b""
+        words = read_bounded(os.path.join(root, "proc/sys/kernel/random/boot_id"), 4096)[:1024].split()
+        text += words[0] if words else b""
     except OSError:
         pass  # NCCL falls back to the hostname alone
     return nccl_hash(text[:1023])
@@ -141,22 +142,24 @@ def read_nccl_xml(path: str, host_hash: Optional[int] = None) -> NcclXml:
     when the file cannot be read or is not such a file. host_hash: this host's (nccl_host_hash),
     to pick its own <cpu> elements out of a multi-host dump."""
     try:
-        tree = ET.parse(path)
+        root = ET.fromstring(read_bounded(path, XML_MAX))  # bounded; a FIFO or device is refused
     except OSError as e:
         raise TopologyError(f"NCCL topology file {path}: {e.strerror or e}") from None
     except ET.ParseError as e:
         raise TopologyError(f"NCCL topology file {path}: malformed XML ({e})") from None
-    root = tree.getroot()
     if root.tag != "system":
         raise TopologyError(f"NCCL topology file {path}: root element is <{root.tag}>, expected <system>")
     out = NcclXml()
     cpus_elements = list(root.iter("cpu"))
     for position, cpu in _this_hosts(path, cpus_elements, host_hash, out.warnings):
         numa = _int(cpu.get("numaid"), 10)
+        affinity = cpu.get("affinity", "")
         try:
-            cpus = parse_cpumask(cpu.get("affinity", ""))
-        except ValueError:
-            raise TopologyError(f"NCCL topology file {path}: bad cpu affinity {cpu.get('affinity')!r}") from None
+            cpus = parse_cpumask(affinity)
+        except ValueError as e:
+            shown = affinity if len(affinity) <= 40 else affinity[:40] + "..."
+            raise TopologyError(f"NCCL topology file {path}: bad cpu affinity {shown!r} ({e}); "
+                                "valid: a hex cpu mask such as ffff,ffffffff") from None
         for nic in cpu.findall("nic"):
             names = tuple(n.get("name") for n in nic.iter("net") if n.get("name"))
             if names:
@@ -168,6 +171,10 @@ def read_nccl_xml(path: str, host_hash: Optional[int] = None) -> NcclXml:
                 if busid is None:
                     continue
                 bdf = normalize_bdf(busid)
+                if not PCI_ADDRESS.match(bdf):
+                    shown = busid if len(busid) <= 40 else busid[:40] + "..."
+                    raise TopologyError(f"NCCL topology file {path}: busid {shown!r} is not a PCI address; "
+                                        "valid: DDDD:BB:DD.F, e.g. 0000:18:00.0")
                 cls = _int(pci.get("class"), 16)
                 kind = _kind(pci, cls)
                 if kind is not None:
