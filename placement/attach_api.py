@@ -405,7 +405,10 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     from placement.tune.tuner import Tuner
 
     try:
-        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events)
+        # The step in progress when a move is applied ran partly before it: the move is in
+        # force from the step after (monitor.step counts finished steps).
+        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events,
+                      next_step=lambda: monitor.step + 2)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
         events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
