@@ -148,6 +148,17 @@ def test_absurd_sysfs_present_is_a_warning_not_a_memory_error(tmp_path):
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss < 100 * 1024  # KiB: no 4-billion-entry set
 
 
+def test_a_cpu_directory_beyond_the_kernels_limit_is_a_warning_not_a_cpu(tmp_path):
+    from placement.topology import discover
+    from sysfs_builder import make_tree
+
+    root = Path(make_tree(tmp_path, "small_cpu"))
+    (root / "sys/devices/system/cpu/cpu99999999999").mkdir()
+    topo = discover(str(root))
+    assert max(c.id for c in topo.cpus) == 15
+    assert [w for w in topo.warnings if "cpu99999999999 beyond the kernel's limit of 8192 cpus" in w]
+
+
 # ---- the programs --------------------------------------------------------------------------------
 def _attach(log_dir: str, flush_every: int):
     import placement

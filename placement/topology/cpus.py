@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from placement.cpuset import MAX_CPUS
 from placement.topology._sysfs import SysfsReader
 from placement.topology.model import Cpu
 
@@ -29,6 +30,11 @@ def cpu_ids(fs: SysfsReader) -> tuple[list[int], frozenset[int]]:
     """
     names = fs.listdir(CPU_DIR) or ()
     with_dir = {int(m.group(1)) for m in map(_CPU_NAME.match, names) if m}
+    beyond = sorted(c for c in with_dir if c >= MAX_CPUS)
+    if beyond:  # no kernel has such a CPU: a broken or hand-made tree
+        fs.warn(CPU_DIR, f"cpu{beyond[0]}" + (f" and {len(beyond) - 1} more" if len(beyond) > 1 else "")
+                + f" beyond the kernel's limit of {MAX_CPUS} cpus: ignored")
+        with_dir.difference_update(beyond)
     present = fs.cpus(f"{CPU_DIR}/present") or frozenset()
     known = sorted(with_dir | present)
     online = fs.cpus(f"{CPU_DIR}/online")
