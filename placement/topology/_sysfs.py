@@ -13,6 +13,9 @@ from typing import Optional
 
 from placement.cpuset import parse_cpulist, parse_cpumask
 
+CPU_DIR = "sys/devices/system/cpu"
+NODE_DIR = "sys/devices/system/node"
+
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 _CHUNK = 65536
 
@@ -48,6 +51,16 @@ class SysfsReader:
         finally:
             os.close(fd)
         return b"".join(chunks).replace(b"\x00", b"").decode("latin-1").strip()
+
+    def head(self, rel: str, size: int = 4096) -> Optional[str]:
+        """The first `size` bytes of a file that may be long (proc/cpuinfo); None if absent or unreadable."""
+        try:
+            with open(self.path(rel), "rb") as f:
+                return f.read(size).decode("latin-1")
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                self.warn(rel, f"unreadable ({e.strerror})")
+            return None
 
     def integer(self, rel: str, base: int = 10) -> Optional[int]:
         text = self.text(rel)
