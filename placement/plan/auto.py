@@ -90,10 +90,23 @@ def _split_node(ctx: PlanContext, node: int, pool: list[Core], members: list[Ran
         ctx.warn(f"node {node} has {count} free physical core(s) for {k} ranks: local ranks "
                  f"{', '.join(str(s.local_rank) for s in members)} share cores, hot threads of "
                  "different ranks compete")
-    hot = [sorted(sh, key=lambda c: c.hot_order(prefer_fast))[:HOT_CORES_PER_RANK] for sh in shares]
+    hot = [_hot_cores(sh, prefer_fast) for sh in shares]
     if prefer_fast and count >= k:
         _trade_for_speed(shares, hot)
     return shares, hot
+
+
+def _hot_cores(share: list[Core], prefer_fast: bool) -> list[Core]:
+    """The share's hot cores in hot order; the second on another AMD compute unit than the first
+    when one is as fast (two cores of a unit share one front end, so main and nccl would compete)."""
+    ranked = sorted(share, key=lambda c: c.hot_order(prefer_fast))
+    if len(ranked) < HOT_CORES_PER_RANK:
+        return ranked
+    first = ranked[0]
+    rest = ranked[1:]
+    speed = rest[0].hot_order(prefer_fast)[:2]  # (not whole, perf_rank or 0)
+    apart = [c for c in rest if c.compute_unit != first.compute_unit and c.hot_order(prefer_fast)[:2] == speed]
+    return [first, apart[0] if apart else rest[0]]
 
 
 def _speed(c: Core) -> tuple[bool, int]:

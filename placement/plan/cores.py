@@ -24,6 +24,9 @@ class Core:
     l3: int  # lowest online CPU id of its L3 group (its own key when the L3 is unknown)
     cluster: int  # lowest online CPU id of its cluster group (its L3 when unknown)
     perf: int  # best perf_rank among its usable threads; _UNRANKED without evidence
+    # AMD family 15h: the compute unit whose front end, L1i and L2 it shares with its twin core
+    # (lowest online CPU id of the unit); its own key on every other machine.
+    compute_unit: int = -1
 
     @property
     def whole(self) -> bool:
@@ -74,6 +77,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
     core_of = _group_min(topo, "core")
     l3_of = _group_min(topo, "l3")
     cluster_of = _group_min(topo, "cluster")
+    unit_of = _group_min(topo, "compute_unit")
     node_of = cpu_node(topo)
     by_id = {c.id: c for c in topo.cpus}
     threads: dict[int, set[int]] = {}
@@ -90,7 +94,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
         cores.append(Core(
             key=key, cpus=mine, threads=frozenset(members), node=node_of[key],
             l3=l3, cluster=cluster_of.get(key, l3),
-            perf=min(ranks) if ranks else _UNRANKED,
+            perf=min(ranks) if ranks else _UNRANKED, compute_unit=unit_of.get(key, key),
         ))
     return sorted(cores, key=lambda c: c.compact_order)
 
