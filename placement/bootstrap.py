@@ -27,7 +27,6 @@ PLAN_FILE_ENV = "PLACEMENT_PLAN_FILE"
 CONFIG_FILE_ENV = "PLACEMENT_CONFIG_FILE"
 TOPOLOGY_FILE_ENV = "PLACEMENT_TOPOLOGY_FILE"
 KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"  # comma list: env names the user set before placerun
-WATCH_INTERVAL_S = 1.0  # the stage-2 watcher's rescan period; a rescan of an unchanged rank is a few listdirs
 
 log = logging.getLogger("placement")
 
@@ -65,74 +64,25 @@ def _read_json(path: str, build, what: str):
 
 
 def stage1(environ: MutableMapping[str, str] = os.environ):
-    """Bind this process (mask, memory policy, env), open its event log, create the Session."""
-    from placement.bind import session as session_mod
-    from placement.bind.affinity import apply_process_mask
-    from placement.bind.binder import RoleBinder
-    from placement.bind.env import apply_env
-    from placement.bind.memory import apply_memory_policy
-    from placement.events import EventLog, rank_log_path
+    """Stage 1 from placerun's hand-off files (placement.bind.stage1.run_stage1); the Session."""
+    from placement.bind.stage1 import run_stage1
+    from placement.events import open_rank_log
 
     cfg, plan, topo = load_handoff(environ)
     local_rank = int(environ.get("LOCAL_RANK", "0"))
     rank = int(environ.get("RANK", str(local_rank)))
-    world_size = int(environ.get("WORLD_SIZE", "1"))
+    # placerun checked the directory before starting any worker; should it have become
+    # unwritable since, this is the same one-line error (exit 2), never a silent null log.
+    events = open_rank_log(cfg.monitor.log_dir, rank)
     try:
-        rank_plan = plan.for_local_rank(local_rank)
+        s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank,
+                       world_size=int(environ.get("WORLD_SIZE", "1")), entry="placerun", environ=environ,
+                       keep=environ.get(KEEP_ENV_ENV, "").split(","),
+                       restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
     except KeyError as e:
         raise HandoffError(str(e.args[0])) from None
-    events = _open_events(EventLog, rank_log_path(cfg.monitor.log_dir, rank), rank)
-    binding = plan.policy != "none" and bool(rank_plan.roles)
-    env_set = apply_env(rank_plan, environ, keep=environ.get(KEEP_ENV_ENV, "").split(","), binding=binding)
-    events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=world_size,
-                 restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")), policy=plan.policy,
-                 plan=rank_plan.to_dict(), env=env_set)
-    if environ.get("NCCL_SET_THREAD_NAME") != "1":
-        events.event("warning", message=f"NCCL_SET_THREAD_NAME={environ.get('NCCL_SET_THREAD_NAME')!r}: "
-                                        "NCCL threads are not named, so they are bound as `other`")
-    binder = RoleBinder(rank_plan, events, background_nice=cfg.tune.background_nice)
-    memory = None
-    if binding:
-        mask = apply_process_mask(rank_plan.share())
-        events.event("bind", **mask.to_dict(), reason="stage 1: the rank's whole share, inherited by every thread")
-        if not mask.ok:
-            _warn(events, rank, mask.error or "")
-        memory = apply_memory_policy(rank_plan.memory, events)
-        if memory.fallback:
-            _warn(events, rank, f"memory policy {memory.planned.mode} {memory.planned.nodes}: {memory.fallback}",
-                  event=False)
-    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, topology=topo, events=events,
-                            binder=binder, rank=rank, local_rank=local_rank, world_size=world_size,
-                            memory=memory)
-    session_mod.set_current(s)
     atexit.register(s.close)  # registered first, so it runs after the monitor's own exit hooks
     return s
-
-
-def start_stage2(s) -> None:
-    """Bind threads by role now and from then on (new threads, DataLoader workers, NCCL)."""
-    from placement.bind.fork import rehome_forked_children
-
-    if s.plan.policy == "none" or not s.rank_plan.roles:
-        return
-    rehome_forked_children(s.binder)
-    s.binder.rescan()
-    s.binder.start_watcher(WATCH_INTERVAL_S)
-
-
-def _open_events(event_log_cls, path: str, rank: int):
-    try:
-        return event_log_cls(path, rank)
-    except OSError as e:
-        print(f"placement: rank {rank}: cannot open event log {path!r} ({e.strerror or e}); "
-              "binding goes on unlogged", file=sys.stderr)
-        return event_log_cls(None, rank)
-
-
-def _warn(events, rank: int, message: str, *, event: bool = True) -> None:
-    if event:
-        events.event("warning", message=message)
-    print(f"placement: rank {rank}: {message}", file=sys.stderr)
 
 
 def _split(argv: list[str]) -> tuple[str, str, list[str]]:
@@ -169,9 +119,13 @@ def main(argv: Optional[list[str]] = None) -> None:
             sys.exit(127)
     if s is not None:
         try:
+            from placement.bind.stage1 import start_stage2
+
             start_stage2(s)
         except Exception as e:  # binding never stops training
-            _warn(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
+            from placement.bind.stage1 import warn_rank
+
+            warn_rank(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
                                     "threads stay on the stage-1 mask")
     if how == "module":
         sys.argv = [target, *args]

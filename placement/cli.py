@@ -1,5 +1,6 @@
-"""`placement topo | plan | doctor | report`: a thin dispatcher; each subcommand is its own module
-in placement.commands exposing `add_arguments(parser)` and `run(args) -> int`."""
+"""`placement topo | plan | doctor | report | selftest`: a thin dispatcher; each subcommand is its own module
+(placement.commands.<name>, or the package's own command module, e.g. placement.doctor.command)
+exposing `add_arguments(parser)` and `run(args) -> int`."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +13,16 @@ SUBCOMMANDS = {
     "topo": "show the machine's CPU/NUMA/GPU/NIC topology",
     "plan": "show the per-rank, per-role CPU plan placerun would apply",
     "doctor": "check the host for settings that hurt training (NUMA balancing, governor, ...)",
-    "report": "summarise monitor JSONL logs: per-rank table, events, plot",
+    "report": "summarise monitor JSONL logs: per-rank or per-node figures, who held the job back, plot, heatmap, trace",
+    "selftest": "run a short job under placerun on this GPU node and check placement and comm timing",
 }
+
+# Subcommands whose module is not placement.commands.<name>.
+MODULES = {"doctor": "placement.doctor.command"}
+
+
+def _module(name: str):
+    return importlib.import_module(MODULES.get(name, f"placement.commands.{name}"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -22,13 +31,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name, help_text in SUBCOMMANDS.items():
         p = sub.add_parser(name, help=help_text, description=help_text)
-        importlib.import_module(f"placement.commands.{name}").add_arguments(p)
+        _module(name).add_arguments(p)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    module = importlib.import_module(f"placement.commands.{args.command}")
+    module = _module(args.command)
     try:
         return int(module.run(args) or 0)
     except PlacementError as e:

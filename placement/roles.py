@@ -2,8 +2,23 @@
 
 Names are the ones PyTorch and NCCL give their threads (comm names, 15 chars max):
 `pt_data_pin` (pin-memory thread), `pt_data_worker` (DataLoader worker processes),
-`pt_autograd_<n>` (autograd device threads), `NCCL <what> <n>` once
-NCCL_SET_THREAD_NAME=1 (e.g. "NCCL Progress 0", "NCCL Service 0").
+`pt_autograd_<device>` (torch/csrc/autograd/engine.cpp, Engine::thread_init: one thread per
+non-CPU device, started by start_device_threads; on GPU it runs all CUDA backward work while
+the main thread waits in backward(), so it is hot), and NCCL's threads, named only when
+NCCL_SET_THREAD_NAME=1 (src/debug.cc ncclSetThreadName, NCCL_PARAM(SetThreadName, ..., 0):
+read once and cached; vsnprintf into NCCL_THREAD_NAMELEN=16, so "NCCL UDS Service  0" is
+cut to "NCCL UDS Servic"). Where NCCL (v2.28.9-1) names them:
+  hot (they move the data):
+    "NCCL Service %2d", "NCCL UDS Service %2d"  src/proxy.cc:1879/1884 ncclProxyCreate, from
+                                                 initTransportsRank (src/init.cc:1259)
+    "NCCL Progress%2d"   src/proxy.cc:1014 ncclProxyProgressCreate, on the service thread at the
+                         first proxy connection (lazy: NCCL_RUNTIME_CONNECT=1, src/init.cc:57)
+    "NCCL GIN Progress%2d" src/gin/gin_host.cc:151; "NCCL RMA Proxy Progress%2d" (2.30
+                         src/rma/rma_proxy.cc:455); "NCCL Sock%c%1u%2u%2u" socket helper
+                         threads (src/transport/net_socket.cc:512)
+  background (`other`):
+    "NCCL RAS" (2.24+, src/ras/ras.cc:107, from bootstrapInit), "NCCL BootstrapR"
+    (src/bootstrap.cc:404), "NCCL IbAsync %2d" (src/transport/net_ib.cc:806), any other "NCCL ...".
 """
 from __future__ import annotations
 
@@ -12,9 +27,12 @@ import os
 from dataclasses import dataclass
 from enum import Enum
 
+from placement import _procfs
+
 
 class ThreadRole(str, Enum):
     MAIN = "main"
+    BACKWARD = "backward"
     NCCL = "nccl"
     PIN_MEMORY = "pin_memory"
     DATALOADER = "dataloader"
@@ -24,7 +42,18 @@ class ThreadRole(str, Enum):
         return self.value
 
 
-HOT_ROLES = (ThreadRole.MAIN, ThreadRole.NCCL, ThreadRole.PIN_MEMORY)
+HOT_ROLES = (ThreadRole.MAIN, ThreadRole.BACKWARD, ThreadRole.NCCL, ThreadRole.PIN_MEMORY)
+
+# Prefixes of NCCL's hot thread names as the kernel keeps them (15 characters): proxy service
+# (and its UDS twin), proxy progress, GIN and RMA progress, socket transport helpers.
+NCCL_HOT_PREFIXES = ("NCCL Service", "NCCL UDS Servic", "NCCL Progress", "NCCL GIN Progre",
+                     "NCCL RMA Proxy", "NCCL Sock")
+AUTOGRAD_PREFIX = "pt_autograd_"
+
+
+def is_nccl_thread(name: str) -> bool:
+    """Any thread NCCL named (hot or background)."""
+    return name.startswith("NCCL ")
 
 
 def role_of(name: str, *, is_main_thread: bool = False, in_worker_process: bool = False) -> ThreadRole:
@@ -33,8 +62,10 @@ def role_of(name: str, *, is_main_thread: bool = False, in_worker_process: bool 
         return ThreadRole.DATALOADER
     if is_main_thread:
         return ThreadRole.MAIN
-    if name.startswith("NCCL"):
+    if name.startswith(NCCL_HOT_PREFIXES):
         return ThreadRole.NCCL
+    if name.startswith(AUTOGRAD_PREFIX):
+        return ThreadRole.BACKWARD
     if name.startswith("pt_data_pin"):
         return ThreadRole.PIN_MEMORY
     return ThreadRole.OTHER
@@ -48,28 +79,11 @@ class ThreadInfo:
     role: ThreadRole
 
 
-def _read_comm(path: str) -> str | None:
+def _comm(pid: int, tid: int | None, proc: str) -> str | None:
     try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace").strip()
-    except OSError:  # thread or process gone, or not ours to read
+        return _procfs.comm(pid, tid, proc)
+    except (_procfs.ThreadGone, OSError):  # thread or process gone, or not ours to read
         return None
-
-
-def child_pids(pid: int, proc: str = "/proc") -> list[int]:
-    """Direct children of a process, from /proc/<pid>/task/*/children (no psutil walk)."""
-    kids: list[int] = []
-    try:
-        tids = os.listdir(f"{proc}/{pid}/task")
-    except OSError:
-        return kids
-    for tid in tids:
-        try:
-            with open(f"{proc}/{pid}/task/{tid}/children") as f:
-                kids.extend(int(x) for x in f.read().split())
-        except (OSError, ValueError):
-            continue
-    return kids
 
 
 def scan_threads(pid: int | None = None, *, include_children: bool = True, proc: str = "/proc") -> list[ThreadInfo]:
@@ -81,25 +95,28 @@ def scan_threads(pid: int | None = None, *, include_children: bool = True, proc:
     pid = os.getpid() if pid is None else pid
     out: list[ThreadInfo] = []
     try:
-        tids = sorted(int(t) for t in os.listdir(f"{proc}/{pid}/task"))
-    except OSError:
+        tids = _procfs.task_ids(pid, proc)
+    except (_procfs.ThreadGone, OSError):
         return out
     for tid in tids:
-        name = _read_comm(f"{proc}/{pid}/task/{tid}/comm")
-        if name is None:
-            continue
-        out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
+        name = _comm(pid, tid, proc)
+        if name is not None:
+            out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
     if include_children:
-        for child in child_pids(pid, proc):
-            cname = _read_comm(f"{proc}/{child}/comm")
+        try:
+            kids = _procfs.children(pid, proc)
+        except (_procfs.ThreadGone, OSError, ValueError):
+            kids = []
+        for child in kids:
+            cname = _comm(child, None, proc)
             if cname is None or not cname.startswith("pt_data_worker"):
                 continue
             try:
-                ctids = sorted(int(t) for t in os.listdir(f"{proc}/{child}/task"))
-            except OSError:
+                ctids = _procfs.task_ids(child, proc)
+            except (_procfs.ThreadGone, OSError):
                 continue
             for tid in ctids:
-                name = _read_comm(f"{proc}/{child}/task/{tid}/comm")
+                name = _comm(child, tid, proc)
                 if name is not None:
                     out.append(ThreadInfo(child, tid, name, ThreadRole.DATALOADER))
     return out

@@ -83,6 +83,19 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
         nccl_core = cores(topo, r.cpus(ThreadRole.NCCL))
         pin_core = cores(topo, r.cpus(ThreadRole.PIN_MEMORY))
         assert len(nccl_core) == 1 and len(pin_core) == 1
+        # backward: GPU ranks only (torch's pt_autograd_<device> exists for non-CPU devices), one
+        # core, main's own only when the rank has too few cores (its reason says so)
+        backward_core = cores(topo, r.cpus(ThreadRole.BACKWARD))
+        if r.gpu is None:
+            assert ThreadRole.BACKWARD not in r.roles, f"CPU-only rank {r.local_rank} has a backward role"
+        else:
+            assert len(backward_core) == 1, f"rank {r.local_rank} backward on cores {backward_core}"
+            if backward_core == main_core:
+                assert "shares main's core" in r.roles[ThreadRole.BACKWARD].reason
+            else:
+                assert not backward_core & (nccl_core | pin_core), f"rank {r.local_rank}: backward shares nccl's core"
+        main_core_only = main_core
+        main_core = main_core | backward_core  # the checks below treat backward as main's neighbour
         if main_core & (nccl_core | pin_core):
             assert warned(plan, f"local rank {r.local_rank} has one free physical core"), (
                 f"rank {r.local_rank}: main shares its core with nccl/pin_memory without a warning")
@@ -93,7 +106,7 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
             hot_threads = set().union(*(threads_of_core[c] for c in main_core | nccl_core | pin_core))
             assert not hot_threads & background, f"rank {r.local_rank}: background roles on hot cores"
         else:
-            assert (not threads_of_core[next(iter(main_core))] & background
+            assert (not threads_of_core[next(iter(main_core_only))] & background
                     or warned(plan, f"local rank {r.local_rank} has one free physical core"))
         for other in plan.ranks:
             if other.local_rank != r.local_rank and not shared_cores:
@@ -102,6 +115,8 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
         # Hot cores use one thread per core when SMT is avoided, every usable thread when used.
         for role in HOT_ROLES:
             cpus = r.cpus(role)
+            if role not in r.roles and role is ThreadRole.BACKWARD:
+                continue
             if cfg.smt == "avoid":
                 assert len(cpus) == 1, f"rank {r.local_rank} {role} {sorted(cpus)}: smt=avoid gives one thread"
             else:
@@ -114,6 +129,7 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
             assert all(len(v) == 1 for v in per_core.values()), f"rank {r.local_rank}: two threads of a core with smt=avoid"
         # A rank never spans nodes: everything but a NIC-local nccl core is on one node.
         home = {of_node[c] for c in r.cpus(ThreadRole.MAIN)}
+        assert {of_node[c] for c in r.cpus(ThreadRole.BACKWARD)} <= home, f"rank {r.local_rank} backward off main's node"
         spans = {of_node[c] for c in r.share() - r.cpus(ThreadRole.NCCL)} | home
         assert len(spans) == 1, f"rank {r.local_rank} spans nodes {sorted(spans)}"
         home_node = next(iter(home))
@@ -169,10 +185,28 @@ def core_speed(topo: Topology, cfg: PlacementConfig) -> dict[int, tuple[bool, in
     return out
 
 
+# The L3 rule of placement/plan/auto.py restated: a faster core of another rank in another L3
+# group is left alone unless it is at least 10% faster on the first evidence that differs.
+L3_RULE_GAIN = 0.10
+
+
+def expected_gain(topo: Topology, fast: int, slow: int) -> float:
+    """Relative single-thread gain of core `fast` over core `slow` on their first differing evidence."""
+    by_id = {c.id: c for c in topo.cpus}
+    for field in ("highest_perf", "prefcore_ranking", "max_khz", "base_khz"):
+        a, b = getattr(by_id[fast], field), getattr(by_id[slow], field)
+        if a is not None and b is not None and b > 0 and a != b:
+            return a / b - 1.0
+    return 0.0
+
+
 def check_fastest_hot_cores(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
-    """On every node, no core the plan leaves to background roles is faster than a hot core."""
+    """On every node, no core the plan leaves to background roles is faster than a hot core,
+    except another rank's core in another L3 group that the L3 rule keeps apart (gain < 10%)."""
     speed = core_speed(topo, cfg)
     of_node = node_of(topo)
+    l3 = {c.id: c.l3 for c in topo.cpus}
+    owner: dict[int, int] = {}
     hot: dict[int, set[int]] = {}
     used: dict[int, set[int]] = {}
     for r in plan.ranks:
@@ -181,10 +215,13 @@ def check_fastest_hot_cores(topo: Topology, plan: Plan, cfg: PlacementConfig) ->
                 hot.setdefault(of_node[core], set()).add(core)
         for core in cores(topo, r.share()):
             used.setdefault(of_node[core], set()).add(core)
+            owner[core] = r.local_rank
     for node, hot_cores in hot.items():
-        background = used.get(node, set()) - hot_cores
-        if background:
-            slowest_hot = max(speed[c] for c in hot_cores)
-            fastest_bg = min(speed[c] for c in background)
-            assert slowest_hot <= fastest_bg, (
-                f"node {node}: hot core speed {slowest_hot} is slower than background core speed {fastest_bg}")
+        for bg in used.get(node, set()) - hot_cores:
+            for h in hot_cores:
+                if speed[bg] >= speed[h]:
+                    continue
+                kept_apart = (owner[bg] != owner[h] and l3[bg] != l3[h] and speed[bg][0] == speed[h][0]
+                              and expected_gain(topo, bg, h) < L3_RULE_GAIN)
+                assert kept_apart, (f"node {node}: hot core {h} (speed {speed[h]}) is slower than background "
+                                    f"core {bg} (speed {speed[bg]}) and the L3 rule does not keep them apart")

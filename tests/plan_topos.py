@@ -16,7 +16,8 @@ def synth(*, packages: int = 1, nodes_per_package: int = 1, cores_per_node: int 
           nic_nodes: Optional[tuple[int, ...]] = None, perf: Optional[Callable[[int], int]] = None,
           allowed: Optional[frozenset[int]] = None, offline: frozenset[int] = frozenset(),
           node_memory: Optional[dict[int, int]] = None, gpu_numa_unknown: bool = False) -> Topology:
-    """perf: core index (0-based, machine-wide) -> perf_rank. gpu_nodes: the node of each GPU.
+    """perf: core index (0-based, machine-wide) -> perf_rank, with max_khz 100 MHz lower per rank
+    below 3 GHz (the magnitude the L3 rule weighs). gpu_nodes: the node of each GPU.
     nic_nodes: the node of each GPU's closest NIC (default: the GPU's own node)."""
     nodes = packages * nodes_per_package
     cores = nodes * cores_per_node
@@ -36,7 +37,8 @@ def synth(*, packages: int = 1, nodes_per_package: int = 1, cores_per_node: int 
                 package=node // nodes_per_package if online else None, die=None,
                 cluster=cluster if online else None, core=core if online else None,
                 l3=l3 if online else None, numa=node if online else None,
-                max_khz=3_000_000, perf_rank=(perf(core) if perf else 0) if online else None,
+                max_khz=3_000_000 - 100_000 * (perf(core) if perf else 0),
+                perf_rank=(perf(core) if perf else 0) if online else None,
             ))
     numa_nodes = []
     for n in range(nodes):

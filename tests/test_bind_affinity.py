@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from placement._procfs import ThreadGone
 from placement.bind import apply_process_mask, bind_thread, read_allowed, read_last_cpu
 from placement.roles import ThreadRole
 from placerun_helpers import allowed
@@ -72,7 +73,8 @@ def test_exited_thread_is_skipped_silently():
     while os.path.exists(f"/proc/self/task/{tid[0]}") and time.monotonic() < deadline:
         time.sleep(0.001)
     assert bind_thread(os.getpid(), tid[0], "gone", ThreadRole.OTHER, frozenset(ALLOWED[:1])) is None
-    assert read_allowed(os.getpid(), tid[0]) is None
+    with pytest.raises(ThreadGone):  # the one "thread gone" convention of placement._procfs
+        read_allowed(os.getpid(), tid[0])
 
 
 def test_last_cpu_is_an_allowed_cpu():

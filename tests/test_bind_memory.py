@@ -149,4 +149,16 @@ def test_missing_libnuma_is_one_line_and_no_crash(tmp_path):
     assert p.returncode == 0, p.stderr
     mode, reason = p.stdout.strip().splitlines()
     assert mode == "none"
-    assert "libnuma is not available" in reason and "libnuma.so.1" in reason and "install" in reason
+    assert "libnuma.so is not available" in reason and "libnuma.so.1" in reason and "install libnuma1" in reason
+
+
+def test_missing_py_libnuma_names_the_pip_package():
+    """The Python half absent (import numa fails with ImportError): the fix is the pip package."""
+    code = ("import sys; sys.modules['numa'] = None; "
+            "import placement.bind as b; from placement.plan.model import MemoryPolicy as M; "
+            "r = b.apply_memory_policy(M('bind', [0])); print(r.applied.mode); print(r.fallback)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    mode, reason = p.stdout.strip().splitlines()
+    assert mode == "none"
+    assert "py-libnuma is not installed" in reason and "pip install py-libnuma" in reason

@@ -92,10 +92,10 @@ def test_real_thread_names_land_on_their_role_sets(threads, tmp_path):
     pid = os.getpid()
     assert allowed(pid, pid) == A  # main: CPU-only rank, narrowed at once
     assert allowed(pid, pin.tid) == B  # pin_memory
-    assert allowed(pid, autograd.tid) == BOTH  # other
+    assert allowed(pid, autograd.tid) == BOTH  # backward: a CPU-only plan has none, so other's set
     roles = {t.tid: t.role for t in binder.threads()}
     assert roles[pid] is ThreadRole.MAIN and roles[pin.tid] is ThreadRole.PIN_MEMORY
-    assert roles[autograd.tid] is ThreadRole.OTHER
+    assert roles[autograd.tid] is ThreadRole.BACKWARD
     assert all(r.ok for r in results)
     log.close()
     binds = {e["tid"]: e for e in events_of(tmp_path / "rank0.jsonl") if e["type"] == "bind"}
@@ -138,12 +138,12 @@ def test_main_waits_for_nccl_threads_on_a_gpu_rank(threads):
 def test_set_role_cpus_rehomes_live_threads_now_and_later_ones(threads, tmp_path):
     log = EventLog(str(tmp_path / "rank0.jsonl"))
     binder = RoleBinder(rank_plan(), log)
-    first = threads("pt_autograd_0")
+    first = threads("gloo_tcp_loop")
     binder.rescan()
     results = binder.set_role_cpus(ThreadRole.OTHER, A, "tuner: move other off the nccl core")
     assert {r.tid for r in results} >= {first.tid} and all(r.role is ThreadRole.OTHER for r in results)
     assert allowed(os.getpid(), first.tid) == A
-    second = threads("pt_autograd_1")
+    second = threads("python")
     binder.rescan()
     assert allowed(os.getpid(), second.tid) == A
     log.close()

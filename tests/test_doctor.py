@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from placement.cli import main as cli_main
-from placement.commands.doctor import SCHEMA, gather
+from placement.doctor.command import SCHEMA, gather
 from placement.cpuset import format_cpulist, parse_cpulist
-from placement.doctor_checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
+from placement.doctor.checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
                                     run_checks)
 from placement.roles import HOT_ROLES
 from sysfs_builder import make_tree, shared_trees
@@ -205,7 +205,7 @@ def test_text_report_and_exit_codes(trees, capsys):
 
 @pytest.mark.parametrize("args, needle", [
     (["--root", "/nonexistent/tree"], "/nonexistent/tree"),
-    (["--nproc-per-node", "0"], "--nproc-per-node=0 is not valid; valid: an integer >= 1"),
+    (["--nproc-per-node", "0"], "--nproc-per-node=0 is not valid; valid: an integer 1..8192"),
     (["placement.policy=fast"], "choose one of: auto, node"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):

@@ -7,8 +7,8 @@ import time
 import pytest
 
 from placement.monitor.cpufreq import CoreFreq
-from placement.monitor.probes import (MainThreadProbe, ThreadGone, ThreadProbe, read_nivcsw, read_schedstat,
-                                      read_stat, thread_cpu_clock)
+from placement._procfs import nonvoluntary_switches_at, schedstat_at, stat_at
+from placement.monitor.probes import MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
 from placement.monitor.warn import WarnOnce
 
 
@@ -35,17 +35,18 @@ def test_schedstat_stat_status_of_this_thread_follow_the_kernel():
     base = f"/proc/self/task/{tid}"
     fds = [_fd(f"{base}/{n}") for n in ("schedstat", "stat", "status")]
     try:
-        cpu0, runq0 = read_schedstat(fds[0])
+        cpu0, runq0 = schedstat_at(fds[0])
         _spin(0.05)
         time.sleep(0.01)  # a switch: the kernel folds the running time into schedstat
-        cpu1, runq1 = read_schedstat(fds[0])
+        cpu1, runq1 = schedstat_at(fds[0])
         assert cpu1 - cpu0 >= 40e6  # 50 ms spun, ns
         assert runq1 >= runq0 >= 0
-        minflt, cpu = read_stat(fds[1])
+        st = stat_at(fds[1])
+        minflt, cpu = st.minflt, st.last_cpu
         assert cpu in os.sched_getaffinity(0) and minflt > 0
         with open(f"{base}/status") as f:
             want = int(next(l for l in f if l.startswith("nonvoluntary_ctxt_switches")).split()[1])
-        assert read_nivcsw(fds[2]) >= want
+        assert nonvoluntary_switches_at(fds[2]) >= want
     finally:
         for fd in fds:
             os.close(fd)
@@ -60,7 +61,8 @@ def test_stat_parser_survives_a_thread_name_with_parens_and_spaces(tmp_path):
     p.write_text(f"123 (evil) (name x) {' '.join(fields)}\n")
     fd = _fd(p)
     try:
-        assert read_stat(fd) == (777, 5)
+        st = stat_at(fd)
+        assert (st.name, st.state, st.minflt, st.last_cpu) == ("evil) (name x", "S", 777, 5)
     finally:
         os.close(fd)
 
@@ -124,11 +126,11 @@ def test_main_thread_probe_per_step_and_per_span():
     fd = _fd(f"/proc/self/task/{os.getpid()}/schedstat")
     time.sleep(0.01)  # switched out: schedstat's on-CPU field is up to date now
     cpu0, runq0 = probe.step_read()
-    kernel0, _ = read_schedstat(fd)
+    kernel0, _ = schedstat_at(fd)
     _spin(0.03)
     time.sleep(0.01)
     cpu1, runq1 = probe.step_read()
-    kernel1, _ = read_schedstat(fd)
+    kernel1, _ = schedstat_at(fd)
     os.close(fd)
     # The per-step on-CPU figure is the kernel's own accounting (to within a tick of noise).
     assert cpu1 - cpu0 > 1e6

@@ -210,7 +210,7 @@ def test_plan_json_round_trip_and_schema():
     plan = plan_of(dgx_h100_like(), 8)
     d = json.loads(json.dumps(plan.to_dict()))
     assert d["schema"] == "placement.plan/1" and d["policy"] == "auto"
-    assert set(d["ranks"][0]["roles"]) == {"main", "nccl", "pin_memory", "dataloader", "other"}
+    assert set(d["ranks"][0]["roles"]) == {"main", "backward", "nccl", "pin_memory", "dataloader", "other"}
     assert d["ranks"][0]["gpu"] == {"index": 0, "pci": "0000:10:00.0"}
     again = Plan.from_dict(d)
     assert again.to_dict() == plan.to_dict()

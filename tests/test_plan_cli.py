@@ -218,3 +218,21 @@ def test_placement_plan_prints_the_plan_placerun_applies(capsys):
     assert launcher.main(["--dry-run", "--nproc-per-node", "2", *overrides, "examples/train_ddp.py"]) == 0
     dry_run = capsys.readouterr().out
     assert dry_run.startswith(planned), "placerun --dry-run prints the same plan table first"
+
+
+def test_dgx_plan_table_shows_a_backward_role_per_rank_next_to_main(dgx, capsys):
+    rc, out, _ = run_cli(capsys, "--root", dgx, "--nproc-per-node", "8")
+    assert rc == 0
+    rows = [line.split() for line in out.splitlines()]
+    backward = [r for r in rows if len(r) > 1 and r[0] == "backward"]
+    assert len(backward) == 8
+    rc, out, _ = run_cli(capsys, "--root", dgx, "--nproc-per-node", "8", "--json")
+    plan = json.loads(out)
+    cpus = json.loads(subprocess.run([sys.executable, "-m", "placement.cli", "topo", "--root", dgx, "--json"],
+                                     capture_output=True, text=True, check=True).stdout)["cpus"]
+    core, l3 = {c["id"]: c["core"] for c in cpus}, {c["id"]: c["l3"] for c in cpus}
+    for r in plan["ranks"]:
+        main, bwd = r["roles"]["main"]["cpus"], r["roles"]["backward"]["cpus"]
+        assert len(bwd) == 1 and core[bwd[0]] != core[main[0]] and l3[bwd[0]] == l3[main[0]]
+        others = set(r["roles"]["nccl"]["cpus"]) | set(r["roles"]["other"]["cpus"])
+        assert not {core[c] for c in bwd} & {core[c] for c in others}, "backward has a whole core of its own"

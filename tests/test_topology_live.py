@@ -1,5 +1,5 @@
 """Discovery of the live system (root "/"): facts read back from /proc and /sys, the affinity
-mask in `allowed`, and the membind probe run in a child so the caller is untouched."""
+mask in `allowed`, and the membind probe run in a throwaway thread so the caller is untouched."""
 from __future__ import annotations
 
 import ctypes
@@ -11,10 +11,12 @@ import pytest
 
 from placement.cpuset import parse_cpulist
 from placement.topology import discover
-from placement.topology.kernel import _SET_MEMPOLICY, membind_allowed
+from placement.topology.kernel import membind_allowed
 from sysfs_builder import make_tree
 
+# Syscall numbers from the kernel's tables (arch/x86/entry/syscalls, include/uapi/asm-generic/unistd.h).
 _GET_MEMPOLICY = {"x86_64": 239, "aarch64": 236}
+_SET_MEMPOLICY = {"x86_64": 238, "aarch64": 237}
 
 
 def test_live_discovery_matches_proc_and_sys():

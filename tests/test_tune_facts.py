@@ -32,17 +32,6 @@ def test_a_pinned_spinning_process_is_found_on_its_cpu_and_ours_are_not():
         stop([pid])
 
 
-def test_stat_parser_survives_parentheses_and_spaces_in_the_name():
-    fields = ["R"] + ["0"] * 35 + ["3"] + ["0"] * 10
-    assert facts.thread_state_and_cpu("42 (a) (b c) " + " ".join(fields)) == ("R", 3)
-    assert facts.thread_state_and_cpu("garbage") is None
-
-
-def test_affinity_parser():
-    assert facts.affinity_of("Name:\tx\nCpus_allowed_list:\t0-2,5\n") == {0, 1, 2, 5}
-    assert facts.affinity_of("Name:\tx\n") == frozenset()
-
-
 def test_numa_readers_on_a_fake_proc(tmp_path):
     (tmp_path / "self").mkdir()
     (tmp_path / "sys" / "kernel").mkdir(parents=True)
@@ -67,9 +56,9 @@ def test_cpu_mhz_from_cpufreq(tmp_path):
 
 def test_memory_policy_reads_the_calling_threads_policy():
     if facts.memory_policy() is None:
-        pytest.skip("libnuma.so.1 is not loadable here")
+        pytest.skip("get_mempolicy is not available here")
     code = ("import numa.memory, placement.tune.facts as f; print(f.memory_policy()); "
             "numa.memory.set_membind_nodes(0); print(f.memory_policy())")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["default", "bind"]
+    assert out.stdout.split() == ["none", "bind"]

@@ -2,8 +2,8 @@
 
 `os.sched_setaffinity` takes a thread id on Linux, so every thread of this process and
 of its DataLoader worker processes can be placed on its own. What the kernel applied
-is read back from /proc/<pid>/task/<tid>/status (Cpus_allowed_list): a cgroup cpuset
-may narrow a request silently, and that must show up as a mismatch, not be assumed away.
+is read back from /proc/<pid>/task/<tid>/status (Cpus_allowed_list, through placement._procfs):
+a cgroup cpuset may narrow a request silently, and that must show up as a mismatch, not be assumed away.
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from placement.cpuset import format_cpulist, parse_cpulist
+from placement import _procfs
+from placement.cpuset import format_cpulist
 from placement.roles import ThreadRole
 
 
@@ -36,31 +37,14 @@ class BindResult:
                 "ok": self.ok, "error": self.error}
 
 
-def read_allowed(pid: int, tid: int) -> Optional[frozenset[int]]:
-    """Cpus_allowed_list of one thread; None when the thread is gone."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Cpus_allowed_list:"):
-                    return parse_cpulist(line.split(b":", 1)[1].decode())
-    except OSError:
-        return None
-    return None
+def read_allowed(pid: int, tid: int) -> frozenset[int]:
+    """Cpus_allowed_list of one thread, read back from /proc (raises _procfs.ThreadGone)."""
+    return _procfs.cpus_allowed(pid, tid)
 
 
-def read_last_cpu(pid: int, tid: int) -> Optional[int]:
-    """The CPU the thread last ran on (field 39 of /proc/<pid>/task/<tid>/stat); None when gone."""
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    # The comm field (2) may hold spaces and parentheses: count fields after the last ')'.
-    fields = stat[stat.rfind(b")") + 2:].split()
-    try:
-        return int(fields[36])
-    except (IndexError, ValueError):
-        return None
+def read_last_cpu(pid: int, tid: int) -> int:
+    """The CPU the thread last ran on (stat field 39; raises _procfs.ThreadGone)."""
+    return _procfs.stat(pid, tid).last_cpu
 
 
 def bind_thread(pid: int, tid: int, name: str, role: Optional[ThreadRole],
@@ -72,11 +56,12 @@ def bind_thread(pid: int, tid: int, name: str, role: Optional[ThreadRole],
         return None
     except OSError as e:
         code = errno.errorcode.get(e.errno or 0, str(e.errno))
-        return BindResult(pid, tid, name, role, cpus, read_allowed(pid, tid) or frozenset(), False,
+        return BindResult(pid, tid, name, role, cpus, _allowed_or_empty(pid, tid), False,
                           f"cannot bind thread {tid} ({name!r}, role {role or 'process'}) "
                           f"to cpus {format_cpulist(cpus)}: {code} {e.strerror}")
-    applied = read_allowed(pid, tid)
-    if applied is None:
+    try:
+        applied = read_allowed(pid, tid)
+    except _procfs.ThreadGone:
         return None
     if applied != cpus:
         return BindResult(pid, tid, name, role, cpus, applied, False,
@@ -96,11 +81,7 @@ def apply_process_mask(cpus: frozenset[int]) -> BindResult:
     main = bind_thread(pid, pid, _comm(pid), None, cpus)
     assert main is not None  # the calling process cannot have exited
     errors = [] if main.ok else [main.error]
-    try:
-        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in _procfs.task_ids(pid):
         if tid == pid:
             continue
         r = bind_thread(pid, tid, _comm(pid, tid), None, cpus)
@@ -112,9 +93,14 @@ def apply_process_mask(cpus: frozenset[int]) -> BindResult:
 
 
 def _comm(pid: int, tid: Optional[int] = None) -> str:
-    path = f"/proc/{pid}/comm" if tid is None else f"/proc/{pid}/task/{tid}/comm"
     try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace").strip()
-    except OSError:
+        return _procfs.comm(pid, tid)
+    except (_procfs.ThreadGone, OSError):
         return ""
+
+
+def _allowed_or_empty(pid: int, tid: int) -> frozenset[int]:
+    try:
+        return read_allowed(pid, tid)
+    except (_procfs.ThreadGone, OSError, ValueError):
+        return frozenset()

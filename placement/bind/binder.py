@@ -5,9 +5,17 @@ epoch), so the binder is rescanned by a low-rate watcher thread (off the trainin
 forked DataLoader workers are re-homed at birth by placement.bind.fork). A rescan lists thread ids only; names are read and threads bound only when
 that list changed, or while a thread is young (threads are named just after they start).
 
-`main` is narrowed to its own core only once NCCL has created its threads (NCCL gives its
-proxy threads the caller's mask at init, so a narrow main would squeeze them onto main's
-core), or at once when this rank has no GPU or its process group has no NCCL backend.
+`main` is narrowed to its own core once NCCL has created its hot threads (NCCL gives the
+threads it creates during communicator init the caller's mask, so a narrow main would squeeze
+them onto main's core), at once when this rank has no GPU or its process group has no NCCL
+backend, and in any case after MAIN_WAIT_S: NCCL threads may never show (NCCL_SET_THREAD_NAME=0,
+a GPU rank that never calls init_process_group), and main must not stay wide for the whole run.
+
+Drift check: NCCL rewrites the *calling* thread's mask during communicator init (v2.28.9-1
+src/init.cc:1000-1002 saves it and narrows it to (mask & GPU-local CPUs), src/init.cc:1395
+restores the saved one), so what this binder set is not what a thread keeps. Every rescan reads
+the hot threads' Cpus_allowed_list back from /proc and re-applies their set where something
+rewrote it, with a `bind` event naming what it found.
 """
 from __future__ import annotations
 
@@ -18,10 +26,11 @@ import threading
 import time
 from typing import Optional
 
-from placement.bind.affinity import BindResult, bind_thread
+from placement.bind.affinity import BindResult, bind_thread, read_allowed
 from placement.cpuset import format_cpulist
 from placement.plan.model import RankPlan
-from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, child_pids, name_this_thread, scan_threads
+from placement import _procfs
+from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, name_this_thread, scan_threads
 
 log = logging.getLogger("placement")
 
@@ -32,6 +41,8 @@ SETTLE_S = 3.0
 # A child process not (yet) named pt_data_worker is looked at again for this long: a worker
 # started with the spawn method imports torch before it names itself.
 CHILD_SETTLE_S = 30.0
+# How long main keeps the stage-1 mask waiting for NCCL's threads before it is narrowed anyway.
+MAIN_WAIT_S = 10.0
 
 
 class RoleBinder:
@@ -47,12 +58,14 @@ class RoleBinder:
         self._reasons: dict[ThreadRole, str] = {role: a.reason for role, a in rank_plan.roles.items()}
         self._threads: dict[tuple[int, int], ThreadInfo] = {}
         self._applied: dict[tuple[int, int], frozenset[int]] = {}  # what this binder set, per thread
+        self._kernel: dict[tuple[int, int], frozenset[int]] = {}  # what the kernel reported after it
         self._first_seen: dict[tuple[int, int], float] = {}
         # Workers inherit the rank's nice (the at-fork hook may raise it before we see them).
         self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
         self._nice: dict[tuple[int, int], int] = {}  # worker thread -> the nice it has now
         self._nice_warned = False
         self._main_released = rank_plan.gpu is None
+        self._main_deadline = time.monotonic() + MAIN_WAIT_S
         self._warned = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -123,9 +136,13 @@ class RoleBinder:
 
     def _keys(self) -> set[tuple[int, int]]:
         """(pid, tid) of this process's threads and its children's threads: directory listings only."""
-        keys = {(self.pid, int(t)) for t in _listdir(f"/proc/{self.pid}/task")}
-        for child in child_pids(self.pid):
-            keys.update((child, int(t)) for t in _listdir(f"/proc/{child}/task"))
+        keys = {(self.pid, t) for t in _task_ids(self.pid)}
+        try:
+            kids = _procfs.children(self.pid)
+        except (_procfs.ThreadGone, OSError, ValueError):
+            kids = []
+        for child in kids:
+            keys.update((child, t) for t in _task_ids(child))
         return keys
 
     def _rescan(self, force: bool = False) -> list[BindResult]:
@@ -133,17 +150,18 @@ class RoleBinder:
         keys = self._keys()
         if not force and self._main_released and keys == set(self._first_seen) \
                 and not any(self._young(k, now) for k in keys):
-            return []
+            return self._check_drift()
         self._threads = {(t.pid, t.tid): t for t in scan_threads(self.pid)}
         for k in keys:
             self._first_seen.setdefault(k, now)
         for k in set(self._first_seen) - keys:
             del self._first_seen[k]
             self._applied.pop(k, None)
+            self._kernel.pop(k, None)
             self._nice.pop(k, None)
-        if not self._main_released and self._nccl_started(self._threads.values()):
-            self._main_released = True
-        results = []
+        if not self._main_released:
+            self._release_main(now)
+        results = self._check_drift()
         worker_nice = self.dataloader_nice()
         for t in self._threads.values():
             if t.role is ThreadRole.DATALOADER:
@@ -162,7 +180,12 @@ class RoleBinder:
     def _target(self, t: ThreadInfo) -> frozenset[int]:
         if t.role is ThreadRole.MAIN and not self._main_released:
             return frozenset()  # keeps stage 1's mask until NCCL has placed its threads
-        return self._role_cpus.get(t.role, frozenset())
+        cpus = self._role_cpus.get(t.role)
+        if cpus is None and t.role is ThreadRole.BACKWARD:
+            # A plan without a backward role (a CPU-only rank: torch starts pt_autograd_<n> only
+            # for non-CPU devices) leaves such a thread with `other`.
+            cpus = self._role_cpus.get(ThreadRole.OTHER)
+        return cpus or frozenset()
 
     def _bind(self, t: ThreadInfo) -> Optional[BindResult]:
         """Bind one thread to its role's set unless this binder already did; log the read-back."""
@@ -170,15 +193,53 @@ class RoleBinder:
         cpus = self._target(t)
         if not cpus or self._applied.get(key) == cpus:
             return None
+        return self._apply(t, cpus, self._reasons.get(t.role, ""))
+
+    def _apply(self, t: ThreadInfo, cpus: frozenset[int], reason: str, **extra) -> Optional[BindResult]:
+        key = (t.pid, t.tid)
         r = bind_thread(t.pid, t.tid, t.name, t.role, cpus)
         if r is None:  # exited meanwhile
             return None
         self._applied[key] = cpus
+        self._kernel[key] = r.applied
         if self.events is not None:
-            self.events.event("bind", **r.to_dict(), reason=self._reasons.get(t.role, ""))
+            self.events.event("bind", **r.to_dict(), reason=reason, **extra)
         if not r.ok:
             self._warn(r.error or "")
         return r
+
+    def _release_main(self, now: float) -> None:
+        """Narrow main from now on: NCCL's hot threads exist, NCCL is not this rank's backend,
+        or MAIN_WAIT_S passed without either (said once, in a `bind` event's reason)."""
+        if self._nccl_started(self._threads.values()):
+            self._main_released = True
+        elif now >= self._main_deadline:
+            self._main_released = True
+            self._reasons[ThreadRole.MAIN] = (
+                f"{self._reasons.get(ThreadRole.MAIN, '')}; narrowed after waiting {MAIN_WAIT_S:g} s for "
+                "NCCL's threads, none appeared (NCCL_SET_THREAD_NAME unset or 0, or no NCCL communicator yet)")
+
+    def _check_drift(self) -> list[BindResult]:
+        """Re-apply the set of every hot thread whose mask something else rewrote since this
+        binder set it (NCCL's restore of its caller's saved mask, a user's taskset)."""
+        results = []
+        for key, t in list(self._threads.items()):
+            want = self._applied.get(key)
+            if t.role not in HOT_ROLES or want is None:
+                continue
+            try:
+                found = read_allowed(t.pid, t.tid)
+            except (_procfs.ThreadGone, OSError, ValueError):  # ended since the scan: nothing to keep
+                continue
+            if found == self._kernel.get(key):
+                continue
+            r = self._apply(t, want, f"drift: {t.role.value} thread {t.tid} ({t.name!r}) was moved to cpus "
+                                     f"{format_cpulist(found)} by someone else (NCCL restores its caller's saved "
+                                     f"mask at the end of communicator init); set back to {format_cpulist(want)}",
+                            drift={"found": sorted(found), "set": sorted(want)})
+            if r is not None:
+                results.append(r)
+        return results
 
     def dataloader_nice(self) -> int:
         """The nice value DataLoader workers get now: background_nice while their set shares a
@@ -214,7 +275,7 @@ class RoleBinder:
         self._nice[key] = now
 
     def _nccl_started(self, threads) -> bool:
-        if any(t.role is ThreadRole.NCCL for t in threads):
+        if any(t.role is ThreadRole.NCCL for t in threads):  # hot NCCL threads: init is under way
             return True
         if self.pid != os.getpid():
             return False
@@ -233,9 +294,9 @@ class RoleBinder:
             log.warning("placement: %s", message)
 
 
-def _listdir(path: str) -> list[str]:
+def _task_ids(pid: int) -> list[int]:
     try:
-        return os.listdir(path)
-    except OSError:
+        return _procfs.task_ids(pid)
+    except (_procfs.ThreadGone, OSError):
         return []
 

@@ -1,13 +1,22 @@
-"""Re-home processes forked from a bound rank (DataLoader workers) at birth.
+"""Re-home processes forked from a bound rank at birth: DataLoader workers to the `dataloader`
+set (and its background nice), every other child to the rank's whole share.
 
-A worker forked from `main` inherits main's narrow mask and would compete with it for its
-core until the next rescan; an after-fork hook moves it to the `dataloader` set (and its
-background nice) before it runs any user code. Workers started by spawn or forkserver are
-not forked from main: the binder's rescan finds them by name (`pt_data_worker`).
+A child inherits the mask of the thread that forked it, usually main's narrow core. A DataLoader
+worker would compete with main for it until the next rescan, so an after-fork hook moves it
+before it runs any user code. Any other child (a user's multiprocessing pool, a helper process)
+is not ours to shrink or nice: it gets the rank's share back, as if forked before stage 2.
+
+Which child is a DataLoader worker is read from the fork itself: torch's DataLoader starts each
+worker as `multiprocessing_context.Process(target=torch.utils.data._utils.worker._worker_loop)`
+(torch/utils/data/dataloader.py, _MultiProcessingDataLoaderIter.__init__), and the fork start
+method forks inside multiprocessing.popen_fork.Popen._launch(process_obj), so the hook finds
+`process_obj._target` a few frames up. Workers started by spawn or forkserver are not forked from
+main: the binder's rescan finds them by name (`pt_data_worker`).
 """
 from __future__ import annotations
 
 import os
+import sys
 import weakref
 from typing import Optional
 
@@ -15,10 +24,13 @@ from placement.roles import ThreadRole
 
 _binder: Optional[weakref.ref] = None
 _registered = False
+_WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
+_FRAMES_UP = 16  # os.fork is called from Popen._launch, a couple of frames above the hook
 
 
 def rehome_forked_children(binder) -> None:
-    """From now on every child forked from this process starts on `binder`'s dataloader set."""
+    """From now on every child forked from this process starts on `binder`'s dataloader set
+    (DataLoader workers) or on the rank's share (any other child)."""
     global _binder, _registered
     _binder = weakref.ref(binder)
     if not _registered:
@@ -31,6 +43,19 @@ def stop_rehoming() -> None:
     _binder = None
 
 
+def forking_dataloader_worker(frame=None) -> bool:
+    """Whether the fork under way starts a torch DataLoader worker (see the module doc)."""
+    f = sys._getframe(1) if frame is None else frame
+    for _ in range(_FRAMES_UP):
+        if f is None:
+            return False
+        target = getattr(f.f_locals.get("process_obj"), "_target", None)
+        if target is not None:
+            return (getattr(target, "__module__", None), getattr(target, "__name__", None)) == _WORKER_LOOP
+        f = f.f_back
+    return False
+
+
 def _after_fork_in_child() -> None:
     global _binder
     binder = _binder() if _binder is not None else None
@@ -40,12 +65,13 @@ def _after_fork_in_child() -> None:
     from placement.bind import session
 
     session.set_current(None)  # placement code in the child must not act for the rank
-    cpus = binder.role_cpus(ThreadRole.DATALOADER)
+    worker = forking_dataloader_worker(sys._getframe(1))
+    cpus = binder.role_cpus(ThreadRole.DATALOADER) if worker else binder.rank_plan.share()
     try:
         if cpus:
             os.sched_setaffinity(0, cpus)
-        nice = binder.dataloader_nice()
+        nice = binder.dataloader_nice() if worker else 0
         if nice > 0 and os.getpriority(os.PRIO_PROCESS, 0) < nice:
             os.setpriority(os.PRIO_PROCESS, 0, nice)
     except OSError:
-        pass  # the next rescan in the parent binds it and logs any failure
+        pass  # the next rescan in the parent binds a worker and logs any failure

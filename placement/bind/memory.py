@@ -7,6 +7,7 @@ print on error, so the order is:
   probe   the raw set_mempolicy syscall in a throwaway thread (policy dies with it) -> errno;
   apply   through libnuma in the calling thread;
   verify  with the raw get_mempolicy syscall;
+(probe and verify are placement._procfs's, the one memory-policy get/set/probe.)
 stepping down bind/interleave -> preferred -> none when a step is refused. What was applied
 is returned and logged as a `memory` event, never assumed.
 """
@@ -16,26 +17,11 @@ import ctypes
 import errno
 import functools
 import os
-import platform
-import threading
 from dataclasses import dataclass
 from typing import Any, Optional
 
+from placement import _procfs
 from placement.plan.model import MemoryPolicy
-
-# Kernel policy modes (include/uapi/linux/mempolicy.h) and their names in placement's vocabulary.
-MPOL_DEFAULT, MPOL_PREFERRED, MPOL_BIND, MPOL_INTERLEAVE, MPOL_LOCAL, MPOL_PREFERRED_MANY = range(6)
-_MODE_OF = {"bind": MPOL_BIND, "preferred": MPOL_PREFERRED, "interleave": MPOL_INTERLEAVE}
-_NAME_OF = {MPOL_DEFAULT: "none", MPOL_LOCAL: "none", MPOL_PREFERRED: "preferred",
-            MPOL_BIND: "bind", MPOL_INTERLEAVE: "interleave", MPOL_PREFERRED_MANY: "preferred"}
-_MODE_FLAGS = 0x7 << 13  # MPOL_F_NUMA_BALANCING | MPOL_F_RELATIVE_NODES | MPOL_F_STATIC_NODES
-
-# (set_mempolicy, get_mempolicy) syscall numbers; glibc wraps neither.
-_SYSCALLS = {"x86_64": (238, 239), "aarch64": (237, 236), "ppc64le": (261, 260), "s390x": (270, 269)}
-_MASK_BITS = 1024  # the kernel's MAX_NUMNODES ceiling
-_ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
-_NodeMask = ctypes.c_ulong * (_MASK_BITS // _ULONG_BITS)
-
 
 @dataclass
 class AppliedMemory:
@@ -52,39 +38,8 @@ class AppliedMemory:
 
 def read_mempolicy() -> Optional[MemoryPolicy]:
     """The calling thread's policy from the get_mempolicy syscall; None where it cannot be read."""
-    nums = _SYSCALLS.get(platform.machine())
-    if nums is None:
-        return None
-    mode = ctypes.c_int(0)
-    mask = _NodeMask()
-    if _syscall(nums[1], ctypes.byref(mode), mask, ctypes.c_ulong(_MASK_BITS), None, ctypes.c_ulong(0)) != 0:
-        return None
-    kernel_mode = mode.value & ~_MODE_FLAGS
-    nodes = [n for n in range(_MASK_BITS) if mask[n // _ULONG_BITS] >> (n % _ULONG_BITS) & 1]
-    name = _NAME_OF.get(kernel_mode, f"mode{kernel_mode}")
-    return MemoryPolicy(name, [] if name == "none" else nodes)
-
-
-def probe_mempolicy(mode: str, nodes: list[int]) -> int:
-    """errno that set_mempolicy(mode, nodes) gives, tried in a throwaway thread; 0 = allowed."""
-    nums = _SYSCALLS.get(platform.machine())
-    if nums is None:
-        return 0  # cannot probe here: the libnuma call and its verification decide
-    if any(not 0 <= n < _MASK_BITS for n in nodes):
-        return errno.EINVAL  # what the kernel answers for a node beyond MAX_NUMNODES
-    mask = _NodeMask()
-    for n in nodes:
-        mask[n // _ULONG_BITS] |= 1 << (n % _ULONG_BITS)
-    result = [0]
-
-    def attempt() -> None:
-        if _syscall(nums[0], ctypes.c_long(_MODE_OF[mode]), mask, ctypes.c_ulong(_MASK_BITS + 1)) != 0:
-            result[0] = ctypes.get_errno()
-
-    t = threading.Thread(target=attempt, name="placement_probe")
-    t.start()
-    t.join()
-    return result[0]
+    got = _procfs.get_mempolicy()
+    return None if got is None else MemoryPolicy(got.mode, list(got.nodes))
 
 
 def apply_memory_policy(policy: MemoryPolicy, events=None) -> AppliedMemory:
@@ -106,8 +61,8 @@ def _apply(policy: MemoryPolicy) -> AppliedMemory:
         return _verified(planned, MemoryPolicy("none"), f"{planned.mode} {planned.nodes} not applied: {why}")
     reasons: list[str] = []
     for step in _steps(planned):
-        code = probe_mempolicy(step.mode, step.nodes)
-        if code:
+        code = _procfs.probe_mempolicy(step.mode, step.nodes)
+        if code:  # None: cannot be probed here; the libnuma call and its verification decide
             reasons.append(f"{step.mode} {step.nodes} refused: {errno.errorcode.get(code, code)} "
                            f"{os.strerror(code)}")
             continue
@@ -162,19 +117,12 @@ def _load_libnuma():
     """(module numa, None) or (None, one-line reason); imported once, never raising."""
     try:
         import numa  # py-libnuma: ctypes over libnuma.so
+    except ImportError as e:  # the Python half is missing
+        return None, (f"the Python package py-libnuma is not installed ({e}); "
+                      "pip install py-libnuma (it also needs libnuma1 / numactl-libs)")
     except Exception as e:  # libnuma.so missing makes py-libnuma fail at import
-        return None, (f"libnuma is not available ({type(e).__name__}: {e}); "
+        return None, (f"libnuma.so is not available ({type(e).__name__}: {e}); "
                       "install libnuma1 (Debian/Ubuntu) or numactl-libs (RHEL)")
     if numa.LIBNUMA.numa_available() < 0:
         return None, "the kernel has no NUMA support (numa_available() < 0)"
     return numa, None
-
-
-@functools.lru_cache(maxsize=None)
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _syscall(number: int, *args) -> int:
-    """syscall(2) with every argument widened to a full register (the call is variadic)."""
-    return _libc().syscall(ctypes.c_long(number), *args)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from placement import _procfs
 from placement.bind.affinity import read_allowed, read_last_cpu
 from placement.cpuset import format_cpulist
 from placement.roles import ThreadRole
@@ -30,10 +31,12 @@ def where_threads_run(binder) -> list[ThreadPlacement]:
     binder.rescan()
     rows = []
     for t in binder.threads():
-        allowed = read_allowed(t.pid, t.tid)
-        if allowed is not None:  # None: the thread ended meanwhile
-            rows.append(ThreadPlacement(t.pid, t.tid, t.name, t.role, binder.role_cpus(t.role), allowed,
-                                        read_last_cpu(t.pid, t.tid)))
+        try:
+            allowed = read_allowed(t.pid, t.tid)
+            last_cpu = read_last_cpu(t.pid, t.tid)
+        except (_procfs.ThreadGone, OSError, ValueError):  # ended meanwhile (or unreadable)
+            continue
+        rows.append(ThreadPlacement(t.pid, t.tid, t.name, t.role, binder.role_cpus(t.role), allowed, last_cpu))
     return rows
 
 

@@ -19,12 +19,12 @@ schedstat only at the next tick or switch, so a read while it runs is up to a ti
 same accounting (sum_exec_runtime) brought up to date. Threads of other processes
 (DataLoader workers) use schedstat field 1, read over spans of many steps.
 
-A thread that exits makes its reads fail with ESRCH/ENOENT: ThreadGone, not an error.
+The files are parsed by placement._procfs (one parser per file, bounded reads). A thread that
+exits makes its reads fail with ESRCH/ENOENT: _procfs.ThreadGone, not an error.
 """
 from __future__ import annotations
 
 import ctypes
-import errno
 import os
 import resource
 import threading
@@ -32,34 +32,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-GONE_ERRNOS = (errno.ESRCH, errno.ENOENT)
+from placement import _procfs
 
-
-class ThreadGone(Exception):
-    """The thread (or its process) exited; its probe is to be dropped."""
-
-
-def read_schedstat(fd: int) -> tuple[int, int]:
-    """(on-CPU ns, runqueue wait ns)."""
-    fields = os.pread(fd, 128, 0).split()
-    return int(fields[0]), int(fields[1])
-
-
-def read_stat(fd: int) -> tuple[int, int]:
-    """(minor faults, CPU it last ran on). The comm field may hold spaces and ')'; split after the last ')'."""
-    raw = os.pread(fd, 2048, 0)
-    fields = raw[raw.rindex(b")") + 2:].split()
-    return int(fields[7]), int(fields[36])
-
-
-_NIVCSW_KEY = b"nonvoluntary_ctxt_switches:"
-
-
-def read_nivcsw(fd: int) -> int:
-    """Involuntary context switches."""
-    raw = os.pread(fd, 8192, 0)
-    at = raw.rindex(_NIVCSW_KEY) + len(_NIVCSW_KEY)
-    return int(raw[at:].split(None, 1)[0])
+GONE_ERRNOS = _procfs.GONE_ERRNOS
+ThreadGone = _procfs.ThreadGone  # the thread (or its process) exited; its probe is to be dropped
 
 
 def thread_cpu_clock(tid: int) -> int:
@@ -121,17 +97,15 @@ class ThreadProbe:
             return None
         try:
             return reader(fd)
-        except OSError as e:
-            if e.errno in GONE_ERRNOS:
-                raise ThreadGone(self.tid) from None
-            self._fail(name, e)
-        except (ValueError, IndexError) as e:
+        except ThreadGone:
+            raise ThreadGone(self.tid) from None
+        except (OSError, ValueError, IndexError) as e:
             self._fail(name, e)
         return None
 
     def schedstat(self) -> tuple[Optional[int], Optional[int]]:
         """(on-CPU ns, runqueue wait ns); on-CPU from the thread clock when it has one."""
-        got = self._read("schedstat", read_schedstat)
+        got = self._read("schedstat", _procfs.schedstat_at)
         cpu_ns, runq_ns = got if got is not None else (None, None)
         if self._clock is not None:
             try:
@@ -143,9 +117,9 @@ class ThreadProbe:
     def counters(self, schedstat: bool = True) -> ThreadCounters:
         """Every counter, schedstat's left None when not asked for (raises ThreadGone)."""
         cpu_ns, runq_ns = self.schedstat() if schedstat else (None, None)
-        stat = self._read("stat", read_stat)
-        minflt, cpu = stat if stat is not None else (None, None)
-        return ThreadCounters(cpu_ns, runq_ns, minflt, self._read("status", read_nivcsw), cpu)
+        stat = self._read("stat", _procfs.stat_at)
+        minflt, cpu = (stat.minflt, stat.last_cpu) if stat is not None else (None, None)
+        return ThreadCounters(cpu_ns, runq_ns, minflt, self._read("status", _procfs.nonvoluntary_switches_at), cpu)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -181,8 +155,8 @@ class MainThreadProbe:
             runq = None
             if fd is not None:
                 try:
-                    runq = int(os.pread(fd, 128, 0).split()[1])
-                except (OSError, ValueError, IndexError) as e:
+                    runq = _procfs.schedstat_at(fd).runq_ns
+                except (OSError, ValueError, ThreadGone) as e:
                     self._fail("schedstat", e)
             return time.thread_time_ns(), runq
         c = self._files.counters()

@@ -3,7 +3,7 @@
 Figures a probe could not read are None (and warned about once), never guessed.
 
 Sampling tiers (what keeps the monitor inside its cost budget): every step, the hot roles
-(`main`, `nccl`, `pin_memory`) get cpu_ms and runq_ms (per-step means over `probe_steps`
+(`main`, `backward`, `nccl`, `pin_memory`) get cpu_ms and runq_ms (per-step means over `probe_steps`
 steps when the monitor's budget has their counters read every k-th step). Their other counters (nivcsw,
 minflt, migrations, cpus, mhz), and every figure of `dataloader` and `other`, are read
 every monitor.rescan_every steps and appear in that step's record as per-step means over

@@ -2,7 +2,8 @@
 
 Every probe step (on the training thread, so kept to raw reads; every step unless the
 monitor's budget says otherwise, see budget.py): the on-CPU time and runqueue wait of
-`main`, `nccl` and `pin_memory` threads.
+`main`, `backward` (torch's pt_autograd_<device>, which runs the GPU backward work), `nccl` and
+`pin_memory` threads.
 The deltas and RoleSamples are made later, on the monitor thread (`samples`).
 Every span (monitor.rescan_every steps, on the monitor thread): everything else, as
 per-step means over the span: the hot roles' faults, involuntary switches, migrations,
@@ -21,6 +22,7 @@ import os
 import threading
 from typing import Callable, Iterable, Optional
 
+from placement import _procfs
 from placement.monitor.cpufreq import CoreFreq
 from placement.monitor.probes import MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
 from placement.monitor.record import RoleSample
@@ -28,7 +30,7 @@ from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadInfo, ThreadRole
 
 MAIN = ThreadRole.MAIN.value
-EVERY_STEP_ROLES = (ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
+EVERY_STEP_ROLES = (ThreadRole.BACKWARD.value, ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
 
 MainRead = tuple  # (cpu_ns, runq_ns)
 HotRead = tuple  # ((tid, role, cpu_ns, runq_ns), ...)
@@ -262,20 +264,22 @@ class ThreadScan:
         self._looks = 0
         self._threads: list[ThreadInfo] = []
 
-    def _read(self, name: str, size: int) -> bytes:
-        fd = self._fds.get(name)
-        if fd is None:
-            return b""
-        try:
-            return os.pread(fd, size, 0)
-        except OSError:
-            return b""
-
     def _look(self) -> tuple:
-        stat = self._read("stat", 2048)
-        fields = stat[stat.rfind(b")") + 2:].split()
-        threads = fields[17] if len(fields) > 17 else stat  # field 20: num_threads
-        return threads, self._read("children", 65536)
+        """(thread count, the main thread's children file), each None when unreadable."""
+        threads = children = None
+        fd = self._fds.get("stat")
+        if fd is not None:
+            try:
+                threads = _procfs.stat_at(fd, self._pid).num_threads
+            except (OSError, ValueError, _procfs.ThreadGone):
+                pass
+        fd = self._fds.get("children")
+        if fd is not None:
+            try:
+                children = _procfs.pread_bounded(fd, _procfs.CHILDREN_MAX, self._pid)
+            except (OSError, _procfs.ThreadGone):
+                pass
+        return threads, children
 
     def __call__(self) -> list[ThreadInfo]:
         from placement.roles import scan_threads

@@ -1,12 +1,21 @@
 """Policy `auto`: per-thread-role placement (the role table of DESIGN.md).
 
 Per node, the ranks living there split its free physical cores into equal, compact shares
-(L3 groups, then clusters, kept together). Each rank needs two hot cores: `main`, and `nccl`
-(which `pin_memory` shares) or, when NCCL goes to its NIC's node, `pin_memory`. With
-prefer_fast_cores the ranks then trade cores until the node's hot cores are its fastest ones:
-a slow hot core is swapped for a faster non-hot core of any rank on the node, preferring one
-in the same L3. What is left of a share is `other`; `dataloader` is a part of it spread over
-L3/cluster groups, one core per expected worker.
+(L3 groups, then clusters, kept together). Each rank needs hot cores: `main`; on a GPU rank
+`backward` (torch's pt_autograd_<device> thread, which runs the CUDA backward work) on a whole
+core next to main's; and `nccl` (which `pin_memory` shares) or, when NCCL goes to its NIC's node,
+`pin_memory`. A CPU-only rank has no backward thread (torch starts one per non-CPU device), so
+no backward role. With prefer_fast_cores the ranks then trade cores until the node's hot cores
+are its fastest ones: a slow hot core is swapped for a faster non-hot core of any rank.
+
+L3 rule: a trade with another rank whose core sits in another L3 group costs both ranks their
+L3-compact share (each then spans two L3 groups), so it is made only when the faster core is
+expected to be at least L3_TRADE_MIN_GAIN (10%) faster on the evidence perf_rank comes from
+(CPPC highest_perf, prefcore ranking, max frequency); where every core has its own rank
+(amd-pstate prefcore, ITMT) the few-percent steps between neighbours do not pay for it, while a
+favoured core that is really faster (a P-core, a boosted CCD) still does. Trades inside an L3
+group, or within the rank's own share, take any gain. What is left of a share is `other`;
+`dataloader` is a part of it spread over L3/cluster groups, one core per expected worker.
 """
 from __future__ import annotations
 
@@ -21,7 +30,13 @@ from placement.plan.model import GpuRef, JobSpec, RankPlan, RoleAssignment
 from placement.plan.nodes import assign_nodes
 from placement.roles import ThreadRole
 
-HOT_CORES_PER_RANK = 2  # main, and nccl (shared with pin_memory) or pin_memory
+# A trade of a hot core for another rank's core in another L3 group needs this expected gain.
+L3_TRADE_MIN_GAIN = 0.10
+
+
+def hot_cores_needed(s: RankSlot) -> int:
+    """main, backward (GPU ranks only), and nccl (shared with pin_memory) or pin_memory."""
+    return 3 if s.gpu is not None else 2
 
 
 def plan_auto(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) -> list[RankPlan]:
@@ -62,9 +77,9 @@ def _reserve_nic_cores(ctx: PlanContext, slots: list[RankSlot], by_node: dict[in
         m = s.nic_node
         if m is None:
             continue
-        own = sum(1 for t in slots if t.node == m)
+        own = sum(hot_cores_needed(t) for t in slots if t.node == m)
         free = [c for c in by_node.get(m, []) if c not in out.values()]
-        if len(free) - 1 < HOT_CORES_PER_RANK * own:
+        if len(free) - 1 < own:
             ctx.warn(f"NIC {s.nic} of GPU {s.gpu.index} is on node {m}, which has no spare core; "
                      f"local rank {s.local_rank}'s nccl stays on node {s.node} (GPU's node)")
             s.nic_node = None
@@ -90,42 +105,58 @@ def _split_node(ctx: PlanContext, node: int, pool: list[Core], members: list[Ran
         ctx.warn(f"node {node} has {count} free physical core(s) for {k} ranks: local ranks "
                  f"{', '.join(str(s.local_rank) for s in members)} share cores, hot threads of "
                  "different ranks compete")
-    hot = [_hot_cores(sh, prefer_fast) for sh in shares]
+    hot = [_hot_cores(sh, prefer_fast, hot_cores_needed(s)) for s, sh in zip(members, shares)]
     if prefer_fast and count >= k:
         _trade_for_speed(shares, hot)
     return shares, hot
 
 
-def _hot_cores(share: list[Core], prefer_fast: bool) -> list[Core]:
-    """The share's hot cores in hot order; the second on another AMD compute unit than the first
+def _hot_cores(share: list[Core], prefer_fast: bool, count: int) -> list[Core]:
+    """The share's `count` hot cores in hot order, each on an AMD compute unit the others do not use
     when one is as fast (two cores of a unit share one front end, so main and nccl would compete)."""
     ranked = sorted(share, key=lambda c: c.hot_order(prefer_fast))
-    if len(ranked) < HOT_CORES_PER_RANK:
-        return ranked
-    first = ranked[0]
-    rest = ranked[1:]
-    speed = rest[0].hot_order(prefer_fast)[:2]  # (not whole, perf_rank or 0)
-    apart = [c for c in rest if c.compute_unit != first.compute_unit and c.hot_order(prefer_fast)[:2] == speed]
-    return [first, apart[0] if apart else rest[0]]
+    picked: list[Core] = []
+    for _ in range(min(count, len(ranked))):
+        rest = [c for c in ranked if c not in picked]
+        speed = rest[0].hot_order(prefer_fast)[:2]  # (not whole, perf_rank or 0)
+        units = {c.compute_unit for c in picked}
+        apart = [c for c in rest if c.compute_unit not in units and c.hot_order(prefer_fast)[:2] == speed]
+        picked.append(apart[0] if apart else rest[0])
+    return picked
 
 
 def _speed(c: Core) -> tuple[bool, int]:
     return (not c.whole, c.perf)
 
 
+def trade_pays(hot: Core, candidate: Core, same_share: bool) -> bool:
+    """Whether `candidate` may replace the hot core `hot` (the L3 rule of the module doc)."""
+    if _speed(candidate) >= _speed(hot):
+        return False
+    if same_share or candidate.l3 == hot.l3 or candidate.whole != hot.whole:
+        return True  # no locality lost, or a whole core for one with a housekeeping sibling
+    gain = candidate.gain_over(hot)
+    return gain is not None and gain >= L3_TRADE_MIN_GAIN
+
+
 def _trade_for_speed(shares: list[list[Core]], hot: list[list[Core]]) -> None:
-    """Swap the slowest hot core for the fastest non-hot core while that is strictly faster.
-    Each swap lowers the hot cores' total speed key, so this ends; at the end no non-hot core of
-    the node is faster than any hot core."""
+    """Swap the slowest hot core for the fastest non-hot core that is faster and that the L3 rule
+    lets it take, while there is one. Each swap lowers the hot cores' total speed key, so this
+    ends; at the end every non-hot core faster than a hot core is one the L3 rule keeps apart."""
     while True:
-        hot_all = [(i, a) for i, h in enumerate(hot) for a in h]
+        hot_all = sorted(((i, a) for i, h in enumerate(hot) for a in h),
+                         key=lambda t: (_speed(t[1]), t[1].compact_order), reverse=True)
         rest_all = [(j, b) for j, sh in enumerate(shares) for b in sh if b not in hot[j]]
-        if not hot_all or not rest_all:
+        swap = None
+        for i, a in hot_all:
+            allowed = [(j, b) for j, b in rest_all if trade_pays(a, b, i == j)]
+            if allowed:
+                j, b = min(allowed, key=lambda t: (_speed(t[1]), t[1].l3 != a.l3, t[1].compact_order))
+                swap = (i, a, j, b)
+                break
+        if swap is None:
             return
-        i, a = max(hot_all, key=lambda t: (_speed(t[1]), t[1].compact_order))
-        j, b = min(rest_all, key=lambda t: (_speed(t[1]), t[1].l3 != a.l3, t[1].compact_order))
-        if _speed(b) >= _speed(a):
-            return
+        i, a, j, b = swap
         hot[i][hot[i].index(a)] = b
         shares[j].remove(b)
         shares[i].remove(a)
@@ -133,6 +164,15 @@ def _trade_for_speed(shares: list[list[Core]], hot: list[list[Core]]) -> None:
         shares[j].append(a)
         for sh in (shares[i], shares[j]):
             sh.sort(key=lambda c: c.compact_order)
+
+
+def _backward_core(main: Core, hot: list[Core]) -> tuple[Core, list[Core]]:
+    """The backward thread's core and the hot cores left for nccl/pin_memory: a core of its own
+    next to main's (same L3, then cluster) when the rank has three hot cores, else main's."""
+    if len(hot) < 3:
+        return main, hot
+    near = min(hot[1:], key=lambda c: (c.l3 != main.l3, c.cluster != main.cluster, hot.index(c)))
+    return near, [c for c in hot if c is not near]
 
 
 def _spread(cores: list[Core], n: int) -> list[Core]:
@@ -153,7 +193,6 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
     prefer_fast = ctx.cfg.prefer_fast_cores
     hot = sorted(hot, key=lambda c: c.hot_order(prefer_fast))
     main = hot[0]
-    second = hot[1] if len(hot) > 1 else None
     rest = [c for c in share if c not in hot]
     node, r = s.node, s.local_rank
     where = f"on node {node}, {s.why_node}"
@@ -163,6 +202,15 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
     roles[ThreadRole.MAIN] = RoleAssignment(
         sorted(main.use(smt)),
         f"{speed} whole core of local rank {r}'s share (core {main.key}, {main.describe_perf()}{fast_note}) {where}")
+    if s.gpu is not None:
+        backward, hot = _backward_core(main, hot)
+        roles[ThreadRole.BACKWARD] = RoleAssignment(sorted(backward.use(smt)), (
+            f"whole core {backward.key} next to main's ({backward.describe_perf()}; "
+            f"{'same L3' if backward.l3 == main.l3 else 'another L3'}): torch's autograd thread for GPU "
+            f"{s.gpu.index} (pt_autograd_<device>) runs its backward work while main waits in backward()" if backward is not main else
+            f"shares main's core {main.key} (local rank {r} has too few cores for its own): main waits in "
+            "backward() while pt_autograd runs, so the two take turns"))
+    second = hot[1] if len(hot) > 1 else None
     if remote is not None:
         roles[ThreadRole.NCCL] = RoleAssignment(
             sorted(remote.use(smt)),

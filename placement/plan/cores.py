@@ -8,6 +8,7 @@ so orderings here match torch's where the policies must.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from placement.topology.model import Topology
 
@@ -24,6 +25,9 @@ class Core:
     l3: int  # lowest online CPU id of its L3 group (its own key when the L3 is unknown)
     cluster: int  # lowest online CPU id of its cluster group (its L3 when unknown)
     perf: int  # best perf_rank among its usable threads; _UNRANKED without evidence
+    # The speed evidence of that thread, in perf_rank's order (CPPC highest_perf, amd-pstate
+    # prefcore ranking, max kHz, base kHz); None where unknown. Says how much faster, not only which.
+    peak: tuple[Optional[int], ...] = ()
     # AMD family 15h: the compute unit whose front end, L1i and L2 it shares with its twin core
     # (lowest online CPU id of the unit); its own key on every other machine.
     compute_unit: int = -1
@@ -45,6 +49,16 @@ class Core:
     def use(self, smt: str) -> frozenset[int]:
         """The threads a role placed on this core gets: the first thread only when SMT is avoided."""
         return self.cpus if smt == "use" else frozenset({min(self.cpus)})
+
+    def gain_over(self, other: "Core") -> Optional[float]:
+        """How much faster this core is expected to run one thread than `other`, as a fraction
+        (0.1 = 10%), on the first kind of evidence both have and that differs; 0.0 when all
+        they share is equal; None when they share no evidence."""
+        shared = [(a, b) for a, b in zip(self.peak, other.peak) if a is not None and b is not None and b > 0]
+        for a, b in shared:
+            if a != b:
+                return a / b - 1.0
+        return 0.0 if shared else None
 
     def describe_perf(self) -> str:
         return "perf_rank unknown" if self.perf == _UNRANKED else f"perf_rank {self.perf}"
@@ -90,11 +104,14 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
         if not mine:
             continue
         ranks = [by_id[c].perf_rank for c in mine if by_id[c].perf_rank is not None]
+        best = by_id[min(mine, key=lambda c: (by_id[c].perf_rank is None, by_id[c].perf_rank or 0, c))]
         l3 = l3_of.get(key, key)
         cores.append(Core(
             key=key, cpus=mine, threads=frozenset(members), node=node_of[key],
             l3=l3, cluster=cluster_of.get(key, l3),
-            perf=min(ranks) if ranks else _UNRANKED, compute_unit=unit_of.get(key, key),
+            perf=min(ranks) if ranks else _UNRANKED,
+            peak=(best.highest_perf, best.prefcore_ranking, best.max_khz, best.base_khz),
+            compute_unit=unit_of.get(key, key),
         ))
     return sorted(cores, key=lambda c: c.compact_order)
 

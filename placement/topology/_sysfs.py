@@ -2,22 +2,27 @@
 
 Every discovery module reads through one SysfsReader: paths are relative to the root
 ("sys/devices/system/cpu/online"), a missing file is simply None (most facts are
-optional), NUL bytes are dropped, and a file that exists but cannot be read or parsed
-adds one warning naming it and reads as None, so one bad file never fails discovery.
+optional), NUL bytes are dropped, reads are bounded and refuse what is not a regular file, and a
+file that exists but cannot be read or parsed adds one warning naming it and reads as None, so one
+bad file never fails discovery.
 """
 from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Optional
 
+from placement._procfs import read_bounded
 from placement.cpuset import parse_cpulist, parse_cpumask
 
 CPU_DIR = "sys/devices/system/cpu"
 NODE_DIR = "sys/devices/system/node"
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
-_CHUNK = 65536
+# sysfs attributes are at most a page (cpu lists of huge machines a few pages); procfs files read
+# here (numa_balancing, cgroup files) are smaller still.
+FILE_MAX = 1024 * 1024
 
 
 class SysfsReader:
@@ -33,34 +38,38 @@ class SysfsReader:
         self.warnings.append(f"{self.path(rel)}: {problem}")
 
     def text(self, rel: str) -> Optional[str]:
-        """The file's text without NUL bytes and surrounding whitespace; None if absent or unreadable."""
+        """The file's text without NUL bytes and surrounding whitespace; None if absent or unreadable.
+
+        Bounded (FILE_MAX) and regular files only: a FIFO would hang the read, a link to
+        /dev/zero would never end; either is one warning naming the file, and reads as None.
+        """
         try:
-            fd = os.open(self.path(rel), os.O_RDONLY)
+            raw = read_bounded(self.path(rel), FILE_MAX)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                self.warn(rel, f"unreadable ({e.strerror})")
+            return None
+        return raw.replace(b"\x00", b"").decode("latin-1").strip()
+
+    def head(self, rel: str, size: int = 4096) -> Optional[str]:
+        """The first `size` bytes of a file that may be long (proc/cpuinfo); None if absent, not a
+        regular file or unreadable (one warning, as text())."""
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         except OSError as e:
             if e.errno not in _ABSENT:
                 self.warn(rel, f"unreadable ({e.strerror})")
             return None
         try:
-            # sysfs returns a whole attribute in one read; only a full buffer needs another.
-            chunks = [os.read(fd, _CHUNK)]
-            while len(chunks[-1]) == _CHUNK:
-                chunks.append(os.read(fd, _CHUNK))
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.warn(rel, "not a regular file")
+                return None
+            return os.read(fd, size).decode("latin-1")
         except OSError as e:
             self.warn(rel, f"unreadable ({e.strerror})")
             return None
         finally:
             os.close(fd)
-        return b"".join(chunks).replace(b"\x00", b"").decode("latin-1").strip()
-
-    def head(self, rel: str, size: int = 4096) -> Optional[str]:
-        """The first `size` bytes of a file that may be long (proc/cpuinfo); None if absent or unreadable."""
-        try:
-            with open(self.path(rel), "rb") as f:
-                return f.read(size).decode("latin-1")
-        except OSError as e:
-            if e.errno not in _ABSENT:
-                self.warn(rel, f"unreadable ({e.strerror})")
-            return None
 
     def integer(self, rel: str, base: int = 10) -> Optional[int]:
         text = self.text(rel)

@@ -170,5 +170,5 @@ def discover_cpus(fs: SysfsReader, known: list[int], online: frozenset[int], nod
                         compute_unit=keys["compute_unit"].get(cpu),
                         l3=keys["l3"].get(cpu), numa=node_of.get(cpu),
                         max_khz=e.max_khz, base_khz=e.base_khz, highest_perf=e.highest_perf,
-                        perf_rank=ranks[cpu]))
+                        prefcore_ranking=e.prefcore_ranking, perf_rank=ranks[cpu]))
     return cpus

@@ -32,6 +32,7 @@ class Cpu:
     max_khz: Optional[int] = None
     base_khz: Optional[int] = None
     highest_perf: Optional[int] = None
+    prefcore_ranking: Optional[int] = None  # amd-pstate preferred-core ranking
     perf_rank: Optional[int] = None
 
     @classmethod

@@ -5,17 +5,13 @@ set of facts instead. Every reader returns None or empty on a file it cannot rea
 """
 from __future__ import annotations
 
-import ctypes
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional, Protocol
 
-from placement.cpuset import parse_cpulist
+from placement import _procfs
 
-# get_mempolicy(2) modes, flags masked off.
-MEMPOLICY_MODES = {0: "default", 1: "preferred", 2: "bind", 3: "interleave", 4: "local",
-                   5: "preferred_many", 6: "weighted_interleave"}
-_MPOL_MODE_MASK = 0xFF
+_FILE_MAX = 1024 * 1024  # /proc/vmstat and /proc/self/sched are a few KiB
 
 
 @dataclass(frozen=True)
@@ -42,62 +38,37 @@ class HostFacts(Protocol):
 
 def _read(path: str) -> Optional[str]:
     try:
-        with open(path, "rb") as f:
-            return f.read().decode(errors="replace")
+        return _procfs.read_bounded(path, _FILE_MAX).decode(errors="replace")
     except OSError:
         return None
 
 
-def thread_state_and_cpu(stat_text: str) -> tuple[str, int] | None:
-    """State letter and last CPU (field 39) from a /proc/<pid>/task/<tid>/stat line."""
-    close = stat_text.rfind(")")
-    if close < 0:
-        return None
-    fields = stat_text[close + 2:].split()
-    try:
-        return fields[0], int(fields[36])
-    except (IndexError, ValueError):
-        return None
-
-
-def affinity_of(status_text: str) -> frozenset[int]:
-    """Cpus_allowed_list of a /proc status file; empty when absent."""
-    for line in status_text.splitlines():
-        if line.startswith("Cpus_allowed_list:"):
-            try:
-                return parse_cpulist(line.split(":", 1)[1])
-            except ValueError:
-                return frozenset()
-    return frozenset()
-
-
 def running_threads_on(cpus: frozenset[int], exclude_pids: Iterable[int], proc: str = "/proc") -> list[ForeignThread]:
     """Runnable threads of other processes whose last CPU is in `cpus` or whose affinity lies
-    within `cpus`. One snapshot; threads that vanish mid-scan are skipped."""
+    within `cpus`. One snapshot; threads that vanish mid-scan (or cannot be read) are skipped."""
     skip = set(exclude_pids)
     out: list[ForeignThread] = []
     try:
-        pids = [int(p) for p in os.listdir(proc) if p.isdigit()]
+        pids = _procfs.pids(proc)
     except OSError:
         return out
     for pid in pids:
         if pid in skip:
             continue
         try:
-            tids = os.listdir(f"{proc}/{pid}/task")
-        except OSError:
+            tids = _procfs.task_ids(pid, proc)
+        except (_procfs.ThreadGone, OSError):
             continue
         for tid in tids:
-            base = f"{proc}/{pid}/task/{tid}"
-            stat = _read(f"{base}/stat")
-            parsed = thread_state_and_cpu(stat) if stat else None
-            if parsed is None or parsed[0] != "R":
+            try:
+                st = _procfs.stat(pid, tid, proc)
+                if st.state != "R":
+                    continue
+                affinity = _procfs.cpus_allowed(pid, tid, proc)
+            except (_procfs.ThreadGone, OSError, ValueError):
                 continue
-            status = _read(f"{base}/status") or ""
-            affinity = affinity_of(status)
-            if parsed[1] in cpus or (affinity and affinity <= cpus):
-                name = stat[stat.find("(") + 1: stat.rfind(")")]
-                out.append(ForeignThread(pid, int(tid), name, parsed[1], affinity))
+            if st.last_cpu in cpus or (affinity and affinity <= cpus):
+                out.append(ForeignThread(pid, tid, st.name, st.last_cpu, affinity))
     return out
 
 
@@ -141,22 +112,10 @@ def numa_counters(proc: str = "/proc") -> dict[str, int]:
     return out
 
 
-def _load_libnuma() -> Optional[ctypes.CDLL]:
-    try:
-        return ctypes.CDLL("libnuma.so.1", use_errno=True)
-    except OSError:
-        return None
-
-
 def memory_policy() -> Optional[str]:
-    """The calling thread's memory policy mode from get_mempolicy(2) (via libnuma's wrapper)."""
-    lib = _load_libnuma()
-    if lib is None:
-        return None
-    mode = ctypes.c_int(0)
-    if lib.get_mempolicy(ctypes.byref(mode), None, ctypes.c_ulong(0), None, ctypes.c_ulong(0)) != 0:
-        return None
-    return MEMPOLICY_MODES.get(mode.value & _MPOL_MODE_MASK, str(mode.value))
+    """The calling thread's memory policy mode (placement._procfs.MEMPOLICY_NAMES); None when unknown."""
+    got = _procfs.get_mempolicy()
+    return None if got is None else got.mode
 
 
 class WindowFacts:

@@ -9,15 +9,21 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from placement import _procfs
 from placement.cpuset import parse_cpulist
 
 CPU_DIR = "sys/devices/system/cpu"
 
 
-def _read(root: str, rel: str) -> Optional[str]:
+FILE_MAX = 64 * 1024  # sysfs attributes and /proc/<pid>/comm are far smaller
+INTERRUPTS_MAX = 64 * 1024 * 1024  # /proc/interrupts: one column per CPU, one line per IRQ
+
+
+def _read(root: str, rel: str, limit: int = FILE_MAX) -> Optional[str]:
+    """Text of a regular file under root, bounded (placement._procfs.read_bounded); None when it is
+    missing, unreadable, not a regular file or too large (the check then says `unknown`)."""
     try:
-        with open(os.path.join(root, rel), "rb") as f:
-            return f.read().decode(errors="replace").replace("\x00", "").strip()
+        return _procfs.read_bounded(os.path.join(root, rel), limit).decode(errors="replace").replace("\x00", "").strip()
     except OSError:
         return None
 
@@ -106,7 +112,7 @@ class Interrupt:
 
 def interrupts(root: str = "/") -> dict[int, Interrupt]:
     """Numbered IRQs of /proc/interrupts with their name and total count ({} when unreadable)."""
-    text = _read(root, "proc/interrupts")
+    text = _read(root, "proc/interrupts", INTERRUPTS_MAX)
     out: dict[int, Interrupt] = {}
     if not text:
         return out

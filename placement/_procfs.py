@@ -1,0 +1,309 @@
+"""The one place /proc is read and parsed (as psutil's private _pslinux.py is for psutil).
+
+One parser per file, one plain function per fact, every read bounded:
+- /proc/<pid>[/task/<tid>]/stat       parse_stat       -> TaskStat (name, state, minflt, threads, last CPU)
+- /proc/<pid>/task/<tid>/schedstat    parse_schedstat  -> SchedStat (on-CPU ns, runqueue wait ns)
+- /proc/<pid>[/task/<tid>]/status     status_value     -> one field (Cpus_allowed_list, Mems_allowed_list,
+                                                          nonvoluntary_ctxt_switches)
+- /proc/<pid>[/task/<tid>]/comm       comm
+- /proc/<pid>/task, .../children      task_ids, children, pids
+and the calling thread's NUMA memory policy: get_mempolicy, set_mempolicy, probe_mempolicy
+(raw syscalls: glibc wraps neither; modes named once, in MEMPOLICY_NAMES).
+
+One "thread gone" convention: every reader about a thread or process raises ThreadGone when it
+exited (ENOENT at open, ESRCH at read of a kept descriptor); callers that walk threads skip it.
+Any other OSError (EACCES, ...) and ValueError (a format not understood) propagate.
+
+read_bounded is the bounded, regular-files-only read every file read of placement goes through
+(topology._sysfs too): a FIFO would block forever and /dev/zero never ends.
+"""
+from __future__ import annotations
+
+import ctypes
+import errno
+import functools
+import os
+import platform
+import stat as _stat
+import threading
+from typing import NamedTuple, Optional
+
+from placement.cpuset import parse_cpulist
+
+GONE_ERRNOS = (errno.ESRCH, errno.ENOENT)
+
+# Largest sizes read, per file (a bigger one is refused, never truncated into a wrong value).
+STAT_MAX = 4096  # 52 numbers and a 16-byte comm
+SCHEDSTAT_MAX = 128
+COMM_MAX = 64
+STATUS_MAX = 256 * 1024  # Cpus_allowed_list of a sparse 8192-CPU mask stays far below
+CHILDREN_MAX = 1024 * 1024
+
+
+class ThreadGone(Exception):
+    """The thread (or its process) exited: skip it, it is not an error."""
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device or a directory where a file was expected."""
+
+
+class FileTooLarge(OSError):
+    """A file longer than the bound its reader allows."""
+
+
+# ---- bounded reads ----------------------------------------------------------------------
+def read_bounded(path: str, limit: int) -> bytes:
+    """At most `limit` bytes of a regular file (procfs and sysfs attributes are regular).
+
+    Opened non-blocking so a FIFO cannot hang the open; refused (NotRegularFile) unless
+    fstat says regular; FileTooLarge when the file holds more than `limit` bytes.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not _stat.S_ISREG(mode):
+            kind = ("a FIFO" if _stat.S_ISFIFO(mode) else "a character device" if _stat.S_ISCHR(mode)
+                    else "a block device" if _stat.S_ISBLK(mode) else "a directory" if _stat.S_ISDIR(mode)
+                    else "a socket" if _stat.S_ISSOCK(mode) else "not a regular file")
+            raise NotRegularFile(errno.EINVAL, f"is {kind}, not a regular file", path)
+        chunks, size = [], 0
+        while True:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", path)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _task_path(pid, tid: Optional[int], name: str, proc: str) -> str:
+    return f"{proc}/{pid}/{name}" if tid is None else f"{proc}/{pid}/task/{tid}/{name}"
+
+
+def _read_task(pid, tid: Optional[int], name: str, limit: int, proc: str) -> bytes:
+    try:
+        return read_bounded(_task_path(pid, tid, name, proc), limit)
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            raise ThreadGone(tid if tid is not None else pid) from None
+        raise
+
+
+def pread_bounded(fd: int, limit: int, tid: int = 0) -> bytes:
+    """One pread of a kept /proc descriptor; ThreadGone once its thread exited."""
+    try:
+        return os.pread(fd, limit, 0)
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            raise ThreadGone(tid) from None
+        raise
+
+
+# ---- stat ---------------------------------------------------------------------------------
+class TaskStat(NamedTuple):
+    name: str  # field 2, comm
+    state: str  # field 3: R, S, D, Z, ...
+    minflt: int  # field 10
+    num_threads: int  # field 20
+    last_cpu: int  # field 39: the CPU it last ran on
+
+
+def parse_stat(raw: bytes) -> TaskStat:
+    """A stat line. The comm field may hold spaces and ')': fields are counted after the last ')'."""
+    close = raw.rfind(b")")
+    if close < 0:
+        raise ValueError(f"not a /proc stat line: {raw[:40]!r}")
+    fields = raw[close + 2:].split()
+    try:
+        return TaskStat(raw[raw.find(b"(") + 1:close].decode(errors="replace"), fields[0].decode(errors="replace"),
+                        int(fields[7]), int(fields[17]), int(fields[36]))
+    except (IndexError, ValueError):
+        raise ValueError(f"not a /proc stat line: {raw[:40]!r}") from None
+
+
+def stat(pid, tid: Optional[int] = None, proc: str = "/proc") -> TaskStat:
+    return parse_stat(_read_task(pid, tid, "stat", STAT_MAX, proc))
+
+
+def stat_at(fd: int, tid: int = 0) -> TaskStat:
+    return parse_stat(pread_bounded(fd, STAT_MAX, tid))
+
+
+# ---- schedstat ------------------------------------------------------------------------------
+class SchedStat(NamedTuple):
+    cpu_ns: int  # field 1: time on CPU
+    runq_ns: int  # field 2: time runnable, waiting in the runqueue
+
+
+def parse_schedstat(raw: bytes) -> SchedStat:
+    fields = raw.split()
+    return SchedStat(int(fields[0]), int(fields[1]))
+
+
+def schedstat(pid, tid: int, proc: str = "/proc") -> SchedStat:
+    return parse_schedstat(_read_task(pid, tid, "schedstat", SCHEDSTAT_MAX, proc))
+
+
+def schedstat_at(fd: int, tid: int = 0) -> SchedStat:
+    try:
+        return parse_schedstat(pread_bounded(fd, SCHEDSTAT_MAX, tid))
+    except IndexError:
+        raise ValueError("schedstat holds fewer than 2 fields") from None
+
+
+# ---- status ---------------------------------------------------------------------------------
+CPUS_ALLOWED_LIST = b"Cpus_allowed_list:"
+MEMS_ALLOWED_LIST = b"Mems_allowed_list:"
+NONVOLUNTARY_SWITCHES = b"nonvoluntary_ctxt_switches:"
+
+
+def status_value(raw: bytes, key: bytes) -> str:
+    """The value of one `Key:\\tvalue` line of a status file; ValueError when absent."""
+    at = raw.find(b"\n" + key)
+    if at < 0:
+        if not raw.startswith(key):
+            raise ValueError(f"no {key.decode()} line in status")
+        at = 0
+    else:
+        at += 1
+    end = raw.find(b"\n", at)
+    return raw[at + len(key): end if end >= 0 else len(raw)].strip().decode(errors="replace")
+
+
+def status(pid, tid: Optional[int] = None, proc: str = "/proc") -> bytes:
+    return _read_task(pid, tid, "status", STATUS_MAX, proc)
+
+
+def cpus_allowed(pid, tid: Optional[int] = None, proc: str = "/proc") -> frozenset[int]:
+    """Cpus_allowed_list: the CPUs the kernel lets the thread run on (after cgroup narrowing)."""
+    return parse_cpulist(status_value(status(pid, tid, proc), CPUS_ALLOWED_LIST))
+
+
+def mems_allowed(pid="self", proc: str = "/proc") -> frozenset[int]:
+    """Mems_allowed_list: the NUMA nodes the cgroup cpuset lets the process allocate on."""
+    return parse_cpulist(status_value(status(pid, None, proc), MEMS_ALLOWED_LIST))
+
+
+def nonvoluntary_switches_at(fd: int, tid: int = 0) -> int:
+    return int(status_value(pread_bounded(fd, STATUS_MAX, tid), NONVOLUNTARY_SWITCHES))
+
+
+# ---- comm, task lists, children ----------------------------------------------------------------
+def comm(pid, tid: Optional[int] = None, proc: str = "/proc") -> str:
+    return _read_task(pid, tid, "comm", COMM_MAX, proc).decode(errors="replace").strip()
+
+
+def task_ids(pid, proc: str = "/proc") -> list[int]:
+    """Thread ids of a process, sorted."""
+    try:
+        names = os.listdir(f"{proc}/{pid}/task")
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            raise ThreadGone(pid) from None
+        raise
+    return sorted(int(t) for t in names if t.isdigit())
+
+
+def children(pid, proc: str = "/proc") -> list[int]:
+    """Direct child processes, from /proc/<pid>/task/*/children (threads that exit meanwhile skipped)."""
+    kids: list[int] = []
+    for tid in task_ids(pid, proc):
+        try:
+            kids.extend(int(x) for x in _read_task(pid, tid, "children", CHILDREN_MAX, proc).split())
+        except ThreadGone:
+            continue
+    return kids
+
+
+def pids(proc: str = "/proc") -> list[int]:
+    return sorted(int(p) for p in os.listdir(proc) if p.isdigit())
+
+
+# ---- NUMA memory policy of the calling thread ------------------------------------------------
+# include/uapi/linux/mempolicy.h modes, in placement's vocabulary ("none" = the kernel default).
+MEMPOLICY_NAMES = {0: "none", 1: "preferred", 2: "bind", 3: "interleave", 4: "local",
+                   5: "preferred_many", 6: "weighted_interleave"}
+MEMPOLICY_MODES = {name: mode for mode, name in MEMPOLICY_NAMES.items()}
+_MODE_FLAGS = 0x7 << 13  # MPOL_F_NUMA_BALANCING | MPOL_F_RELATIVE_NODES | MPOL_F_STATIC_NODES
+# (set_mempolicy, get_mempolicy) syscall numbers; glibc wraps neither (libnuma does, but is optional).
+_SYSCALLS = {"x86_64": (238, 239), "aarch64": (237, 236), "arm64": (237, 236), "riscv64": (237, 236),
+             "loongarch64": (237, 236), "ppc64le": (261, 260), "ppc64": (261, 260), "s390x": (270, 269)}
+MAX_NUMNODES = 1024  # the kernel's ceiling on node ids (CONFIG_NODES_SHIFT <= 10)
+_ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+_NodeMask = ctypes.c_ulong * (MAX_NUMNODES // _ULONG_BITS)
+
+
+class Mempolicy(NamedTuple):
+    mode: str  # a MEMPOLICY_NAMES value
+    nodes: tuple[int, ...]  # empty for none/local
+
+
+@functools.lru_cache(maxsize=None)
+def _libc() -> Optional[ctypes.CDLL]:
+    try:
+        return ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+
+def _syscall(number: int, *args) -> int:
+    """syscall(2) with every argument widened to a full register (the call is variadic)."""
+    return _libc().syscall(ctypes.c_long(number), *args)
+
+
+def mempolicy_supported() -> bool:
+    return platform.machine() in _SYSCALLS and _libc() is not None
+
+
+def get_mempolicy() -> Optional[Mempolicy]:
+    """The calling thread's policy; None where it cannot be read (unknown arch, syscall refused)."""
+    if not mempolicy_supported():
+        return None
+    mode = ctypes.c_int(0)
+    mask = _NodeMask()
+    if _syscall(_SYSCALLS[platform.machine()][1], ctypes.byref(mode), mask, ctypes.c_ulong(MAX_NUMNODES),
+                None, ctypes.c_ulong(0)) != 0:
+        return None
+    kernel_mode = mode.value & ~_MODE_FLAGS
+    name = MEMPOLICY_NAMES.get(kernel_mode, f"mode{kernel_mode}")
+    if name in ("none", "local"):
+        return Mempolicy(name, ())
+    return Mempolicy(name, tuple(n for n in range(MAX_NUMNODES) if mask[n // _ULONG_BITS] >> (n % _ULONG_BITS) & 1))
+
+
+def set_mempolicy(mode: str, nodes) -> int:
+    """Set the calling thread's policy; the errno it gives (0 = set). EINVAL for a node beyond
+    MAX_NUMNODES, as the kernel answers; ENOSYS where the syscall is not known here."""
+    if not mempolicy_supported():
+        return errno.ENOSYS
+    if any(not 0 <= n < MAX_NUMNODES for n in nodes):
+        return errno.EINVAL
+    mask = _NodeMask()
+    for n in nodes:
+        mask[n // _ULONG_BITS] |= 1 << (n % _ULONG_BITS)
+    if _syscall(_SYSCALLS[platform.machine()][0], ctypes.c_long(MEMPOLICY_MODES[mode]), mask,
+                ctypes.c_ulong(MAX_NUMNODES + 1)) != 0:
+        return ctypes.get_errno() or errno.EINVAL
+    return 0
+
+
+def probe_mempolicy(mode: str, nodes) -> Optional[int]:
+    """The errno set_mempolicy(mode, nodes) gives, tried in a throwaway thread (the policy is per
+    thread and dies with it, so the caller's never changes; no fork, safe in a threaded process).
+    0 = permitted; None = cannot be tried here."""
+    if not mempolicy_supported():
+        return None
+    result: list[Optional[int]] = [None]
+
+    def attempt() -> None:
+        result[0] = set_mempolicy(mode, nodes)
+
+    t = threading.Thread(target=attempt, name="placement_probe", daemon=True)
+    t.start()
+    t.join()
+    return result[0]

@@ -1,0 +1,87 @@
+"""Stage 1, the one function both entries call: placerun's worker bootstrap (before the user's
+code) and `placement.attach()` without placerun (from inside it).
+
+Process CPU mask = the rank's whole share, memory policy, env (placement.bind.env: the plan's
+OMP_NUM_THREADS, NCCL_SET_THREAD_NAME=1, CUDA_DEVICE_ORDER, NCCL_PROXY_CPUSET), the `start`
+event, and the Session that stage 2 and the monitor use. Whether NCCL could still see the env is
+said here too: NCCL reads NCCL_SET_THREAD_NAME and NCCL_PROXY_CPUSET once, so a stage 1 that runs
+after NCCL's communicator exists (attach() after DDP(...)) cannot name or place its threads.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Iterable, MutableMapping, Optional
+
+from placement.bind import session as session_mod
+from placement.bind.affinity import apply_process_mask
+from placement.bind.binder import RoleBinder
+from placement.bind.env import apply_env
+from placement.bind.memory import apply_memory_policy
+from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
+from placement.config import PlacementConfig
+from placement.plan.model import Plan
+from placement.topology.model import Topology
+
+WATCH_INTERVAL_S = 1.0  # the stage-2 watcher's rescan period; a rescan of an unchanged rank is a few listdirs
+LATE_NCCL_FIX = ("call placement.attach() before init_process_group, or launch with placerun "
+                 "(its workers get the env before any user code)")
+
+
+def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], events, *, rank: int,
+               local_rank: int, world_size: int, entry: str,
+               environ: MutableMapping[str, str] = os.environ, keep: Iterable[str] = (),
+               restart: int = 0) -> "session_mod.Session":
+    """Bind this process for `local_rank` of `plan` and make it the current Session.
+
+    entry: "placerun" (bootstrap, before user code) or "attach" (inside the user's program).
+    KeyError when the plan has no such local rank (the caller says it in its own words)."""
+    rank_plan = plan.for_local_rank(local_rank)
+    binding = plan.policy != "none" and bool(rank_plan.roles)
+    late = entry == "attach" and rank_plan.gpu is not None and nccl_communicator_started()
+    env_set = apply_env(rank_plan, environ, keep=keep, binding=binding)
+    events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=world_size, restart=restart,
+                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, entry=entry)
+    if late:
+        warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
+                            f"({SET_THREAD_NAME}, NCCL_PROXY_CPUSET) before placement set it, so its threads "
+                            f"are unnamed and bound as `other`, and main was narrowed by NCCL's init; "
+                            f"{LATE_NCCL_FIX}")
+    elif environ.get(SET_THREAD_NAME) != "1":
+        events.event("warning", message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
+                                        "NCCL threads are not named, so they are bound as `other`")
+    binder = RoleBinder(rank_plan, events, background_nice=cfg.tune.background_nice)
+    memory = None
+    if binding:
+        mask = apply_process_mask(rank_plan.share())
+        events.event("bind", **mask.to_dict(),
+                     reason=f"stage 1 ({entry}): the rank's whole share, inherited by every thread")
+        if not mask.ok:
+            warn_rank(events, rank, mask.error or "")
+        memory = apply_memory_policy(rank_plan.memory, events)
+        if memory.fallback:
+            warn_rank(events, rank, f"memory policy {memory.planned.mode} {memory.planned.nodes}: {memory.fallback}",
+                  event=False)
+    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, topology=topo, events=events,
+                            binder=binder, rank=rank, local_rank=local_rank, world_size=world_size,
+                            memory=memory)
+    session_mod.set_current(s)
+    return s
+
+
+def start_stage2(s) -> None:
+    """Bind threads by role now and from then on (new threads, DataLoader workers, NCCL)."""
+    from placement.bind.fork import rehome_forked_children
+
+    if s.plan.policy == "none" or not s.rank_plan.roles:
+        return
+    rehome_forked_children(s.binder)
+    s.binder.rescan()
+    s.binder.start_watcher(WATCH_INTERVAL_S)
+
+
+def warn_rank(events, rank: int, message: str, *, event: bool = True) -> None:
+    """One line on stderr naming the rank, and (unless event=False) a `warning` event."""
+    if event:
+        events.event("warning", message=message)
+    print(f"placement: rank {rank}: {message}", file=sys.stderr)
