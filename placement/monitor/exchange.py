@@ -39,6 +39,7 @@ import math
 import os
 import struct
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -53,6 +54,7 @@ TRIAGE_ABOVE = 512  # ranks beyond which classify sees candidates and a sample o
 PEER_SAMPLE = 256  # punctual ranks classify compares candidates with, at scale
 NAMED = 8  # stragglers an event names in full; the rest are counted by kind
 LISTED = 64  # ranks beyond which an event's rank lists are written in range form
+COSTS_KEPT = 1000
 
 
 def default_store():
@@ -146,8 +148,11 @@ class Exchange:
         self._seq = 0
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
-        self.send_us: list[float] = []  # per-exchange cost on this rank's monitor thread (benchmark)
-        self.judge_ms: list[float] = []  # rank 0: take + judge per exchange
+        # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
+        self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
+        self.send_cpu_us: deque = deque(maxlen=COSTS_KEPT)  # its CPU time (a round trip's wait is not)
+        self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
+        self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
     def submit(self, figs: RankFigures) -> None:
         """Send this rank's figures (rank 0 first finishes the previous exchange)."""
@@ -155,7 +160,7 @@ class Exchange:
             return
         self.collect(block=True)
         self._seq += 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             self.transport.send(self._seq, encode_row(self._seq, self.node_rank, figs, self.slots))
         except Exception as e:
@@ -164,6 +169,7 @@ class Exchange:
             self.transport = None
             return
         self.send_us.append((time.perf_counter() - t0) * 1e6)
+        self.send_cpu_us.append((time.thread_time() - c0) * 1e6)
         if self.rank == 0:
             self._pending = (self._seq, time.monotonic())
 
@@ -178,6 +184,7 @@ class Exchange:
             n = self.transport.arrived(seq)
             while n < self.world_size and block and time.monotonic() - sent < self.WAIT_S:
                 time.sleep(self.POLL_S)
+                t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
             if n < self.world_size and not block:
                 return
@@ -188,6 +195,7 @@ class Exchange:
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
             return
         take_ms = (time.perf_counter() - t0) * 1e3
+        self.take_ms.append(take_ms)
         rows = decode_rows(raw, self.slots, seq)
         got = Received(seq, rows, self.world_size, take_ms)
         self.judge(got)
