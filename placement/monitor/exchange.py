@@ -267,8 +267,8 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
     node_of = {int(r): (None if math.isnan(n) else int(n)) for r, n in zip(rows[:, f["rank"]], rows[:, 1])}
     if len(active) <= TRIAGE_ABOVE:
         figures = [RankFigures.from_row(r[len(HEADER):].tolist()) for r in rows]
-        report = classify(figures, baseline_ms, th)
-        return figures, compact(report, [int(r) for r in active[:, f["rank"]]]), _named_nodes(report, node_of)
+        report = compact(classify(figures, baseline_ms, th))
+        return figures, report, _named_nodes(report, node_of)
     lat = _lateness(active, slots)
     if lat is None:
         pick = np.arange(min(len(active), PEER_SAMPLE))
@@ -293,7 +293,8 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
     if report.stragglers:
         named = set(report.names())
         report.waiting = [r for r in all_ranks if r not in named]
-    return figures, compact(report, all_ranks), _named_nodes(report, node_of)
+    report = compact(report)
+    return figures, report, _named_nodes(report, node_of)
 
 
 def _named_nodes(report: StragglerReport, node_of: dict[int, Optional[int]]) -> dict[int, Optional[int]]:
@@ -301,7 +302,7 @@ def _named_nodes(report: StragglerReport, node_of: dict[int, Optional[int]]) -> 
             if s.kind != "comm-slow"}
 
 
-def compact(report: StragglerReport, all_ranks: list[int]) -> StragglerReport:
+def compact(report: StragglerReport) -> StragglerReport:
     """The report as an event carries it at any W: the NAMED worst stragglers in full, the rest
     counted by kind (`more`), long rank lists in range form."""
     out = StragglerReport(waiting=report.waiting, transfer_ms=report.transfer_ms)
