@@ -26,7 +26,8 @@ from placement.errors import PlacementError
 PLAN_FILE_ENV = "PLACEMENT_PLAN_FILE"
 CONFIG_FILE_ENV = "PLACEMENT_CONFIG_FILE"
 TOPOLOGY_FILE_ENV = "PLACEMENT_TOPOLOGY_FILE"
-KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"  # comma list: env names the user set before placerun
+KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"
+HANDOFF_MAX = 256 * 1024 * 1024  # the topology of an 8192-CPU node is a few MB  # comma list: env names the user set before placerun
 
 log = logging.getLogger("placement")
 
@@ -54,9 +55,10 @@ def load_handoff(environ: MutableMapping[str, str] = os.environ):
 
 
 def _read_json(path: str, build, what: str):
+    from placement._procfs import read_bounded
+
     try:
-        with open(path) as f:
-            return build(json.load(f))
+        return build(json.loads(read_bounded(path, HANDOFF_MAX)))
     except OSError as e:
         raise HandoffError(f"cannot read the {what} file {path!r}: {e.strerror or e}") from None
     except (PlacementError, ValueError, KeyError, TypeError) as e:
@@ -66,12 +68,14 @@ def _read_json(path: str, build, what: str):
 def stage1(environ: MutableMapping[str, str] = os.environ):
     """Stage 1 from placerun's hand-off files (placement.bind.stage1.run_stage1); the Session."""
     from placement.bind.stage1 import run_stage1
-    from placement.events import EventLog, rank_log_path
+    from placement.events import open_rank_log
 
     cfg, plan, topo = load_handoff(environ)
     local_rank = int(environ.get("LOCAL_RANK", "0"))
     rank = int(environ.get("RANK", str(local_rank)))
-    events = _open_events(EventLog, rank_log_path(cfg.monitor.log_dir, rank), rank)
+    # placerun checked the directory before starting any worker; should it have become
+    # unwritable since, this is the same one-line error (exit 2), never a silent null log.
+    events = open_rank_log(cfg.monitor.log_dir, rank)
     try:
         s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank,
                        world_size=int(environ.get("WORLD_SIZE", "1")), entry="placerun", environ=environ,
@@ -81,15 +85,6 @@ def stage1(environ: MutableMapping[str, str] = os.environ):
         raise HandoffError(str(e.args[0])) from None
     atexit.register(s.close)  # registered first, so it runs after the monitor's own exit hooks
     return s
-
-
-def _open_events(event_log_cls, path: str, rank: int):
-    try:
-        return event_log_cls(path, rank)
-    except OSError as e:
-        print(f"placement: rank {rank}: cannot open event log {path!r} ({e.strerror or e}); "
-              "binding goes on unlogged", file=sys.stderr)
-        return event_log_cls(None, rank)
 
 
 def _split(argv: list[str]) -> tuple[str, str, list[str]]:

@@ -19,7 +19,8 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from placement.monitor.logread import LogReadError, expand
+from placement._procfs import read_bounded
+from placement.monitor.logread import LOG_MAX, LogReadError, expand, is_integer, is_number, valid_event
 from placement.monitor.record import VERDICTS
 
 _NAN = float("nan")
@@ -101,7 +102,11 @@ class _Columns:
 
 
 def _num(v: Any) -> float:
-    return _NAN if v is None else float(v)
+    if v is None:
+        return _NAN
+    if not is_number(v):
+        raise TypeError("not a number")
+    return float(v)
 
 
 def _stall(roles: Any) -> float:
@@ -111,7 +116,7 @@ def _stall(roles: Any) -> float:
     for name in ("main", "nccl"):
         s = roles.get(name)
         if isinstance(s, dict) and s.get("runq_ms") is not None:
-            total += s["runq_ms"]
+            total += _num(s["runq_ms"])
             known = True
     return total if known else _NAN
 
@@ -119,16 +124,15 @@ def _stall(roles: Any) -> float:
 def _row(d: dict) -> tuple:
     """(rank, step, t, step_ms, data_ms, comm_ms, stall_ms, enter_t, verdict); raises on a bad record."""
     rank, step = d["rank"], d["step"]
-    if not isinstance(rank, int) or not isinstance(step, int):
-        raise TypeError("rank/step")
+    if not (is_integer(rank) and is_integer(step) and is_number(d["t"]) and is_number(d["step_ms"])):
+        raise TypeError("rank/step/t/step_ms")
     return (rank, step, float(d["t"]), float(d["step_ms"]), _num(d.get("data_ms")), _num(d.get("comm_ms")),
             _stall(d.get("roles")), _num(d.get("comm_enter_t")), _VERDICT_CODE.get(d.get("verdict"), -1))
 
 
 def _read_file(path: str, cols: _Columns, table: StepTable, node_of_file: dict[int, tuple]) -> None:
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
     except OSError as e:
         raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
     runs: dict[int, list[tuple]] = {}  # rank -> rows of its current run in this file
@@ -138,13 +142,16 @@ def _read_file(path: str, cols: _Columns, table: StepTable, node_of_file: dict[i
             continue
         try:
             d = loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             table.skipped += 1
             continue
         if not isinstance(d, dict) or not isinstance(d.get("type"), str):
             table.skipped += 1
             continue
         if d["type"] != "step":
+            if not valid_event(d):
+                table.skipped += 1
+                continue
             table.events.append(d)
             if d["type"] == "start" and isinstance(d.get("rank"), int) and (d.get("host") or d.get("node_rank") is not None):
                 node_of_file[d["rank"]] = (d.get("host"), d.get("node_rank"))
