@@ -170,6 +170,17 @@ def test_a_stage1_that_cannot_run_is_one_line_and_the_program_runs_unbound(tmp_p
     assert p.stderr.rstrip().endswith("this rank runs unbound")
 
 
+def test_an_interpreter_that_cannot_import_placement_runs_the_program_unbound(tmp_path, handoff):
+    shadow = tmp_path / "shadow" / "placement"  # stands for an interpreter (PYTHON_EXEC) without placement
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no placement in this interpreter')")
+    (tmp_path / "t.py").write_text("import sys; print(sys.argv)")
+    p = bootstrap(["t.py", "x"], handoff(PYTHONPATH=str(shadow.parent)), cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "['t.py', 'x']"
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith(f"placement: rank 5: cannot import placement in {sys.executable}")
+    assert "this rank runs unbound" in p.stderr
+
+
 def test_without_a_plan_the_hook_does_nothing(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
     env = handoff()

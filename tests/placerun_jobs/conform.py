@@ -16,13 +16,16 @@ def allowed_cpus():
 
 
 rank, restart = os.environ["RANK"], os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-report = {"pid": os.getpid(), "name": __name__, "file": __file__, "argv": sys.argv, "path": sys.path, "executable": sys.executable,
-          "env": dict(os.environ), "allowed": allowed_cpus(), "sitecustomize": sys.modules.get("sitecustomize") and
-          getattr(sys.modules["sitecustomize"], "__file__", None)}
+report = {"pid": os.getpid(), "name": __name__, "file": __file__, "argv": sys.argv, "path": sys.path,
+          "executable": sys.executable, "env": dict(os.environ), "allowed": allowed_cpus(),
+          "imported": sorted(m for m in ("torch", "numpy", "psutil") if m in sys.modules),
+          "sitecustomize": sys.modules.get("sitecustomize") and getattr(sys.modules["sitecustomize"], "__file__", None)}
 with open(os.path.join(os.environ["CONFORM_OUT"], f"rank{rank}.r{restart}.json"), "w") as f:
     json.dump(report, f)
-print(f"conform rank {rank} says hello", flush=True)
+os.write(1, f"conform rank {rank} says hello\n".encode())  # one write: lines of two workers never interleave
 action = os.environ.get("CONFORM_ACTION", "")
+if action in ("fail_once", "exit3", "raise", "kill"):
+    time.sleep(1.5)  # every worker reports before the agent stops the others
 if action == "fail_once" and rank == "0" and restart == "0":
     sys.exit(1)
 if rank == "1" and action == "exit3":
