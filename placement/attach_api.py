@@ -25,10 +25,12 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 from typing import Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
-from placement.errors import PlacementError
+from placement.errors import ConfigError, PlacementError
+from placement.events import LogDirError  # noqa: F401  (raised by attach(); importable from here)
 
 log = logging.getLogger("placement")
 
@@ -37,10 +39,6 @@ BINDING_KEYS = ("policy", "memory", "reserved_cpus", "smt", "prefer_fast_cores",
                 "dataloader_workers", "nccl_topo_file")
 
 _current_handle: Optional["Handle"] = None
-
-
-class LogDirError(PlacementError):
-    """monitor.log_dir cannot be created or written."""
 
 
 # ---- configuration ---------------------------------------------------------------------
@@ -81,15 +79,9 @@ def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], o
 
 
 def _open_event_log(log_dir: str, rank: int):
-    from placement.events import EventLog, rank_log_path
+    from placement.events import open_rank_log
 
-    path = rank_log_path(log_dir, rank)
-    try:
-        return EventLog(path, rank)
-    except OSError as e:
-        raise LogDirError(f"placement.monitor.log_dir={log_dir!r} is not writable ({e.strerror or e}); "
-                          "give a directory this process can create and write, e.g. "
-                          "monitor={'log_dir': 'placement_logs'}") from None
+    return open_rank_log(log_dir, rank)  # LogDirError, one line: the same decision as placerun's
 
 
 # ---- who am I ------------------------------------------------------------------------
@@ -101,14 +93,32 @@ def _dist():
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+def _env_int(environ, name: str, default: int, lo: int) -> int:
+    """An integer the launcher puts in the environment; ConfigError (one line) when it is not one."""
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < lo:
+        raise ConfigError(f"{name}={text!r} is not valid; valid: an integer >= {lo} (torchrun and placerun set it), "
+                          f"or unset for {default}")
+    return value
+
+
 def _identity(environ=os.environ) -> tuple[int, int, int, int]:
     """(rank, local_rank, world_size, local_world_size), from the process group when there is one."""
-    local_rank = int(environ.get("LOCAL_RANK", "0"))
-    local_world = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    local_rank = _env_int(environ, "LOCAL_RANK", 0, 0)
+    local_world = _env_int(environ, "LOCAL_WORLD_SIZE", 1, 1)
+    if local_rank >= local_world:
+        raise ConfigError(f"LOCAL_RANK={local_rank} is not valid with LOCAL_WORLD_SIZE={local_world}; "
+                          f"valid: 0..{local_world - 1}")
     dist = _dist()
     if dist is not None:
         return dist.get_rank(), local_rank, dist.get_world_size(), local_world
-    return int(environ.get("RANK", "0")), local_rank, int(environ.get("WORLD_SIZE", "1")), local_world
+    return _env_int(environ, "RANK", 0, 0), local_rank, _env_int(environ, "WORLD_SIZE", 1, 1), local_world
 
 
 # ---- binding without placerun ------------------------------------------------------------
@@ -302,7 +312,8 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     owns_session = owns_events = False
     if session is not None:
         rank, local_rank, world_size = session.rank, session.local_rank, session.world_size
-        if os.path.abspath(cfg.monitor.log_dir) == os.path.abspath(session.config.monitor.log_dir):
+        if os.path.abspath(cfg.monitor.log_dir) == os.path.abspath(session.config.monitor.log_dir) \
+                and session.events.path is not None:
             events = session.events
         else:
             events, owns_events = _open_event_log(cfg.monitor.log_dir, rank), True
@@ -333,6 +344,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
 def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
     from placement.monitor import exitflush
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+    from placement.monitor.comm_groups import default_backend
     from placement.monitor.exchange import Exchange
     from placement.monitor.step_monitor import StepMonitor
     from placement.monitor.threads import RoleSampler, ThreadScan
@@ -344,8 +356,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     binder = None if session is None else session.binder
     sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
-    backend = None if dist is None else str(dist.get_backend()).lower()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn)
+    # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
+    backend = None if dist is None else default_backend()
+    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+                            budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
@@ -361,12 +375,22 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
         monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
                                     slots=cfg.monitor.exchange_every)
     sigterm = exitflush.register(monitor)
-    events.event("start", source="monitor", pid=os.getpid(), backend=backend, comm_timing=comm.name,
+    # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
+    # `placement report` which node each rank ran on.
+    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
+                 node_rank=_int_env("GROUP_RANK"), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
     events.flush()
     return monitor, comm
+
+
+def _int_env(name: str) -> Optional[int]:
+    try:
+        return int(os.environ[name])
+    except (KeyError, ValueError):
+        return None
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):
@@ -375,7 +399,10 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     from placement.tune.tuner import Tuner
 
     try:
-        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events)
+        # The step in progress when a move is applied ran partly before it: the move is in
+        # force from the step after (monitor.step counts finished steps).
+        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events,
+                      next_step=lambda: monitor.step + 2)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
         events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None

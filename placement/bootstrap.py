@@ -90,12 +90,15 @@ def local_rank_of(environ: MutableMapping[str, str] = os.environ) -> int:
 def stage1(environ: MutableMapping[str, str] = os.environ):
     """Stage 1 from placerun's hand-off files (placement.bind.stage1.run_stage1); the Session."""
     from placement.bind.stage1 import run_stage1
-    from placement.events import EventLog, rank_log_path
+    from placement.events import open_rank_log
 
     cfg, plan, topo = load_handoff(environ)
     local_rank = local_rank_of(environ)
     rank = int(environ.get("RANK", str(local_rank)))
-    events = _open_events(EventLog, rank_log_path(cfg.monitor.log_dir, rank), rank)
+    # placerun checked the directory before starting any worker; should it have become
+    # unwritable since, this is the same one-line error (LogDirError), never a silent null log;
+    # start_worker says it and the program runs unbound, as it would under torchrun.
+    events = open_rank_log(cfg.monitor.log_dir, rank)
     try:
         s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank,
                        world_size=int(environ.get("WORLD_SIZE", "1")), entry="placerun", environ=environ,
@@ -134,15 +137,6 @@ def start_worker(environ: MutableMapping[str, str] = os.environ, *, stage2: bool
 def _say_unbound(environ, why: str) -> None:
     rank = environ.get("RANK", environ.get("LOCAL_RANK", "?"))
     print(f"placement: rank {rank}: {why}; this rank runs unbound", file=sys.stderr, flush=True)
-
-
-def _open_events(event_log_cls, path: str, rank: int):
-    try:
-        return event_log_cls(path, rank)
-    except OSError as e:
-        print(f"placement: rank {rank}: cannot open event log {path!r} ({e.strerror or e}); "
-              "binding goes on unlogged", file=sys.stderr)
-        return event_log_cls(None, rank)
 
 
 USAGE = "usage: python -m placement.bootstrap --no-python PROG [ARGS...] | --run-path SCRIPT [ARGS...]"

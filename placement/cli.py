@@ -1,4 +1,4 @@
-"""`placement topo | plan | doctor | report`: a thin dispatcher; each subcommand is its own module
+"""`placement topo | plan | doctor | report | selftest`: a thin dispatcher; each subcommand is its own module
 (placement.commands.<name>, or the package's own command module, e.g. placement.doctor.command)
 exposing `add_arguments(parser)` and `run(args) -> int`."""
 from __future__ import annotations
@@ -13,7 +13,8 @@ SUBCOMMANDS = {
     "topo": "show the machine's CPU/NUMA/GPU/NIC topology",
     "plan": "show the per-rank, per-role CPU plan placerun would apply",
     "doctor": "check the host for settings that hurt training (NUMA balancing, governor, ...)",
-    "report": "summarise monitor JSONL logs: per-rank table, events, plot",
+    "report": "summarise monitor JSONL logs: per-rank or per-node figures, who held the job back, plot, heatmap, trace",
+    "selftest": "run a short job under placerun on this GPU node and check placement and comm timing",
 }
 
 # Subcommands whose module is not placement.commands.<name>.

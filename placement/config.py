@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from placement.cpuset import MAX_CPUS
 from placement.errors import ConfigError
 
 POLICIES = ("auto", "node", "socket", "exclusive", "core-complex", "none")
@@ -20,6 +22,8 @@ MEMORY_MODES = ("bind", "preferred", "interleave", "none")
 SMT_MODES = ("avoid", "use")
 COMM_TIMING = ("auto", "wall", "flight_recorder", "hook", "off")
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
+MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
+CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
 
 
 @dataclass
@@ -79,7 +83,7 @@ def _choices(key: str, value: Any, valid: Iterable[str]) -> None:
 
 
 def _range(key: str, value: float, lo: float, hi: float | None = None) -> None:
-    if value < lo or (hi is not None and value > hi):
+    if not value >= lo or (hi is not None and not value <= hi):  # NaN fails both comparisons
         rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise ConfigError(f"placement.{key}={value!r} is out of range; valid: {rng}")
 
@@ -93,15 +97,21 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _choices("smt", cfg.smt, SMT_MODES)
     try:
         parse_cpulist(cfg.reserved_cpus)
-    except ValueError:
-        raise ConfigError(f"placement.reserved_cpus={cfg.reserved_cpus!r} is not a cpu list; "
-                          "valid: a kernel cpu list such as '0,1' or '0-3,64-67'") from None
-    _range("dataloader_workers", cfg.dataloader_workers, 0)
+    except ValueError as e:
+        raise ConfigError(f"placement.reserved_cpus={cfg.reserved_cpus!r} is not a cpu list ({e}); "
+                          f"valid: a kernel cpu list of ids below {MAX_CPUS} such as '0,1' or '0-3,64-67'") from None
+    _range("dataloader_workers", cfg.dataloader_workers, 0, MAX_DATALOADER_WORKERS)
     m = cfg.monitor
+    if not m.log_dir.strip() or "\x00" in m.log_dir:
+        raise ConfigError(f"placement.monitor.log_dir={m.log_dir!r} is not valid; valid: a directory path, "
+                          "e.g. placement_logs (empty would write into the working directory)")
+    if "\x00" in cfg.nccl_topo_file:
+        raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
     _choices("monitor.comm_timing", m.comm_timing, COMM_TIMING)
-    for k in ("flush_every", "rescan_every", "exchange_every"):
-        _range(f"monitor.{k}", getattr(m, k), 1)
-    _range("monitor.summary_every", m.summary_every, 0)
+    for k in ("flush_every", "rescan_every"):
+        _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
+    _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
+    _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     t = cfg.tune
     for r in t.rules:
@@ -148,13 +158,20 @@ def read_config_file(path: str) -> dict[str, Any]:
     """The placement keys of a YAML file (top level or under `placement:`); one-line errors."""
     import yaml
 
+    from placement._procfs import read_bounded
+
     try:
-        with open(path) as f:
-            loaded = yaml.safe_load(f)
+        text = read_bounded(path, CONFIG_FILE_MAX).decode("utf-8")  # bounded; a FIFO is refused, not waited on
+        loaded = yaml.safe_load(text)
     except OSError as e:
         raise ConfigError(f"cannot read placement config file {path!r}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"placement config file {path!r} is not UTF-8 text (byte {e.start}: "
+                          f"{e.object[e.start:e.start + 1]!r}); give a YAML file of placement keys") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"placement config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    except RecursionError:
+        raise ConfigError(f"placement config file {path!r} is nested too deeply to be a placement config") from None
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -229,19 +246,25 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
     if kind in (int, float):
         # bool is an int to Python, never a number to a user; a float is no integer.
         accepted = (int,) if kind is int else (int, float)
-        if isinstance(value, accepted) and not isinstance(value, bool):
-            return kind(value)
         if from_text and isinstance(value, str):
             try:
-                return kind(value)
+                value = kind(value)
             except ValueError:
                 pass
+        if isinstance(value, accepted) and not isinstance(value, bool):
+            try:
+                converted = kind(value)
+            except OverflowError:  # an integer too large for a float
+                raise bad("a finite number") from None
+            if kind is float and not math.isfinite(converted):
+                raise bad("a finite number")
+            return converted
         raise bad("an integer" if kind is int else "a number")
     if kind is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return str(value)  # e.g. reserved_cpus: 3 in YAML
+        if full == "placement.reserved_cpus" and isinstance(value, int) and not isinstance(value, bool):
+            return str(value)  # reserved_cpus: 3 in YAML; a number is never a path or a choice
         raise bad("a string")
     # list[str]
     if isinstance(value, str) and from_text:
@@ -249,6 +272,28 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
     raise bad("a list of names")
+
+
+def valid_values(key: str) -> str:
+    """What `key` ("placement.policy" or "policy") takes, in words: its choices, its type, or
+    (for an unknown key) the valid keys."""
+    key = key.lstrip("+").removeprefix("placement.")
+    choices = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
+               "tune.rules": TUNE_RULES}
+    if key in choices:
+        return "choose one of: " + ", ".join(choices[key])
+    node: Any = PlacementConfig
+    *parents, leaf = key.split(".")
+    for name in parents:
+        node = {"monitor": MonitorConfig, "tune": TuneConfig}.get(name) if node is PlacementConfig else None
+        if node is None:
+            break
+    types = _class_field_types(node) if node is not None else {}
+    if leaf not in types or dataclasses.is_dataclass(types[leaf]):
+        return "valid keys: " + ", ".join(_all_keys(PlacementConfig))
+    kind = types[leaf]
+    return {bool: "valid: true or false", int: "valid: an integer", float: "valid: a number",
+            str: "valid: a string"}.get(kind, "valid: a list of names")
 
 
 def _unknown(path: tuple[str, ...], where: str) -> None:

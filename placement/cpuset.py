@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
+# The kernel's ceiling on CPU ids: CONFIG_NR_CPUS is at most 8192 on every architecture
+# (x86 MAXSMP, powerpc, arm64 4096). A larger id is refused before any set is allocated.
+MAX_CPUS = 8192
+
 
 def parse_cpulist(text: str) -> frozenset[int]:
     """Parse the kernel list form: "0-3,8,10-11" (also "0-15:2" strides). Empty -> empty set.
@@ -32,12 +36,16 @@ def parse_cpulist(text: str) -> frozenset[int]:
             lo, hi = part.split("-", 1)
             lo_i, hi_i = int(lo), int(hi)
             if lo_i < 0 or hi_i < lo_i:
-                raise ValueError(f"bad range {part!r} in cpu list {text!r}")
+                raise ValueError(f"bad range {part!r} in cpu list {_short(text)!r}")
+            if hi_i >= MAX_CPUS:
+                raise ValueError(f"cpu {hi_i} is beyond the kernel's limit of {MAX_CPUS} cpus")
             cpus.update(range(lo_i, hi_i + 1, stride))
         else:
             v = int(part)
             if v < 0:
-                raise ValueError(f"negative cpu in cpu list {text!r}")
+                raise ValueError(f"negative cpu in cpu list {_short(text)!r}")
+            if v >= MAX_CPUS:
+                raise ValueError(f"cpu {v} is beyond the kernel's limit of {MAX_CPUS} cpus")
             cpus.add(v)
     return frozenset(cpus)
 
@@ -49,6 +57,8 @@ def parse_cpumask(text: str) -> frozenset[int]:
         text = text[2:]
     if not text:
         return frozenset()
+    if len(text.lstrip("0")) > MAX_CPUS // 4:
+        raise ValueError(f"cpu mask of {len(text.lstrip('0')) * 4} bits is beyond the kernel's limit of {MAX_CPUS} cpus")
     value = int(text, 16)
     cpus = set()
     bit = 0
@@ -83,3 +93,7 @@ def format_cpumask(cpus: Iterable[int]) -> str:
     width = max(8, ((len(hexstr) + 7) // 8) * 8)
     hexstr = hexstr.rjust(width, "0")
     return ",".join(hexstr[i : i + 8] for i in range(0, width, 8))
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

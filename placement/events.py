@@ -1,81 +1,185 @@
 """The per-rank JSONL stream: step records and events (bind, tune, rollback, straggler, warning).
 
 One file per rank, `<log_dir>/rank<R>.jsonl`. Writes are buffered and flushed every
-N records by the caller and at close; a write error is reported once, never raised
-into training code.
+N records by the caller and at close; a write error is never raised into training code:
+it is said once, the lines lost are counted, and the count is said at exit and written
+as a `lost` event that `placement report` shows.
 """
 from __future__ import annotations
 
+import atexit
+import errno
 import json
-import logging
 import os
+import tempfile
 import threading
 import time
 import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
-log = logging.getLogger("placement")
+from placement.errors import PlacementError
 
 
 def rank_log_path(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.jsonl")
 
 
+class LogDirError(PlacementError):
+    """monitor.log_dir cannot be created or written: one line, exit 2, before any worker starts
+    (placerun) or from attach() (without placerun): the same decision for both."""
+
+
+def _log_dir_error(log_dir: str, why: str) -> LogDirError:
+    return LogDirError(f"placement.monitor.log_dir={log_dir!r} is not writable ({why}); give a directory "
+                       "this process can create and write, e.g. placement.monitor.log_dir=placement_logs")
+
+
+def check_log_dir(log_dir: str) -> None:
+    """Raise LogDirError unless files can be created in `log_dir`, or in its nearest existing
+    ancestor when it does not exist yet (nothing is created but a probe file, removed at once)."""
+    path = os.path.abspath(log_dir)
+    while not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    if not os.path.isdir(path):
+        raise _log_dir_error(log_dir, f"{path} is not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".placement-probe-", dir=path)
+    except OSError as e:
+        raise _log_dir_error(log_dir, e.strerror or str(e)) from None
+    os.close(fd)
+    try:
+        os.unlink(probe)
+    except OSError:
+        pass
+
+
+def open_rank_log(log_dir: str, rank: int) -> "EventLog":
+    """The rank's event log in `log_dir`; LogDirError (one line) when it cannot be opened."""
+    try:
+        return EventLog(rank_log_path(log_dir, rank), rank)
+    except OSError as e:
+        raise _log_dir_error(log_dir, e.strerror or str(e)) from None
+
+
 _open_logs: "weakref.WeakSet[EventLog]" = weakref.WeakSet()
+BUFFER_BYTES = 1 << 16  # lines are written when this much is buffered, at flush() and at close()
+CLOSE_WAIT_S = 5.0  # close() waits this long for another thread's write, never for its own
+# Set by placement.monitor.exitflush: delivers a signal whose flush waited for a log's lock
+# to be released by the thread the signal interrupted.
+after_release: Optional[Callable[[], None]] = None
 
 
 def _after_fork_in_child() -> None:
-    # A forked child (a DataLoader worker) inherits the rank's unflushed lines; if it ever
-    # flushed them, the rank's records would be written twice. Point the inherited fd at
-    # /dev/null and forget the log: the rank writes its own lines.
+    # A forked child (a DataLoader worker) inherits the rank's unwritten lines; if it ever
+    # wrote them, the rank's records would be written twice. Forget them and the file; the
+    # lock may have been held by a thread that does not exist in the child: a new one.
     for ev in list(_open_logs):
-        f, ev._file = ev._file, None
-        if f is None:
-            continue
-        try:
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, f.fileno())
-            os.close(devnull)
-        except OSError:
-            pass
-        _orphaned.append(f)  # kept alive so its buffer is never flushed to a reused fd
+        ev._lock = threading.Lock()
+        ev._inside = threading.local()
+        ev._buf, ev._buf_bytes = [], 0
+        ev._fd = None
+        ev._reported = True
 
 
-_orphaned: list = []
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
+def _say(text: str) -> None:
+    """One line on stderr with a raw write: safe inside a signal handler that may have
+    interrupted a write to sys.stderr itself."""
+    try:
+        os.write(2, (text.rstrip("\n") + "\n").encode(errors="replace"))
+    except OSError:
+        pass
+
+
 class EventLog:
-    """Append-only JSONL writer shared by binder, monitor and tuner of one rank."""
+    """Append-only JSONL writer shared by binder, monitor and tuner of one rank.
+
+    Never waits on its own lock: a signal handler running on the thread that holds it (it
+    interrupted that thread's write) gets False from flush() and the caller defers. Lines that
+    cannot be written (a full disk) are counted in `dropped`: said once on stderr when it
+    happens, written as a `lost` event as soon as a write succeeds again, and said again at
+    close/exit with the total.
+    """
 
     def __init__(self, path: Optional[str], rank: int = 0):
         self.path = path
         self.rank = rank
         self._lock = threading.Lock()
-        self._file = None
-        self._failed = False
+        self._inside = threading.local()  # .here: this thread holds (or is taking/releasing) _lock
+        self._fd: Optional[int] = None
+        self._buf: list[str] = []
+        self._buf_bytes = 0
+        self.dropped = 0  # records that could not be written
+        self.error: Optional[str] = None  # the first write error, one line
+        self._dropped_logged = 0  # the count the last `lost` event written carries
+        self._torn = False  # the file ends inside a line (a partial write)
+        self._reported = False  # the total was said on stderr
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._file = open(path, "a", buffering=1 << 16)
+            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             _open_logs.add(self)
 
+    # ---- the lock: never waited on by the thread that holds it ----------------------------
+    # `_inside.here` is set by a thread BEFORE it takes the lock and cleared AFTER it lets go, so
+    # a signal handler (which runs on the main thread, between two bytecodes of whatever that
+    # thread was doing) sees it at every point where the lock may be this thread's, including
+    # the instants between the acquire and the bookkeeping. Per thread: another thread's
+    # holding never makes the main thread's handler give up, only wait (bounded where it asks).
+    def held_here(self) -> bool:
+        """Whether the calling thread holds the lock, or is taking or releasing it (a signal
+        handler that interrupted this thread's own write must not wait for it)."""
+        return getattr(self._inside, "here", False)
+
+    def _acquire(self, timeout: float = -1) -> bool:
+        inside = self._inside
+        if getattr(inside, "here", False):
+            return False
+        inside.here = True
+        if not self._lock.acquire(timeout=timeout):
+            inside.here = False
+            self._run_hook()  # a signal that arrived while we waited is delivered now
+            return False
+        return True
+
+    def _release(self) -> None:
+        self._lock.release()
+        self._inside.here = False
+        self._run_hook()
+
+    @staticmethod
+    def _run_hook() -> None:
+        hook = after_release
+        if hook is not None:
+            hook()
+
+    # ---- writing --------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
-        if self._file is None:
+        if self._fd is None:
             return
         self.write_lines((json.dumps(record, separators=(",", ":"), default=_jsonable),))
 
     def write_lines(self, lines: Sequence[str]) -> None:
-        """Append already-encoded JSONL lines in one write (the monitor's batched step records)."""
-        if self._file is None or not lines:
+        """Append already-encoded JSONL lines (the monitor's batched step records)."""
+        if self._fd is None or not lines:
             return
         blob = "\n".join(lines) + "\n"
-        with self._lock:
-            try:
-                self._file.write(blob)
-            except (OSError, ValueError, AttributeError) as e:  # AttributeError: closed meanwhile
-                if not self._failed:
-                    self._failed = True
-                    log.warning("placement: cannot write %s (%s); further records are dropped", self.path, e)
+        if not self._acquire():
+            # Called from a signal handler that interrupted this thread's own write: the
+            # buffer may be half-swapped, so these lines are counted, not risked.
+            self._count_lost(len(lines), "the log was busy in the interrupted thread")
+            return
+        try:
+            self._buf.append(blob)
+            self._buf_bytes += len(blob)
+            if self._buf_bytes >= BUFFER_BYTES:
+                self._write_buffer()
+        finally:
+            self._release()
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         """Write one event record and return it."""
@@ -83,23 +187,87 @@ class EventLog:
         self.write(rec)
         return rec
 
-    def flush(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.flush()
-                except (OSError, ValueError):
-                    pass
+    def flush(self, timeout: float = -1) -> bool:
+        """Write the buffered lines. False (nothing done) when the calling thread holds the lock
+        (a signal handler that interrupted its write) or another held it beyond `timeout`."""
+        if self._fd is None:
+            return True
+        if not self._acquire(timeout):
+            return False
+        try:
+            self._write_buffer()
+        finally:
+            self._release()
+        return True
 
     def close(self) -> None:
-        with self._lock:
-            if self._file is not None:
-                try:
-                    self._file.flush()
-                    self._file.close()
-                except (OSError, ValueError):
-                    pass
-                self._file = None
+        if self._fd is None:
+            return
+        if not self._acquire(CLOSE_WAIT_S):
+            self.report_losses()
+            return
+        try:
+            self._write_buffer()
+            fd, self._fd = self._fd, None
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        finally:
+            self._release()
+        _open_logs.discard(self)
+        self.report_losses()
+
+    def report_losses(self) -> None:
+        """Say the total of dropped records on stderr, once (at close or exit)."""
+        if self.dropped and not self._reported:
+            self._reported = True
+            _say(f"placement: rank {self.rank}: {self.dropped} record(s) could not be written to {self.path} "
+                 f"({self.error}); they are lost")
+
+    # ---- the one place bytes reach the file (the caller holds the lock) -------------------
+    def _write_buffer(self) -> None:
+        blob = "".join(self._buf)
+        records = blob.count("\n")
+        prefix = "\n" if self._torn else ""  # a torn last line stays alone (a reader skips it)
+        if self.dropped > self._dropped_logged:
+            prefix += json.dumps({"type": "lost", "t": time.time(), "rank": self.rank, "records": self.dropped,
+                                  "error": self.error}, separators=(",", ":")) + "\n"
+        if not blob and not prefix:
+            return
+        self._buf, self._buf_bytes = [], 0
+        data = (prefix + blob).encode()
+        written = 0
+        try:
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+        except OSError as e:
+            if written:
+                self._torn = data[written - 1:written] != b"\n"
+            whole = max(0, data[:written].count(b"\n") - prefix.count("\n"))
+            self._count_lost(records - whole, f"{errno.errorcode.get(e.errno or 0, e.errno)} {e.strerror}")
+            return
+        self._torn = False
+        if "\"lost\"" in prefix:
+            self._dropped_logged = self.dropped
+
+    def _count_lost(self, n: int, why: str) -> None:
+        if n <= 0:
+            return
+        self.dropped += n
+        if self.error is None:
+            self.error = why
+            _say(f"placement: rank {self.rank}: cannot write {self.path} ({why}): {n} record(s) dropped; "
+                 "further losses are counted and the total is said at exit and in `placement report`")
+
+
+def report_all_losses() -> None:
+    """Every open log says its dropped total (at exit, on SIGTERM)."""
+    for ev in list(_open_logs):
+        ev.report_losses()
+
+
+atexit.register(report_all_losses)
 
 
 def _jsonable(o: Any) -> Any:

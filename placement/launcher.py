@@ -41,6 +41,8 @@ from placement.errors import ConfigError, PlacementError
 
 # A Hydra-style placement override before the script: placement.policy=exclusive, +placement.x=y.
 _OVERRIDE = re.compile(r"^\+?placement\.[A-Za-z_][\w.]*=")
+# An override without its =VALUE: placement.policy (a script is never named so; checked on disk too).
+_OVERRIDE_WITHOUT_VALUE = re.compile(r"^\+?placement\.[A-Za-z_][\w.]*$")
 # Looks like KEY=VALUE but lacks the placement. prefix (a likely typo for an override).
 _BARE_KEY_VALUE = re.compile(r"^[A-Za-z_][\w.]*=")
 _BOOTSTRAP_MODULE = "placement.bootstrap"
@@ -83,6 +85,11 @@ def parse_placerun_args(argv: list[str]) -> PlacerunArgs:
             parser.error(f"no training script after the placement override {ns.training_script!r}")
         # Flags may follow an override; re-parse the rest on top of what was parsed so far.
         ns = parser.parse_args(rest, namespace=ns)
+    if _OVERRIDE_WITHOUT_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):
+        from placement.config import valid_values
+
+        raise ConfigError(f"placement override {ns.training_script!r} has no value; write "
+                          f"{ns.training_script.lstrip('+')}=VALUE ({valid_values(ns.training_script)})")
     if _BARE_KEY_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):
         raise ConfigError(f"{ns.training_script!r} is neither a training script nor a placement override; "
                           f"overrides start with placement., e.g. placement.{ns.training_script}")
@@ -168,9 +175,11 @@ def _main(argv: list[str]) -> int:
 def _plan(pa: PlacerunArgs):
     """Config, this node's topology and plan: what `placement plan` prints with the same arguments."""
     from placement.config import load_config
+    from placement.events import check_log_dir
     from placement.plan import plan_for_node
 
     cfg = load_config(pa.overrides, pa.config_file)
+    check_log_dir(cfg.monitor.log_dir)  # every rank writes its event log there: fail here, not in a worker
     numa_binding = getattr(pa.torch_args, "numa_binding", None)
     if numa_binding and cfg.policy != "none":
         raise ConfigError(f"--numa-binding={numa_binding} and placement.policy={cfg.policy} would both bind the "

@@ -17,7 +17,7 @@ cut to "NCCL UDS Servic"). Where NCCL (v2.28.9-1) names them:
                          src/rma/rma_proxy.cc:455); "NCCL Sock%c%1u%2u%2u" socket helper
                          threads (src/transport/net_socket.cc:512)
   background (`other`):
-    "NCCL RAS" (2.26+, src/ras/ras.cc:107, from bootstrapInit), "NCCL BootstrapR"
+    "NCCL RAS" (2.24+, src/ras/ras.cc:107, from bootstrapInit), "NCCL BootstrapR"
     (src/bootstrap.cc:404), "NCCL IbAsync %2d" (src/transport/net_ib.cc:806), any other "NCCL ...".
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A stand-in for NCCL's host threads, built from the upstream lines it cites (NVIDIA/nccl, tag
 v2.28.9-1; the thread names and the affinity dance are the same from v2.21 on, NCCL_PROXY_CPUSET
-exists from v2.28, NCCL RAS from v2.26). No GPU exists here: what NCCL does on the CPU side of a
+exists from v2.28, NCCL RAS from v2.24). No GPU exists here: what NCCL does on the CPU side of a
 communicator's life is reproduced on real threads, with real names and real affinity syscalls.
 
 - Names: ncclSetThreadName (src/debug.cc:419) calls pthread_setname_np(thread, name) from the
@@ -9,7 +9,7 @@ communicator's life is reproduced on real threads, with real names and real affi
   "NCCL UDS Service  0" becomes "NCCL UDS Servic"). Unnamed, a thread keeps its creator's comm.
 - A new thread inherits its creator's CPU mask (clone(2)).
 - ncclCommInitRank runs bootstrapInit (src/init.cc:1577): the bootstrap receive thread
-  "NCCL BootstrapR" (src/bootstrap.cc:404) and, 2.26+, RAS ("NCCL RAS", src/ras/ras.cc:107).
+  "NCCL BootstrapR" (src/bootstrap.cc:404) and, 2.24+, RAS ("NCCL RAS", src/ras/ras.cc:107).
 - initTransportsRank (src/init.cc:840): ncclTopoGetCpuAffinity (src/graph/topo.cc:1728) takes the
   caller's mask & the GPU's local CPUs (CPU_AND, topo.cc:1750); if not empty, the caller's mask
   is saved (sched_getaffinity, init.cc:1001) and set to it (init.cc:1002); ncclProxyCreate

@@ -275,6 +275,35 @@ def no_numa_dir() -> Machine:
     return Machine(smp_cpus(1, 4, 1), numa_dir=False, description="kernel without NUMA")
 
 
+def cloud_vm_flat(nodes: int, cores_per_node: int, gpu_bdfs: list[str], threads: int = 1) -> Machine:
+    """A Hyper-V-style cloud VM (Azure NC/ND): every GPU alone on its own host bridge
+    (pciDDDD:BB, the domain carries the device), numa_node -1 and every CPU local, so sysfs says
+    nothing of locality; the NIC used for sockets (hv_netvsc eth0) is no PCI device at all."""
+    cpus = smp_cpus(1, nodes * cores_per_node, threads, node_of=lambda pkg, core: core // cores_per_node,
+                    l3_of=lambda pkg, core: core // cores_per_node)
+    every = frozenset(c.id for c in cpus)
+    pci = [PciFacts(b, f"pci{b.split(':')[0]}:{b.split(':')[1]}", None, CLASS_3D, NVIDIA, 0x20B5, -1, every)
+           for b in gpu_bdfs]
+    return Machine(cpus, {n: 220_000_000 for n in range(nodes)},
+                   two_level_distances(list(range(nodes)), lambda a, b: False, 10, 32), pci,
+                   governor=None, turbo_driver=None, description="cloud VM: flat PCI, numa_node -1")
+
+
+def cloud_vm_bridged(nodes: int, cores_per_node: int, bridges: list[str], threads: int = 2) -> Machine:
+    """A Nitro-style cloud VM (AWS g5.48xlarge): one host bridge, each GPU behind its own root
+    port `bridges[i]` on bus 0, numa_node -1 everywhere; only a partial NCCL topology file that
+    pins those root ports to nodes tells where the GPUs sit."""
+    cpus = smp_cpus(nodes, cores_per_node, threads)
+    every = frozenset(c.id for c in cpus)
+    pci = []
+    for i, bridge in enumerate(bridges):
+        pci.append(PciFacts(bridge, "pci0000:00", None, CLASS_BRIDGE, INTEL, 0, -1, every))
+        pci.append(PciFacts(f"0000:{0x30 + i:02x}:00.0", "pci0000:00", bridge, CLASS_3D, NVIDIA, 0x2237, -1, every))
+    return Machine(cpus, {n: 384_000_000 for n in range(nodes)},
+                   two_level_distances(list(range(nodes)), lambda a, b: False, 10, 21), pci,
+                   governor=None, turbo_driver=None, description="cloud VM: GPUs behind root ports, numa_node -1")
+
+
 def prefcore_two_ccd(boosted: frozenset[int] = frozenset()) -> Machine:
     cpus = smp_cpus(1, 16, 1, l3_of=lambda pkg, core: core // 8, max_khz=5_000_000, base_khz=3_000_000,
                     highest_perf=166, prefcore_ranking=lambda pkg, core: 250 if core in boosted else 196 + core)

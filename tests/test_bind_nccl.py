@@ -216,3 +216,41 @@ class WhereAmI(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return torch.tensor([os.getpid(), *sorted(os.sched_getaffinity(0))])
+
+
+def test_the_watcher_alone_keeps_every_thread_on_plan_through_nccl_init(tmp_path, comms):
+    """No manual rescans: the stage-2 watcher (as under placerun, faster here) does it all."""
+    import time
+
+    environ = {}
+    s = stage1(tmp_path, environ)
+    s.binder.start_watcher(0.05)
+    try:
+        autograd = Autograd()
+        comm = comms(B, environ=environ, after_proxy_create=lambda: time.sleep(0.3))  # NCCL busy in init
+        comm.init()
+        comm.first_collective()
+        tids = comm.tids()
+        want = {PID: A, autograd.tid: B, tids["service"]: B, tids["uds"]: B, tids["progress"]: B,
+                tids["ras"]: BOTH, tids["bootstrap"]: BOTH}
+        deadline = time.monotonic() + 30
+        while {tid: allowed(PID, tid) for tid in want} != want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert {tid: allowed(PID, tid) for tid in want} == want
+        time.sleep(0.3)  # and it stays so
+        assert {tid: allowed(PID, tid) for tid in want} == want
+        autograd.close()
+    finally:
+        s.binder.stop_watcher()
+
+
+def test_a_hot_thread_that_exits_is_skipped_by_the_drift_check(tmp_path, comms):
+    s = stage1(tmp_path, {})
+    comm = comms(B, environ={"NCCL_SET_THREAD_NAME": "1"})
+    comm.init()
+    s.binder.rescan()
+    service = comm.threads.pop("service")
+    service.close()  # exits between two rescans, still in the binder's list
+    assert s.binder._check_drift() == []
+    s.events.flush()
+    assert not any(e["type"] == "warning" and "rescan failed" in e.get("message", "") for e in events_of(tmp_path))

@@ -205,7 +205,7 @@ def test_text_report_and_exit_codes(trees, capsys):
 
 @pytest.mark.parametrize("args, needle", [
     (["--root", "/nonexistent/tree"], "/nonexistent/tree"),
-    (["--nproc-per-node", "0"], "--nproc-per-node=0 is not valid; valid: an integer >= 1"),
+    (["--nproc-per-node", "0"], "--nproc-per-node=0 is not valid; valid: an integer 1..8192"),
     (["placement.policy=fast"], "choose one of: auto, node"),
 ])
 def test_bad_input_is_one_line_exit_2(args, needle, capsys):

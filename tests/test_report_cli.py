@@ -50,7 +50,7 @@ def test_report_table_events_and_skipped_lines(tmp_path, capsys):
     assert [r[0] for r in rows] == ["0", "1"] and [r[1] for r in rows] == ["40", "40"]
     comm0, comm1 = float(rows[0][5]), float(rows[1][5])
     assert comm0 > comm1 > 0  # rank 0 slept longer inside its comm blocks
-    events = out.split("events (")[1].splitlines()[1:]
+    events = out.split("events (")[1].split("\n\n")[0].splitlines()[1:]  # the cluster summary follows
     kinds = [e.split(": ", 1)[1].split()[0] for e in events]
     assert kinds.count("bind") == 2  # one folded line per rank
     assert any("FAILED 1: pt_autograd_0/2: EINVAL" in e for e in events)

@@ -3,6 +3,7 @@ matrix; bad input is one line on stderr and exit code 2; per-file warnings go to
 from __future__ import annotations
 
 import json
+import xml.etree.ElementTree as ET
 import subprocess
 import sys
 from pathlib import Path
@@ -66,7 +67,11 @@ def test_nccl_topo_file_flag(tmp_path, capsys):
     xml = Path(__file__).resolve().parents[2] / "shared" / "topologies" / "azure-ndv4-topo.xml"
     if not xml.exists():
         pytest.skip(f"{xml} is absent")
-    rc, out, _ = run_cli(capsys, "--root", make_tree(tmp_path, "small_cpu"), "--nccl-topo-file", str(xml), "--json")
+    from sysfs_builder import cloud_vm_flat, make_machine_tree
+
+    gpus = sorted(p.get("busid") for p in ET.parse(xml).getroot().iter("pci") if p.get("class") == "0x030200")
+    root = make_machine_tree(tmp_path, cloud_vm_flat(4, 24, gpus))
+    rc, out, _ = run_cli(capsys, "--root", root, "--nccl-topo-file", str(xml), "--json")
     assert rc == 0 and len(json.loads(out)["gpus"]) == 8
 
 

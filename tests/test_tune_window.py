@@ -44,11 +44,24 @@ def test_summary_of_nothing_is_an_error():
 
 def test_judge_keeps_a_gain_beyond_the_band_and_reverts_otherwise():
     before = summarize(window(10, step_ms=20.0))
-    assert judge(before, summarize(window(10, step_ms=10.0)), 5.0, 2.0).keep
-    v = judge(before, summarize(window(10, step_ms=19.0)), 5.0, 2.0)  # 5% < 7% needed
+    assert judge(None, before, summarize(window(10, step_ms=10.0)), 5.0, 2.0).keep
+    v = judge(None, before, summarize(window(10, step_ms=19.0)), 5.0, 2.0)  # 5% < 7% needed
     assert not v.keep and v.why.startswith("no gain") and v.effect()["gain_pct"] == 5.0
-    v = judge(before, summarize(window(10, step_ms=25.0)), 5.0, 2.0)
+    v = judge(None, before, summarize(window(10, step_ms=25.0)), 5.0, 2.0)
     assert not v.keep and v.why.startswith("worse")
+
+
+def test_judge_weighs_the_window_after_against_the_quiet_baseline():
+    trigger = summarize(window(10, step_ms=20.0))
+    # back at the quiet level: kept although the gain over the trigger is inside need + trouble
+    v = judge(10.0, trigger, summarize(window(10, step_ms=10.5)), 5.0, 2.0)
+    assert v.keep and "quiet" in v.why and v.effect()["quiet_median_ms"] == 10.0
+    # a partial fix, well beyond the band: kept; no fix: rolled back although quiet is known
+    assert judge(10.0, trigger, summarize(window(10, step_ms=15.0)), 5.0, 2.0).keep
+    assert not judge(10.0, trigger, summarize(window(10, step_ms=19.5)), 5.0, 2.0).keep
+    # a trigger window at the quiet level (nothing to recover from) must beat it by the band
+    quiet_trigger = summarize(window(10, step_ms=10.2))
+    assert not judge(10.0, quiet_trigger, summarize(window(10, step_ms=10.0)), 5.0, 2.0).keep
 
 
 def test_noise_band_comes_from_quiet_windows_only():

@@ -55,7 +55,12 @@ def main(cfg: DictConfig) -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=t.lr)
     data = RandomRegression(t.steps * t.batch_size, 16)
     loader = torch.utils.data.DataLoader(data, batch_size=t.batch_size, num_workers=t.workers)
-    with placement.attach(model, optimizer, config=settings) as handle:
+    try:
+        handle = placement.attach(model, optimizer, config=settings)
+    except PlacementError as e:  # e.g. an unwritable log_dir: one line, as for a bad setting
+        print(f"train.py: {e}", file=sys.stderr)
+        sys.exit(2)
+    with handle:
         for x, y in handle.watch(loader):
             optimizer.zero_grad()
             loss = torch.nn.functional.mse_loss(model(x), y)

@@ -227,8 +227,11 @@ class RoleBinder:
             want = self._applied.get(key)
             if t.role not in HOT_ROLES or want is None:
                 continue
-            found = read_allowed(t.pid, t.tid)
-            if found is None or found == self._kernel.get(key):
+            try:
+                found = read_allowed(t.pid, t.tid)
+            except (_procfs.ThreadGone, OSError, ValueError):  # ended since the scan: nothing to keep
+                continue
+            if found == self._kernel.get(key):
                 continue
             r = self._apply(t, want, f"drift: {t.role.value} thread {t.tid} ({t.name!r}) was moved to cpus "
                                      f"{format_cpulist(found)} by someone else (NCCL restores its caller's saved "

@@ -19,6 +19,7 @@ import os
 import sys
 from typing import Optional
 
+from placement import _procfs
 from placement.roles import is_nccl_thread
 
 SET_THREAD_NAME = "NCCL_SET_THREAD_NAME"
@@ -34,15 +35,14 @@ def nccl_threads_present(pid: Optional[int] = None) -> bool:
     """Whether a thread of this process carries an NCCL name (seen only with NCCL_SET_THREAD_NAME=1)."""
     pid = os.getpid() if pid is None else pid
     try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
+        tids = _procfs.task_ids(pid)
+    except (_procfs.ThreadGone, OSError):
         return False
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/comm", "rb") as f:
-                if is_nccl_thread(f.read(64).decode(errors="replace")):
-                    return True
-        except OSError:
+            if is_nccl_thread(_procfs.comm(pid, tid)):
+                return True
+        except (_procfs.ThreadGone, OSError):
             continue
     return False
 

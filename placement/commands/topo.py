@@ -16,6 +16,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print placement.topology/1 JSON")
 
 
+def nvml_note(topo) -> str | None:
+    """One line when the live system's GPUs came from PCI sysfs because NVML is unavailable."""
+    from placement.topology import gpus
+
+    if topo.root != "/" or gpus.nvml_unavailable is None:
+        return None
+    return f"GPUs from PCI sysfs ({len(topo.gpus)} found): NVML is unavailable: {gpus.nvml_unavailable}"
+
+
 def run(args: argparse.Namespace) -> int:
     from placement.topology import discover
     from placement.topology.render import format_topology
@@ -25,6 +34,9 @@ def run(args: argparse.Namespace) -> int:
     topo = discover(root=args.root, nccl_topo_file=topo_file_for(args.root, args.nccl_topo_file))
     for warning in topo.warnings:
         print(f"placement topo: warning: {warning}", file=sys.stderr)
+    note = nvml_note(topo)
+    if note:
+        print(f"placement topo: info: {note}", file=sys.stderr)
     if args.json:
         json.dump(topo.to_dict(), sys.stdout, indent=1)
         sys.stdout.write("\n")

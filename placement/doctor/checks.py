@@ -45,6 +45,7 @@ class Facts:
     nvlink: Optional[set[frozenset[str]]] = None  # GPU pairs by PCI id with NVLink P2P
     plan: Optional[Plan] = None  # the plan for every GPU of the node (hot cores, cpuset size)
     plan_error: Optional[str] = None
+    libnuma_error: Optional[str] = None  # live host: why placement cannot apply a memory policy (py-libnuma)
 
 
 def numa_balancing(f: Facts) -> Check:
@@ -126,6 +127,10 @@ def membind(f: Facts) -> Check:
     if allowed is None:
         why = "probed on the live host only" if not f.live else "the probe could not run"
         return Check(name, "unknown", sev, f"whether membind is allowed is unknown ({why})")
+    if allowed and f.libnuma_error:
+        return Check(name, "warn", sev, "membind is allowed by the kernel but placement cannot apply it: "
+                     "memory stays unbound", [f"probe: set_mempolicy(MPOL_BIND) succeeded; {f.libnuma_error}"],
+                     "pip install py-libnuma and install libnuma1 (Debian/Ubuntu) or numactl-libs (RHEL)")
     if allowed:
         return Check(name, "pass", sev, "set_mempolicy(MPOL_BIND) is allowed",
                      ["probe: set_mempolicy(MPOL_BIND) to this process's Mems_allowed nodes succeeded"])

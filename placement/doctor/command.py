@@ -38,8 +38,10 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
     from placement.topology import discover
     from placement.topology.nccl_xml import topo_file_for
 
-    if nproc_per_node is not None and nproc_per_node < 1:
-        raise ConfigError(f"--nproc-per-node={nproc_per_node} is not valid; valid: an integer >= 1")
+    from placement.plan.node import MAX_LOCAL_RANKS
+
+    if nproc_per_node is not None and not 1 <= nproc_per_node <= MAX_LOCAL_RANKS:
+        raise ConfigError(f"--nproc-per-node={nproc_per_node} is not valid; valid: an integer 1..{MAX_LOCAL_RANKS}")
     cfg = load_config(overrides)
     # The same XML `placement topo` and `placement plan` read, so doctor judges the plan's machine.
     topo = discover(root, nccl_topo_file=topo_file_for(root, nccl_topo_file, cfg.nccl_topo_file))
@@ -61,8 +63,14 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
         smt=doctor_facts.smt_state(root), irqs=doctor_facts.irq_affinities(root),
         interrupts=doctor_facts.interrupts(root), irqbalance=doctor_facts.irqbalance_pids(root),
         nvlink=doctor_facts.nvlink_pairs([g.pci for g in topo.gpus]) if live and len(topo.gpus) > 1 else None,
-        plan=plan, plan_error=plan_error,
+        plan=plan, plan_error=plan_error, libnuma_error=_libnuma_error() if live else None,
     )
+
+
+def _libnuma_error() -> Optional[str]:
+    from placement.bind.memory import _load_libnuma
+
+    return _load_libnuma()[1]
 
 
 def report_dict(root: str, facts: Facts, checks: list[Check]) -> dict:
@@ -86,8 +94,13 @@ def format_report(root: str, checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    from placement.commands.topo import nvml_note
+
     facts = gather(args.root, nccl_topo_file=args.nccl_topo_file, nproc_per_node=args.nproc_per_node,
                    overrides=args.overrides)
+    note = nvml_note(facts.topology)
+    if note:
+        print(f"placement doctor: info: {note}", file=sys.stderr)
     checks = run_checks(facts)
     if args.json:
         json.dump(report_dict(args.root, facts, checks), sys.stdout, indent=1)

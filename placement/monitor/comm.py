@@ -6,7 +6,9 @@
   (torch.distributed.all_reduce, ...: Megatron's grad buffers, user code) are wrapped.
   comm_ms is the union of those intervals within the step (buckets overlap).
 - NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
-  durations come from PyTorch's own per-collective timing (placement.monitor.comm_nccl).
+  durations come from PyTorch's own per-collective records (placement.monitor.comm_nccl).
+  The DDP comm hook stays: it gives the bucket all-reduces' counts and entry times, at the
+  price of a Python call (a GIL hold on the autograd thread) and a `fut.then` future per bucket.
 
 comm_enter_t, the wall time this rank entered its first collective of the step, is what
 tells a late rank from the ranks that waited for it (placement.monitor.straggler).
@@ -260,18 +262,26 @@ def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollective
     return True
 
 
-def make_comm_timing(mode: str, backend: Optional[str], warn: WarnOnce) -> CommTiming:
-    """The CommTiming for monitor.comm_timing `mode` and the default group's backend."""
+def make_comm_timing(mode: str, backend: Optional[str], warn: WarnOnce, *, window: int = 20,
+                     budget_pct: float = 0.3) -> CommTiming:
+    """The CommTiming for monitor.comm_timing `mode`. NCCL timing when the default group's
+    backend (comm_groups.default_backend: from its backend config, not the string the user
+    gave) is NCCL or any group runs NCCL on some device. `window`: steps after which comm
+    time still all null is warned about (monitor.exchange_every); `budget_pct`: the share of
+    step time reading PyTorch's records may hold the GIL (monitor.budget_pct)."""
     if mode == "off":
         return NoComm(warn)
-    if backend == "nccl" and mode != "wall":
+    from placement.monitor.comm_groups import nccl_groups
+
+    nccl = backend == "nccl" or bool(nccl_groups())
+    if nccl and mode != "wall":
         from placement.monitor.comm_nccl import choose_nccl_timing
 
-        return choose_nccl_timing(mode, warn)
+        return choose_nccl_timing(mode, warn, window=window, budget_pct=budget_pct)
     if mode in ("flight_recorder", "hook"):
         warn("comm-mode", f"monitor.comm_timing={mode} needs the NCCL backend (this job uses "
                           f"{backend or 'no process group'}); timing collective calls by wall time")
-    if backend == "nccl":
+    if nccl:
         warn("comm-wall-nccl", "monitor.comm_timing=wall on NCCL measures only the launch of each "
                                "collective (calls return at enqueue)")
     return WallComm(warn)

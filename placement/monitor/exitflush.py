@@ -2,8 +2,11 @@
 previous handler is chained afterwards, so the process still ends the way it would
 have), and an uncaught exception in training code (sys.excepthook chained).
 
-A SIGTERM that lands while a monitor is in the middle of a step is deferred to the end
-of that step: flushing from inside would re-enter the monitor and its log's lock.
+A SIGTERM that lands while a monitor is in the middle of a step, or while the thread it
+interrupted holds the monitor's or the event log's lock (a user's `handle.events.event(...)`,
+a rescan writing `bind` events), is deferred to the end of that step or the release of that
+lock: the handler never waits on a lock the interrupted thread may hold (it would wait
+forever). The deferral lasts microseconds; the signal is then delivered as it would have been.
 """
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import sys
 import threading
 import weakref
 from typing import Optional
+
+from placement import events
 
 _monitors: "weakref.WeakSet" = weakref.WeakSet()
 _installed = False
@@ -32,6 +37,7 @@ def register(monitor) -> bool:
         return _previous_sigterm is not None
     _installed = True
     _owner_pid = os.getpid()
+    events.after_release = resume_deferred
     atexit.register(_flush_all, "exit")
     _previous_excepthook = sys.excepthook
     sys.excepthook = _excepthook
@@ -58,6 +64,8 @@ def _flush_all(reason: str) -> bool:
             all_done &= m.emergency_flush(reason)
         except Exception:  # flushing must not turn an exit into a traceback
             pass
+    if all_done and reason != "exit":  # at exit the events module says it after the last flush
+        events.report_all_losses()
     return all_done
 
 
@@ -75,14 +83,14 @@ def _on_sigterm(signum, frame) -> None:
 
 
 def resume_deferred() -> None:
-    """Called by a monitor at the end of a step: deliver a SIGTERM that waited for it."""
+    """Called at the end of a step and when a monitor's or event log's lock is released:
+    deliver a SIGTERM that waited for it (deferred again if something else is still held)."""
     global _deferred
-    if _deferred is None:
+    if _deferred is None or threading.current_thread() is not threading.main_thread():
         return
     signum, frame = _deferred
     _deferred = None
-    _flush_all("SIGTERM")
-    _chain(signum, frame)
+    _on_sigterm(signum, frame)
 
 
 def _chain(signum, frame) -> None:

@@ -7,7 +7,7 @@ from placement.monitor.logread import RunLog
 from placement.monitor.summary import RunSummary, summarize
 
 HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
-SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end", "monitor")
+SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end", "monitor", "lost")
 
 
 def _f(v: Optional[float], digits: int = 1) -> str:
@@ -93,6 +93,8 @@ def _describe(e: dict) -> str:
                 f"DDP hook {e.get('ddp_hook')}, exchange {e.get('exchange')}")
     if kind == "monitor":
         return f"monitor: {e.get('message')}"
+    if kind == "lost":
+        return f"LOST {e.get('records')} record(s) so far: {e.get('error')}"
     if kind == "start":
         return f"start pid {e.get('pid')} policy {e.get('policy')}"
     return _generic(e)
@@ -124,7 +126,10 @@ def event_lines(log: RunLog) -> list[str]:
         items.append((t, rank, group))
     out = []
     for t, rank, item in items:
-        text = _bind_group(item) if isinstance(item, list) else _describe(item)
+        try:
+            text = _bind_group(item) if isinstance(item, list) else _describe(item)
+        except (TypeError, ValueError, AttributeError, KeyError, IndexError):  # a field of an odd shape
+            text = _generic(item[0] if isinstance(item, list) else item)
         out.append(f"{t - t0:8.2f}s rank {'?' if rank is None else rank}: {text}")
     return out
 
@@ -135,6 +140,8 @@ def report_text(log: RunLog) -> str:
              f"{len(log.events)} events"]
     if log.skipped:
         parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")
+    for rank, n in sorted(log.lost.items()):
+        parts.append(f"rank {rank}: {n} record(s) were lost: its writer could not write them (see its `lost` event)")
     for rank, n in sorted(log.earlier_runs.items()):
         parts.append(f"rank {rank}: the log holds {n + 1} runs; the last one is reported")
     parts.append("")

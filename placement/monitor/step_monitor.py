@@ -390,7 +390,8 @@ class StepMonitor:
     def emergency_flush(self, reason: str) -> bool:
         """Write every measured step now (exit, SIGTERM, exception). False when mid-step:
         then it happens at the end of that step."""
-        if self._busy or self._holder == threading.get_ident():  # interrupted mid-step or mid-batch
+        if self._busy or self._holder == threading.get_ident() or self.events.held_here():
+            # interrupted mid-step, mid-batch or mid-write of the event log: never wait on ourselves
             self._flush_requested = True
             return False
         if self.closed:

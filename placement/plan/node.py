@@ -7,6 +7,7 @@ import os
 from typing import Mapping, Optional, Union
 
 from placement.config import PlacementConfig, validate
+from placement.cpuset import MAX_CPUS
 from placement.errors import PlanError
 from placement.plan.gpus import describe_gpus
 from placement.plan.make import make_plan
@@ -14,6 +15,8 @@ from placement.plan.model import JobSpec, Plan
 from placement.topology.model import Topology
 
 NPROC_WORDS = ("auto", "gpu", "cpu")
+# Ranks per node: every rank needs at least one CPU, and the kernel has at most MAX_CPUS.
+MAX_LOCAL_RANKS = MAX_CPUS
 # CUDA_VISIBLE_DEVICES values that deliberately hide every GPU or end the list.
 _NO_DEVICE = ("-1", "NoDevFiles")
 
@@ -50,6 +53,9 @@ def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list
     gpus = len(topo.gpus) if visible is None else len(visible)
     text = str(value).strip()
     if text.isdigit() and int(text) >= 1:
+        if int(text) > MAX_LOCAL_RANKS:
+            raise PlanError(f"nproc_per_node={text} is too many ranks for one node; valid: an integer "
+                            f"1..{MAX_LOCAL_RANKS} (the kernel's CPU limit), {', '.join(NPROC_WORDS)}")
         return int(text)
     cpus = sum(1 for c in topo.cpus if c.online)
     if text == "cpu" or (text == "auto" and gpus == 0):
@@ -64,10 +70,13 @@ def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list
 
 def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: bool
                         ) -> tuple[Optional[list[int]], list[str]]:
-    """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices
-    or UUIDs, matched by PCI bus id). None: unset, every GPU by index. With strict off, an entry
-    that matches no GPU ends the list there, as CUDA itself does, and a warning says so."""
+    """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices,
+    UUIDs, or MIG devices standing for their parent GPU, matched by PCI bus id). None: unset,
+    every GPU by index. With strict off, an entry that matches no GPU ends the list there, as CUDA
+    itself does, and a warning says so. A list mixing MIG devices and GPUs is refused: a MIG
+    device's rank would get the parent's CPUs while the same GPU may serve another rank whole."""
     from placement.topology import gpu_for_local_rank
+    from placement.topology.gpus import is_mig_entry, lookup_mig
 
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if not topo.gpus:
@@ -76,15 +85,22 @@ def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: b
     if cvd is None:
         return None, []
     entries = [e.strip() for e in cvd.split(",")]
+    migs = [e for e in entries if is_mig_entry(e)]
+    mig = lookup_mig(migs) if migs else None
     visible: list[int] = []
     for position, entry in enumerate(entries):
         if entry in _NO_DEVICE or (entry == "" and position == 0 and len(entries) == 1):
             break
-        gpu = gpu_for_local_rank(topo, 0, entry)  # this entry alone, to tell its own fault
-        if gpu is None or gpu.index in visible:
-            fault = "matches no GPU" if gpu is None else f"repeats GPU {gpu.index}"
-            problem = (f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; "
-                       f"GPUs: {_describe_with_uuid(topo)}")
+        if migs and not is_mig_entry(entry):
+            fault = f"is a GPU among MIG devices ({', '.join(migs)}); give either MIG devices or GPUs"
+            gpu = None
+        else:
+            gpu = gpu_for_local_rank(topo, 0, entry, mig)  # this entry alone, to tell its own fault
+            fault = ("matches no MIG device" if is_mig_entry(entry) else "matches no GPU") if gpu is None else \
+                f"repeats GPU {gpu.index}"
+        if gpu is None or (gpu.index in visible and not is_mig_entry(entry)):
+            found = f"GPUs: {_describe_with_uuid(topo)}" + (f"; {mig.describe()}" if mig is not None else "")
+            problem = f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; {found}"
             if strict:
                 raise PlanError(problem + "; set placement.strict=false to run a degraded plan")
             return visible, [problem + f"; degraded plan: like CUDA, only the {len(visible)} GPU(s) before it are used"]

@@ -15,7 +15,7 @@ from placement.topology.model import NumaNode
 from placement.topology.numa import node_of_cpus
 
 BUS_DIR = "sys/bus/pci/devices"
-_BDF = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
+PCI_ADDRESS = re.compile(r"^[0-9a-f]{4,8}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _HOST_BRIDGE = re.compile(r"^pci[0-9a-f]{4,8}:[0-9a-f]{2}$")
 
 
@@ -44,8 +44,8 @@ def device_at(fs: SysfsReader, rel: str, nodes: list[NumaNode]) -> Optional[PciD
     if real is None:
         return None
     parts = real.split("/")
-    chain = tuple(p for p in parts if _BDF.match(p))
-    if not chain or not _BDF.match(parts[-1]):
+    chain = tuple(p for p in parts if PCI_ADDRESS.match(p))
+    if not chain or not PCI_ADDRESS.match(parts[-1]):
         return None
     host = next((p for p in parts if _HOST_BRIDGE.match(p)), None)
     cls = fs.integer(f"{real}/class", 16)

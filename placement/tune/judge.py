@@ -1,6 +1,14 @@
-"""Was an action worth keeping? Median step time of the window after it against the window
-before, beyond a noise band measured from quiet windows; and how long to back off after
-an action that was not.
+"""Was an action worth keeping? The median step time of the first whole window after it
+took force, against the quiet baseline (the median of the quiet windows' medians), with a
+noise band measured from those quiet windows; and how long to back off after an action
+that was not.
+
+Why not against the window that triggered it: that window was chosen for looking bad, so
+any later window tends to look better (regression to the mean) and the verdict leans to
+"keep". Against the quiet baseline: a move is kept when the step is back at the quiet
+level (within the band), or, when it is not, when it beat the trouble it was made for by
+more than the band (a partial fix; the trigger window's level stands for the trouble).
+Before any quiet window was seen, only the second test applies.
 """
 from __future__ import annotations
 
@@ -36,6 +44,10 @@ class NoiseBand:
         self._medians.append(stats.median_ms)
         self._median_se.append(stats.median_se_pct())
 
+    def baseline_ms(self) -> float | None:
+        """The usual median step time when nothing is wrong; None before any quiet window."""
+        return statistics.median(self._medians) if self._medians else None
+
     def pct(self) -> float:
         if not self._medians:
             return DEFAULT_NOISE_PCT
@@ -50,28 +62,36 @@ class NoiseBand:
 @dataclass(frozen=True)
 class Verdict:
     keep: bool
-    before_ms: float
+    before_ms: float  # the trigger window's median (the trouble the action was made for)
     after_ms: float
-    gain_pct: float  # > 0: the step got faster
+    gain_pct: float  # > 0: the step got faster than in the trigger window
     noise_pct: float
     why: str
+    quiet_ms: float | None = None  # the quiet baseline it was judged against
 
-    def effect(self) -> dict[str, float]:
+    def effect(self) -> dict[str, float | None]:
         return {"before_median_ms": round(self.before_ms, 3), "after_median_ms": round(self.after_ms, 3),
-                "gain_pct": round(self.gain_pct, 2), "noise_pct": round(self.noise_pct, 2)}
+                "gain_pct": round(self.gain_pct, 2), "noise_pct": round(self.noise_pct, 2),
+                "quiet_median_ms": None if self.quiet_ms is None else round(self.quiet_ms, 3)}
 
 
-def judge(before: WindowStats, after: WindowStats, noise_pct: float, min_gain_pct: float) -> Verdict:
-    """Keep when the median step got faster by more than the noise band plus min_gain_pct."""
-    b, a = before.median_ms, after.median_ms
+def judge(quiet_ms: float | None, trigger: WindowStats, after: WindowStats, noise_pct: float,
+          min_gain_pct: float) -> Verdict:
+    """Keep when the median step of the window after the action is back at the quiet level
+    (within noise_pct + min_gain_pct of it), or beat the trigger window's by more than that."""
+    b, a = trigger.median_ms, after.median_ms
     gain = 100.0 * (b - a) / b if b > 0 else 0.0
     need = noise_pct + min_gain_pct
+    quiet = f", quiet {quiet_ms:.2f} ms" if quiet_ms is not None else ""
+    if quiet_ms is not None and a <= quiet_ms * (1.0 + need / 100.0) and gain > noise_pct:
+        why = f"median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%), back within {need:.1f}% of quiet {quiet_ms:.2f} ms"
+        return Verdict(True, b, a, gain, noise_pct, why, quiet_ms)
     if gain > need:
-        why = f"median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, beyond the {need:.1f}% needed)"
-        return Verdict(True, b, a, gain, noise_pct, why)
+        why = f"median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, beyond the {need:.1f}% needed{quiet})"
+        return Verdict(True, b, a, gain, noise_pct, why, quiet_ms)
     verdict = "worse" if gain < -noise_pct else "no gain"
-    why = f"{verdict}: median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, {need:.1f}% needed)"
-    return Verdict(False, b, a, gain, noise_pct, why)
+    why = f"{verdict}: median step {b:.2f} -> {a:.2f} ms ({gain:+.1f}%, {need:.1f}% needed{quiet})"
+    return Verdict(False, b, a, gain, noise_pct, why, quiet_ms)
 
 
 class Backoff:

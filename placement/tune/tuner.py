@@ -1,21 +1,29 @@
 """The per-rank self-tuner: windows of StepRecords -> rules -> one judged action at a time.
 
-    Tuner(rank_plan, topology, cfg, binder, events).observe(record)  # every step; never raises
+    Tuner(rank_plan, topology, cfg, binder, events, next_step=...).observe(record)  # never raises
     Tuner.close()
 
-Every `cfg.window` records the window is summarised. If an action is in flight, this
-window judges it against the window before it (kept, or rolled back with the reason and
-an exponential back-off for that rule and role); then `cfg.cooldown_windows` windows
-pass before the next action. Otherwise the rules are asked in priority order and the
-first proposed move is applied through binder.set_role_cpus: at most one action in
-flight, never outside the rank's share. Windows where no rule sees anything feed the
-noise band the judge uses. With cfg.dry_run the would-be actions are logged only.
+Windows are cut by step number, not by counting arrivals: records reach the tuner in
+batches at the monitor's flush steps, held back by the comm timing's lag (NCCL durations
+are known `lag_steps` later), so when a window closes training is already further on.
+A window is the steps [start, start + cfg.window); a record of an earlier step is not
+part of any window. An action is applied while training runs: it carries the first
+step it was in force for the whole step (`next_step()` when it was applied), the next
+window starts there, and the records of the steps measured before it (still arriving)
+are dropped. The action is judged on that first whole window after it, against the
+quiet baseline (judge.py), then `cfg.cooldown_windows` windows pass before the next.
+Otherwise the rules are asked in priority order and the first proposed move is applied
+through binder.set_role_cpus: at most one action in flight, never outside the rank's
+share. Windows where no rule sees anything are quiet: they feed the baseline and the
+noise band. With cfg.dry_run the would-be actions are logged only. The tuner's states
+are one enum (TunerState), as the elastic agent's WorkerState is.
 """
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
@@ -40,17 +48,29 @@ KEPT_HOLD_WINDOWS = 8
 WARMUP_WINDOWS = 2
 
 
+class TunerState(enum.Enum):
+    WARMUP = "warmup"  # the first WARMUP_WINDOWS windows: not evidence
+    WATCHING = "watching"  # asking the rules every window
+    IN_FLIGHT = "in_flight"  # an action applied, waiting for its first whole window
+    COOLDOWN = "cooldown"  # cfg.cooldown_windows after a verdict (or a dry-run action)
+    STOPPED = "stopped"  # closed, disabled, or stopped by an internal error
+
+
 @dataclass
 class InFlight:
     proposal: Proposal
     previous: frozenset[int]
-    before: WindowStats
+    trigger: WindowStats  # the window whose evidence proposed it (reported, not judged against)
+    first_step: int  # the first step it was in force for the whole step
     also_previous: tuple[tuple[ThreadRole, frozenset[int]], ...] = ()  # where the `also` roles were
 
 
 class Tuner:
     def __init__(self, rank_plan: RankPlan, topology: Optional[Topology], cfg: TuneConfig, binder, events,
-                 *, facts: Optional[HostFacts] = None):
+                 *, facts: Optional[HostFacts] = None, next_step: Optional[Callable[[], int]] = None):
+        """`next_step()`: the first step that starts after now on the training thread (the
+        monitor's step counter + 2: the step in progress ran partly before any change).
+        Without it, the step after the last record seen (records arrive as steps end)."""
         self.cfg = cfg
         self.binder = binder
         self.events = events
@@ -58,8 +78,12 @@ class Tuner:
         self.memory_mode = rank_plan.memory.mode
         self.rules = make_rules(cfg.rules)
         self.facts: HostFacts = facts if facts is not None else LiveFacts(self._own_pids)
+        self._next_step = next_step if next_step is not None else self._after_last_record
+        self.state = TunerState.WARMUP if cfg.enabled else TunerState.STOPPED
         self.windows = 0  # windows seen
-        self._records: list[StepRecord] = []
+        self._records: list[StepRecord] = []  # of the current window, in step order
+        self._window_start: Optional[int] = None  # first step of the current window
+        self._last_step = 0
         self._in_flight: Optional[InFlight] = None
         self._cooldown = 0
         self._noise = NoiseBand()
@@ -67,41 +91,55 @@ class Tuner:
         self._disabled: set[str] = set()
         self._dry_run_logged: set[tuple[str, str, frozenset[int]]] = set()
         self._held: dict[ThreadRole, tuple[frozenset[int], int]] = {}  # role -> (set it left, until window)
-        self._broken = False
 
     # ---- the two calls training code makes ---------------------------------
     def observe(self, record: StepRecord) -> None:
         """Feed one step record. Never raises: a failure stops the tuner (plan stays as it is)."""
-        if not self.cfg.enabled or self._broken:
+        if self.state is TunerState.STOPPED:
             return
         try:
+            step = record.step
+            self._last_step = max(self._last_step, step)
+            if self._window_start is None:
+                self._window_start = step
+            if step < self._window_start:
+                return  # measured before the window (before the action in flight took force)
             self._records.append(record)
-            if len(self._records) < self.cfg.window:
-                return
-            stats = summarize(self._records)
-            self._records = []
-            self._on_window(stats)
+            while self._records and self._records[-1].step >= self._window_start + self.cfg.window - 1:
+                end = self._window_start + self.cfg.window
+                whole = [r for r in self._records if r.step < end]
+                self._records = [r for r in self._records if r.step >= end]
+                self._window_start = end
+                if whole:
+                    self._on_window(summarize(whole))
         except Exception as e:  # the tuner must never break training
-            self._broken = True
+            self.state = TunerState.STOPPED
             msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
             log.warning("%s", msg)
             self._event("warning", source="tune", message=msg)
 
     def close(self) -> None:
         self._records = []
-        self._broken = True
+        self.state = TunerState.STOPPED
+
+    def _after_last_record(self) -> int:
+        return self._last_step + 1
 
     # ---- one window -----------------------------------------------------------
     def _on_window(self, stats: WindowStats) -> None:
         self.windows += 1
-        if self._in_flight is not None:
+        if self.state is TunerState.IN_FLIGHT:
             self._judge(stats)
-            self._cooldown = self.cfg.cooldown_windows
+            self._cool_down()
             return
-        if self.windows <= WARMUP_WINDOWS:
+        if self.state is TunerState.WARMUP:
+            if self.windows >= WARMUP_WINDOWS:
+                self.state = TunerState.WATCHING
             return
-        if self._cooldown > 0:
+        if self.state is TunerState.COOLDOWN:
             self._cooldown -= 1
+            if self._cooldown <= 0:
+                self.state = TunerState.WATCHING
             return
         proposals = self._ask_rules(stats)
         for p in proposals:
@@ -116,6 +154,10 @@ class Tuner:
                     and not self._backoff.blocked((p.rule, p.role.value), self.windows):
                 self._apply(p, stats)
                 return
+
+    def _cool_down(self) -> None:
+        self._cooldown = self.cfg.cooldown_windows
+        self.state = TunerState.COOLDOWN if self._cooldown > 0 else TunerState.WATCHING
 
     def _ask_rules(self, stats: WindowStats) -> list[Proposal]:
         ctx = RuleContext(stats=stats, layout=self.layout, cfg=self.cfg,
@@ -158,7 +200,7 @@ class Tuner:
                 self._event("tune", message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
                             rule=p.rule, role=p.role.value, change=change, also=also, reason=p.reason,
                             evidence=p.evidence, effect=None)
-            self._cooldown = self.cfg.cooldown_windows
+            self._cool_down()
             return
         results = self.binder.set_role_cpus(p.role, p.cpus, f"tune {p.rule}: {p.reason}")
         failed = [r for r in results if not r.ok]
@@ -175,9 +217,15 @@ class Tuner:
             results += self.binder.set_role_cpus(role, cpus, f"tune {p.rule}: {p.reason}")
             self.layout = self.layout.with_role(role, cpus)
         failed = [r for r in results if not r.ok]
-        self._in_flight = InFlight(p, previous, stats, also_previous)
+        # Judged on whole windows from the first step it is in force for; the records of the
+        # steps before it (measured before the move, still on their way) are not evidence.
+        first_step = max(self._next_step(), self._last_step + 1)
+        self._in_flight = InFlight(p, previous, stats, first_step, also_previous)
+        self.state = TunerState.IN_FLIGHT
+        self._window_start = first_step
+        self._records = [r for r in self._records if r.step >= first_step]
         self._event("tune", message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
-                    change=change, also=also, reason=p.reason,
+                    change=change, also=also, reason=p.reason, in_force_step=first_step,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
                     failed=[{"tid": r.tid, "error": r.error} for r in failed])
         log.info("placement: tune %s: %s", p.rule, p.reason)
@@ -186,7 +234,8 @@ class Tuner:
         f, self._in_flight = self._in_flight, None
         p = f.proposal
         key = (p.rule, p.role.value)
-        v = judge(f.before, after, self._noise.pct(), self.cfg.min_gain_pct)
+        v = judge(self._noise.baseline_ms(), f.trigger, after, self._noise.pct(), self.cfg.min_gain_pct)
+        judged = {"in_force_step": f.first_step, "judged_steps": [after.first_step, after.last_step]}
         if v.keep:
             self._backoff.on_keep(key)
             self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
@@ -196,7 +245,7 @@ class Tuner:
                         phase="kept", rule=p.rule, role=p.role.value,
                         change={"from": sorted(f.previous), "to": sorted(p.cpus)},
                         also=_also_changes(f.also_previous, p.also), reason=p.reason,
-                        evidence=p.evidence, effect=v.effect(), why=v.why)
+                        evidence=p.evidence, effect=v.effect(), why=v.why, **judged)
             log.info("placement: tune %s kept: %s", p.rule, v.why)
             return
         results = self.binder.set_role_cpus(p.role, f.previous, f"rollback of tune {p.rule}: {v.why}")
@@ -210,7 +259,7 @@ class Tuner:
                     rule=p.rule, role=p.role.value,
                     change={"from": sorted(p.cpus), "to": sorted(f.previous)},
                     also=_also_changes(p.also, f.also_previous), evidence=p.evidence,
-                    effect=v.effect(), why=v.why, backoff_windows=wait,
+                    effect=v.effect(), why=v.why, backoff_windows=wait, **judged,
                     failed=[{"tid": r.tid, "error": r.error} for r in results if not r.ok])
         log.info("placement: tune %s rolled back (%s); back off %d windows", p.rule, v.why, wait)
 

@@ -1,0 +1,310 @@
+"""Reading torch's flight recorder: the ring of recent collectives that ProcessGroupNCCL
+fills, read incrementally, without losing entries and counting what the ring overwrote.
+
+Which recorder (torch 2.13, include/torch/csrc/distributed/c10d/):
+- FlightRecorder<EventType> is a per-EventType singleton (FlightRecorder.hpp:97-104).
+  ProcessGroupNCCL records into FlightRecorder<at::cuda::CUDAEvent> (ProcessGroupNCCL.cpp:
+  `using FlightRecorderCUDA = FlightRecorder<at::cuda::CUDAEvent>`), dumped by
+  dump_nccl_trace_json (ProcessGroupNCCL.hpp:1516, Python `_dump_nccl_trace_json`, and the
+  control-plane handler "dump_nccl_trace_json" registered in FlightRecorderCuda.cpp). Both
+  exist only in CUDA builds (USE_C10D_NCCL).
+- dump_fr_trace_json (FlightRecorder.hpp:329, Python `_dump_fr_trace_json`, handler
+  "fr_trace_json") dumps FlightRecorder<c10::Event>: gloo and CPU work. Reading it on a
+  CUDA build finds no NCCL entry. Newer upstream merges the two; then only the generic
+  one exists and holds the `nccl:` entries, so it is the fallback (and is probed once when
+  the NCCL one shows no NCCL entry).
+- ring size: TORCH_FR_BUFFER_SIZE, else TORCH_NCCL_TRACE_BUFFER_SIZE, default 2000; 0 turns
+  recording off (FlightRecorder.hpp:110-111); read once, when the singleton is made.
+
+The JSON an entry becomes (FlightRecorderDetail.hpp:506-597, nlohmann::json, keys sorted):
+`record_id` ascending in ring order (dump_entries, :205-231, oldest first), `profiling_name`
+("nccl:all_reduce"), `time_created_ns` from c10::getTime() = CLOCK_REALTIME (:117,
+c10/util/ApproximateClock.h:66), the CPU enqueue time; `duration_ms` only when computed
+(:537-539): retire_id computes it from the start and end CUDA events (:289-316), and a
+start event exists only with timing on (TORCH_NCCL_ENABLE_TIMING, ProcessGroupNCCL.hpp:
+88-94); `state` completed / started / scheduled (:567-573); `time_discovered_*_ns` 0 when
+unknown (:574-581; None in the pickle dump, :427-436); `retired` once the watchdog let go of it.
+
+Cost: formatting the dump is ~15 us per entry on our VM and the Python binding holds the
+GIL for all of it (main stalls ~30 ms per 2000-entry dump). The control-plane handler runs
+the same dump with the GIL released (measured by benchmarks/comm_flight_recorder.py), so
+it is the route used when torch has it; the GIL is then held only to hand over the string,
+find where the new entries start and parse those.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Union
+
+DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCCL.hpp, as the comment there says)
+
+# (recorder, route, name) in order of preference.
+NCCL, GENERIC = "nccl", "generic"
+_SOURCES = (
+    (NCCL, "handler", "dump_nccl_trace_json"),  # FlightRecorderCuda.cpp jsonDumpHandler
+    (NCCL, "binding", "_dump_nccl_trace_json"),
+    (NCCL, "pickle", "_dump_nccl_trace"),  # torch 2.4: pickle only
+    (GENERIC, "handler", "fr_trace_json"),
+    (GENERIC, "binding", "_dump_fr_trace_json"),
+)
+
+
+def ring_size(environ=os.environ) -> int:
+    """The ring size torch reads (FlightRecorder.hpp:110-111): TORCH_FR_BUFFER_SIZE first."""
+    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        value = environ.get(key)
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return DEFAULT_RING
+    return DEFAULT_RING
+
+
+@dataclass(frozen=True)
+class FrEntry:
+    """One collective as the flight recorder dumps it."""
+
+    record_id: int
+    pg_id: int
+    name: str  # profiling_name, e.g. "nccl:all_reduce"
+    created_s: float  # time_created_ns / 1e9: CLOCK_REALTIME, comparable with time.time()
+    duration_ms: Optional[float]  # GPU time between its start and end events; None without timing
+    completed: bool
+    retired: bool
+
+    @classmethod
+    def from_dict(cls, e: dict) -> "FrEntry":
+        dur = e.get("duration_ms")
+        return cls(int(e["record_id"]), int(e.get("pg_id", -1)), str(e.get("profiling_name", "")),
+                   int(e.get("time_created_ns") or 0) / 1e9, None if dur is None else float(dur),
+                   e.get("state") == "completed", bool(e.get("retired", False)))
+
+
+# ---- dumping -------------------------------------------------------------------------------
+class DumpSource:
+    """One way of dumping one recorder; dump() returns the JSON text or, for the pickle
+    route, the decoded dict."""
+
+    def __init__(self, recorder: str, route: str, name: str, fn: Callable):
+        self.recorder = recorder
+        self.route = route
+        self.name = name
+        self._fn = fn
+
+    @property
+    def gil_free(self) -> bool:
+        return self.route == "handler"
+
+    def dump(self) -> Union[str, dict]:
+        return self._fn()
+
+    def __repr__(self) -> str:
+        return f"{self.route} {self.name}"
+
+
+def _handler_dump(handler: Callable) -> Callable[[], str]:
+    """Call a control-plane handler as torch's worker server does, with Request/Response
+    implemented in Python (their pybind trampolines take the GIL only for these calls)."""
+    import torch._C._distributed_c10d as c10d
+
+    class _Request(c10d._Request):
+        def body(self) -> bytes:
+            return b""
+
+        def params(self) -> dict:
+            return {}
+
+        def get_param(self, _key: str) -> str:
+            return ""
+
+    class _Response(c10d._Response):
+        def __init__(self):
+            super().__init__()
+            self.content: Any = None
+            self.status = 200
+
+        def set_content(self, content, _content_type) -> None:
+            self.content = content
+
+        def set_status(self, status: int) -> None:
+            self.status = status
+
+    def dump() -> str:
+        response = _Response()
+        handler(_Request(), response)
+        if response.status != 200 or response.content is None:
+            raise RuntimeError(f"handler answered {response.status}: {str(response.content)[:200]}")
+        content = response.content
+        return content.decode() if isinstance(content, bytes) else content
+
+    return dump
+
+
+def _binding_dump(fn: Callable) -> Callable[[], str]:
+    def dump() -> str:
+        raw = fn(True, False)  # includeCollectives, onlyActive (onlyActive would drop completed ones)
+        return raw.decode() if isinstance(raw, bytes) else raw
+
+    return dump
+
+
+def _pickle_dump(fn: Callable) -> Callable[[], dict]:
+    import pickle
+
+    def dump() -> dict:
+        return pickle.loads(fn(True, False, False))  # includeCollectives, includeStackTraces, onlyActive
+
+    return dump
+
+
+def dump_sources(c10d=None) -> list[DumpSource]:
+    """The dump routes this torch offers, preferred first."""
+    if c10d is None:
+        try:
+            import torch._C._distributed_c10d as c10d
+        except ImportError:
+            return []
+    try:
+        handlers = set(c10d._get_handler_names()) if hasattr(c10d, "_get_handler_names") else set()
+    except Exception:
+        handlers = set()
+    out = []
+    for recorder, route, name in _SOURCES:
+        if route == "handler":
+            if name in handlers and hasattr(c10d, "_Request"):
+                try:
+                    out.append(DumpSource(recorder, route, name, _handler_dump(c10d._get_handler(name))))
+                except Exception:
+                    continue
+        else:
+            fn = getattr(c10d, name, None)
+            if fn is not None:
+                out.append(DumpSource(recorder, route, name, (_pickle_dump if route == "pickle" else _binding_dump)(fn)))
+    return out
+
+
+# ---- parsing only what is new ------------------------------------------------------------------
+_ENTRIES = '"entries":['
+_RID = '"record_id":'
+
+
+def _int_at(text: str, pos: int) -> int:
+    end = pos
+    while text[end].isdigit():
+        end += 1
+    return int(text[pos:end])
+
+
+def entries_from(dump: Union[str, dict], from_id: int) -> tuple[list[dict], Optional[int]]:
+    """The dumped entries with record_id >= from_id (ids ascend in ring order), and the
+    oldest id the dump holds (None when it holds none). On JSON text only the tail from
+    `from_id` on is parsed: the rest of the ring was read before."""
+    if isinstance(dump, dict):
+        entries = dump.get("entries") or []
+        if not entries:
+            return [], None
+        first, last = int(entries[0]["record_id"]), int(entries[-1]["record_id"])
+        if from_id > last + 1:
+            raise ValueError(f"record ids went back to {first}..{last}, below {from_id}")
+        return list(entries[max(0, from_id - first):]), first
+    start = dump.find(_ENTRIES)
+    if start < 0:  # "entries" is left out when the ring is empty (FlightRecorderDetail.hpp:588-590)
+        return [], None
+    start += len(_ENTRIES)
+    first = _int_at(dump, dump.index(_RID, start) + len(_RID))
+    # In an entry's object no '{' or '}' but its own: the array ends at the first "}]".
+    end = dump.index("}]", start) + 1
+    if from_id > first:
+        last = _int_at(dump, dump.rindex(_RID, start, end) + len(_RID))
+        if from_id > last + 1:  # ids went back: a reset starts them again at 0
+            raise ValueError(f"record ids went back to {first}..{last}, below {from_id}")
+        if from_id == last + 1:
+            return [], first
+        at = dump.index(f"{_RID}{from_id},", start, end)
+        start = dump.rindex("{", start, at)
+    return json.loads("[" + dump[start:end] + "]"), first
+
+
+# ---- the incremental reader ------------------------------------------------------------------
+@dataclass
+class RingRead:
+    """What one poll found."""
+
+    entries: list[FrEntry]  # newly settled entries whose name has the prefix, in id order
+    lost: int  # records overwritten before they could be read
+    lost_span: Optional[tuple[float, float]]  # wall times between which the lost ones were created
+    seen: int  # entries with the prefix in this dump (settled or not)
+    settled: int = 0  # entries of any name newly settled
+
+
+@dataclass
+class RingReader:
+    """Hands out each entry once, when it is settled: completed, retired by the watchdog,
+    or followed by a completed entry of the same group (records made without events, e.g.
+    the ops inside a coalesced group, never complete by themselves). Entries of groups that
+    overlap finish out of id order, so the reader keeps a low-water mark (every id below it
+    is settled) and the settled ids above it, never just the highest id seen."""
+
+    prefix: str = "nccl:"
+    low: int = 0
+    # The first read starts at the oldest record the ring still holds: records overwritten
+    # before the monitor started are not lost by it.
+    started: bool = False
+    # Records created before this wall time (the monitor's start) are skipped, not handed out.
+    not_before: float = 0.0
+    done: set = field(default_factory=set)
+    overflow: int = 0  # records lost to the ring wrapping between polls, in all
+    _last_created: float = 0.0  # created time of the newest entry read so far
+
+    def read(self, dump: Union[str, dict]) -> RingRead:
+        try:
+            raw, first = entries_from(dump, self.low)
+        except ValueError:  # ids went back: the recorder was reset (FlightRecorderDetail.hpp:328-337)
+            self.low, self.done = 0, set()
+            raw, first = entries_from(dump, 0)
+        if first is None:
+            return RingRead([], 0, None, 0)
+        lost, lost_span = 0, None
+        if not self.started:
+            self.started = True
+            self.low = max(self.low, first)
+        if first > self.low:  # the ring wrapped past records never read
+            lost = sum(1 for i in range(self.low, first) if i not in self.done)
+            self.overflow += lost
+            if lost:
+                lost_span = (self._last_created, int(raw[0].get("time_created_ns") or 0) / 1e9 if raw else time.time())
+            self.done = {i for i in self.done if i >= first}
+            self.low = first
+        newest_completed: dict[int, int] = {}
+        for e in raw:
+            if e.get("state") == "completed":
+                newest_completed[e.get("pg_id", -1)] = e["record_id"]
+        out = []
+        seen = settled = 0
+        prefix, done = self.prefix, self.done
+        not_before_ns = int(self.not_before * 1e9)
+        for e in raw:
+            rid = e["record_id"]
+            if int(e.get("time_created_ns") or 0) < not_before_ns:
+                done.add(rid)
+                continue
+            ours = str(e.get("profiling_name", "")).startswith(prefix)
+            seen += ours
+            if rid in done:
+                continue
+            if (e.get("state") == "completed" or e.get("retired")
+                    or newest_completed.get(e.get("pg_id", -1), -1) > rid):
+                done.add(rid)
+                settled += 1
+                if ours:
+                    out.append(FrEntry.from_dict(e))
+        while self.low in done:
+            done.discard(self.low)
+            self.low += 1
+        if raw:
+            self._last_created = max(self._last_created, int(raw[-1].get("time_created_ns") or 0) / 1e9)
+        return RingRead(out, lost, lost_span, seen, settled)

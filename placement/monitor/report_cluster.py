@@ -1,0 +1,232 @@
+"""The cluster view of `placement report`: which ranks held the job back (by kind, for how
+many windows), stalled ranks first, and per-node figures, from a StepTable.
+
+Who held the job back is what rank 0 judged at run time (its `straggler` events, one per
+window that named someone, and `stall` events); the report counts them, it does not judge
+again. Per-node figures pool the step records of the node's ranks.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement.cpuset import parse_cpulist
+from placement.monitor.steptable import StepTable
+from placement.monitor.straggler import KINDS
+
+RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of one row per rank
+NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted
+
+
+def _int_list(v: Any) -> list[int]:
+    """A list of ranks as events carry them: a list of ints, one int, or a "0-3,9" string."""
+    if isinstance(v, bool):
+        return []
+    if isinstance(v, int):
+        return [v]
+    if isinstance(v, str):
+        try:
+            return sorted(parse_cpulist(v))
+        except ValueError:
+            return []
+    if isinstance(v, (list, tuple)):
+        return [int(x) for x in v if isinstance(x, int) and not isinstance(x, bool)]
+    return []
+
+
+def straggler_ranks(e: dict) -> dict[str, list[int]]:
+    """kind -> ranks one straggler event names: those it lists in full (`stragglers`) and, at
+    scale, those it only counts by kind with their ranks in list form (`more`)."""
+    out: dict[str, list[int]] = {}
+    for s in e.get("stragglers") or []:
+        if isinstance(s, dict):
+            out.setdefault(str(s.get("kind")), []).extend(_int_list(s.get("ranks")))
+    for kind, more in (e.get("more") or {}).items():
+        if isinstance(more, dict):
+            out.setdefault(str(kind), []).extend(_int_list(more.get("ranks")))
+    return {k: sorted(set(v)) for k, v in out.items()}
+
+
+def stalled_ranks(e: dict) -> list[int]:
+    """The ranks a `stall` event names (its `ranks`, or `stalled`, else the rank that wrote it)."""
+    for key in ("ranks", "stalled"):
+        if key in e:
+            return _int_list(e[key])
+    return _int_list(e.get("rank"))
+
+
+@dataclass
+class Holder:
+    rank: int
+    kind: str
+    windows: int
+    worst_late_ms: Optional[float] = None
+
+
+@dataclass
+class Stall:
+    rank: int
+    last_step: Optional[int]
+    where: str
+    t: Optional[float]
+
+
+@dataclass
+class NodeFigures:
+    node: str
+    ranks: list[int]
+    steps: int
+    p50_ms: float
+    p99_ms: float
+    stall_pct: Optional[float]
+    comm_pct: Optional[float]
+    data_pct: float
+    slowest_rank: int
+    slowest_p50_ms: float
+    straggler_windows: int  # windows in which rank 0 named one of this node's ranks
+
+
+@dataclass
+class ClusterSummary:
+    ranks: int
+    records: int
+    median_step_ms: Optional[float]
+    holders: dict[str, list[Holder]] = field(default_factory=dict)  # kind -> most windows first
+    comm_slow_windows: int = 0
+    judged_windows: int = 0  # straggler events read
+    stalled: list[Stall] = field(default_factory=list)
+    nodes: list[NodeFigures] = field(default_factory=list)
+    slowest: list[tuple[int, float]] = field(default_factory=list)  # (rank, p50 ms), slowest first
+
+
+def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int]:
+    windows: Counter = Counter()
+    late: dict[tuple[int, str], float] = {}
+    comm_slow = judged = 0
+    for e in events:
+        if e.get("type") != "straggler":
+            continue
+        judged += 1
+        for kind, ranks in straggler_ranks(e).items():
+            if kind == "comm-slow":
+                comm_slow += 1
+                continue
+            for r in ranks:
+                windows[(r, kind)] += 1
+        for s in e.get("stragglers") or []:
+            if isinstance(s, dict) and isinstance(s.get("lateness_ms"), (int, float)):
+                for r in _int_list(s.get("ranks")):
+                    key = (r, str(s.get("kind")))
+                    late[key] = max(late.get(key, 0.0), float(s["lateness_ms"]))
+    by_kind: dict[str, list[Holder]] = {}
+    for (rank, kind), n in windows.items():
+        by_kind.setdefault(kind, []).append(Holder(rank, kind, n, late.get((rank, kind))))
+    for hs in by_kind.values():
+        hs.sort(key=lambda h: (-h.windows, -(h.worst_late_ms or 0.0), h.rank))
+    order = {k: i for i, k in enumerate(KINDS)}
+    return dict(sorted(by_kind.items(), key=lambda kv: order.get(kv[0], len(order)))), comm_slow, judged
+
+
+def _stalls(events: list[dict]) -> list[Stall]:
+    last: dict[int, Stall] = {}
+    for e in events:
+        if e.get("type") != "stall":
+            continue
+        where = e.get("where") or e.get("waiting_in") or e.get("message") or ""
+        step = e.get("last_step")
+        for r in stalled_ranks(e):
+            last[r] = Stall(r, step if isinstance(step, int) else None, str(where),
+                            e.get("t") if isinstance(e.get("t"), (int, float)) else None)
+    return sorted(last.values(), key=lambda s: (s.last_step if s.last_step is not None else -1, s.rank))
+
+
+def summarize_cluster(table: StepTable) -> ClusterSummary:
+    import numpy as np
+
+    slices = table.rank_slices()
+    p50 = {r: float(np.median(table.step_ms[s])) for r, s in slices.items()}
+    out = ClusterSummary(ranks=len(slices), records=len(table),
+                         median_step_ms=float(np.median(table.step_ms)) if len(table) else None)
+    out.holders, out.comm_slow_windows, out.judged_windows = _holders(table.events)
+    out.stalled = _stalls(table.events)
+    out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
+    named_in: Counter = Counter()  # rank -> windows it was named in (any kind)
+    for hs in out.holders.values():
+        for h in hs:
+            named_in[h.rank] += h.windows
+    node_ranks: dict[str, list[int]] = {}
+    for r in slices:
+        node_ranks.setdefault(table.node.get(r, "?"), []).append(r)
+    for node in table.nodes():
+        ranks = node_ranks.get(node)
+        if not ranks:
+            continue
+        idx = np.concatenate([np.arange(slices[r].start, slices[r].stop) for r in ranks])
+        step = table.step_ms[idx]
+        total = float(step.sum()) or 1e-9
+        stall = table.stall_ms[idx]
+        comm = table.comm_ms[idx]
+        slowest = max(ranks, key=lambda r: p50[r])
+        out.nodes.append(NodeFigures(
+            node=node, ranks=ranks, steps=int(len(idx)),
+            p50_ms=float(np.percentile(step, 50)), p99_ms=float(np.percentile(step, 99)),
+            stall_pct=100.0 * float(np.nansum(stall)) / total if np.isfinite(stall).any() else None,
+            comm_pct=100.0 * float(np.nansum(comm)) / total if np.isfinite(comm).any() else None,
+            data_pct=100.0 * float(np.nansum(table.data_ms[idx])) / total,
+            slowest_rank=slowest, slowest_p50_ms=p50[slowest],
+            straggler_windows=sum(named_in[r] for r in ranks)))
+    return out
+
+
+def _f(v: Optional[float], digits: int = 1) -> str:
+    return "n/a" if v is None else f"{v:.{digits}f}"
+
+
+def _table(header: tuple, rows: list[tuple], left: int) -> list[str]:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
+
+    def line(cells):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
+
+
+def cluster_text(s: ClusterSummary, table: StepTable, with_nodes: bool = True) -> str:
+    node = table.node
+    lines = []
+    if s.stalled:
+        lines.append(f"stalled ({len(s.stalled)}):")
+        for st in s.stalled:
+            step = "?" if st.last_step is None else st.last_step
+            lines.append(f"  rank {st.rank} ({node.get(st.rank, '?')}) last step {step}" + (f": {st.where}" if st.where else ""))
+    held = sum(len(hs) for hs in s.holders.values())
+    if held or s.comm_slow_windows:
+        lines.append(f"held the job back ({s.judged_windows} window(s) named someone; rank 0's straggler events):")
+        for kind, hs in s.holders.items():
+            shown = ", ".join(f"{h.rank} in {h.windows}" + (f" (late {h.worst_late_ms:.1f} ms)" if h.worst_late_ms else "")
+                              + f" [{node.get(h.rank, '?')}]" for h in hs[:NAMED_PER_KIND])
+            more = f", and {len(hs) - NAMED_PER_KIND} more rank(s)" if len(hs) > NAMED_PER_KIND else ""
+            lines.append(f"  {kind:<13}{len(hs):>5} rank(s), windows each: {shown}{more}")
+        if s.comm_slow_windows:
+            lines.append(f"  {'comm-slow':<13} in {s.comm_slow_windows} window(s): every rank on time, the collectives slow")
+    elif not s.stalled:
+        lines.append("held the job back: nobody (no straggler or stall event in the logs)")
+    if s.median_step_ms is not None and s.slowest:
+        lines.append(f"slowest ranks by median step (job median {s.median_step_ms:.2f} ms): " + ", ".join(
+            f"{r} {ms:.2f} ms [{node.get(r, '?')}]" for r, ms in s.slowest[:5]))
+    if with_nodes and s.nodes:
+        header = ("node", "ranks", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %",
+                  "slowest rank (p50 ms)", "straggler windows")
+        rows = [(n.node, str(len(n.ranks)), str(n.steps), _f(n.p50_ms, 2), _f(n.p99_ms, 2), _f(n.stall_pct),
+                 _f(n.comm_pct), _f(n.data_pct), f"{n.slowest_rank} ({n.slowest_p50_ms:.2f})", str(n.straggler_windows))
+                for n in s.nodes]
+        lines.append("")
+        lines.append(f"per node ({len(s.nodes)}):")
+        lines.extend(_table(header, rows, left=1))
+    return "\n".join(lines)
+
+
+def event_counts(table: StepTable) -> str:
+    counts = Counter(str(e.get("type")) for e in table.events)
+    return "events: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none")

@@ -1,0 +1,145 @@
+"""`placement report --trace FILE`: the step records and events as a Chrome trace-event JSON
+file (the format chrome://tracing and Perfetto open, and the PyTorch profiler writes), to
+lay beside a profiler trace of the same run.
+
+One process per node (pid), one track per rank (tid = the rank). Per step, on the rank's
+track: a `step N` slice (its figures in args) holding a `data wait` slice at the step's
+start (handle.watch() blocks there for the next batch), a `comm` slice from the rank's
+first collective entry for the step's summed collective time (at the step's end when the
+entry is not known) and a `compute` slice between them; CPU stall (main + NCCL runqueue
+wait) cannot be placed in time, so it is a counter track per rank (`CPU stall ms`) and an
+arg. Events (bind, tune, rollback, warning, straggler, stall) are instant events on the
+track of the rank they concern. Times are wall-clock microseconds since the epoch, each
+rank on its own host's clock (the profiler's traces use the same base).
+Written as a stream: a million steps never sit in memory as objects.
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import TextIO
+
+from placement.monitor.logread import LogReadError
+from placement.monitor.record import VERDICTS
+from placement.monitor.report_cluster import stalled_ranks, straggler_ranks
+from placement.monitor.steptable import StepTable
+
+TRACED_EVENTS = ("bind", "memory", "tune", "rollback", "warning", "straggler", "stall", "monitor")
+_BULKY = ("plan", "figures", "env", "evidence")  # event fields left out of the trace's args
+
+
+def _pid_of(table: StepTable) -> dict[int, int]:
+    node_pid = {node: i + 1 for i, node in enumerate(table.nodes())}
+    return {r: node_pid.get(n, 0) for r, n in table.node.items()}
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.3f}"
+
+
+def _meta(out: TextIO, table: StepTable, pid_of: dict[int, int]) -> None:
+    for node, pid in sorted({n: pid_of[r] for r, n in table.node.items()}.items(), key=lambda kv: kv[1]):
+        out.write(json.dumps({"name": "process_name", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
+                              "args": {"name": node}}) + ",\n")
+        out.write(json.dumps({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
+                              "args": {"sort_index": pid}}) + ",\n")
+    for rank in table.ranks():
+        pid = pid_of.get(rank, 0)
+        out.write(json.dumps({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": rank,
+                              "args": {"name": f"rank {rank}"}}) + ",\n")
+        out.write(json.dumps({"name": "thread_sort_index", "ph": "M", "ts": 0, "pid": pid, "tid": rank,
+                              "args": {"sort_index": rank}}) + ",\n")
+
+
+def _n(v: float) -> str:
+    return "null" if v != v else f"{v:.3f}"
+
+
+def _steps(out: TextIO, table: StepTable, pid_of: dict[int, int]) -> int:
+    written = 0
+    for rank, sl in table.rank_slices().items():
+        pid = pid_of.get(rank, 0)
+        head = f'"pid":{pid},"tid":{rank}'
+        steps = table.step[sl].tolist()
+        ends = table.t[sl].tolist()
+        step_ms = table.step_ms[sl].tolist()
+        data_ms = table.data_ms[sl].tolist()
+        comm_ms = table.comm_ms[sl].tolist()
+        stall_ms = table.stall_ms[sl].tolist()
+        enter = table.enter_t[sl].tolist()
+        verdict = table.verdict[sl].tolist()
+        lines = []
+        for step, end, ms, data, comm, stall, ent, v in zip(steps, ends, step_ms, data_ms, comm_ms, stall_ms,
+                                                            enter, verdict):
+            start = end - ms / 1e3
+            data = 0.0 if data != data else min(max(data, 0.0), ms)
+            c = 0.0 if comm != comm else max(comm, 0.0)
+            comm_start = ent if ent == ent and start <= ent <= end else end - c / 1e3
+            comm_start = min(max(comm_start, start + data / 1e3), end)
+            c = min(c, (end - comm_start) * 1e3)
+            compute_ms = ms - data - (0.0 if comm != comm else comm) - (0.0 if stall != stall else stall)
+            lines.append(
+                f'{{"name":"step {step}","cat":"step","ph":"X","ts":{_us(start)},"dur":{ms * 1e3:.3f},{head},'
+                f'"args":{{"step":{step},"step_ms":{ms:.3f},"data_ms":{_n(data)},"comm_ms":{_n(comm)},'
+                f'"cpu_stall_ms":{_n(stall)},"compute_ms":{_n(max(compute_ms, 0.0))},'
+                f'"verdict":"{VERDICTS[v] if 0 <= v < len(VERDICTS) else "?"}"}}}},\n')
+            if data > 0:
+                lines.append(f'{{"name":"data wait","cat":"data","ph":"X","ts":{_us(start)},"dur":{data * 1e3:.3f},{head}}},\n')
+            gap = (comm_start - start) * 1e3 - data
+            if gap > 0:
+                lines.append(f'{{"name":"compute","cat":"compute","ph":"X","ts":{_us(start + data / 1e3)},'
+                             f'"dur":{gap * 1e3:.3f},{head}}},\n')
+            if c > 0:
+                lines.append(f'{{"name":"comm","cat":"comm","ph":"X","ts":{_us(comm_start)},"dur":{c * 1e3:.3f},{head}}},\n')
+            if stall == stall:
+                lines.append(f'{{"name":"CPU stall ms (rank {rank})","cat":"cpu","ph":"C","ts":{_us(start)},{head},'
+                             f'"args":{{"ms":{stall:.3f}}}}},\n')
+            written += 1
+        out.write("".join(lines))
+    return written
+
+
+def _event_ranks(e: dict) -> list[int]:
+    kind = e.get("type")
+    if kind == "straggler":
+        return sorted({r for k, rs in straggler_ranks(e).items() if k != "comm-slow" for r in rs}) or \
+            ([e["rank"]] if isinstance(e.get("rank"), int) else [])
+    if kind == "stall":
+        return stalled_ranks(e)
+    return [e["rank"]] if isinstance(e.get("rank"), int) else []
+
+
+def _events(out: TextIO, table: StepTable, pid_of: dict[int, int]) -> int:
+    written = 0
+    for e in table.events:
+        kind = e.get("type")
+        t = e.get("t")
+        if kind not in TRACED_EVENTS or not isinstance(t, (int, float)) or not math.isfinite(t):
+            continue
+        args = {k: v for k, v in e.items() if k not in _BULKY and k not in ("t", "type")}
+        name = kind if kind != "straggler" else "straggler: " + ", ".join(
+            f"{k} {rs[:8]}" + ("..." if len(rs) > 8 else "") for k, rs in straggler_ranks(e).items())
+        for rank in _event_ranks(e):
+            out.write(json.dumps({"name": name, "cat": "placement", "ph": "i", "s": "t", "ts": round(t * 1e6, 3),
+                                  "pid": pid_of.get(rank, 0), "tid": rank, "args": args}, default=str) + ",\n")
+            written += 1
+    return written
+
+
+def write_trace(table: StepTable, out_path: str) -> tuple[int, int]:
+    """Write the trace; returns (steps, events) written."""
+    if not len(table):
+        raise LogReadError("no step records to trace")
+    pid_of = _pid_of(table)
+    try:
+        with open(out_path, "w", buffering=1 << 20) as out:
+            out.write('{"displayTimeUnit":"ms","otherData":{"source":"placement report"},"traceEvents":[\n')
+            _meta(out, table, pid_of)
+            steps = _steps(out, table, pid_of)
+            events = _events(out, table, pid_of)
+            # The list ends with a metadata record, so every record before it can end with a comma.
+            out.write(json.dumps({"name": "trace_source", "ph": "M", "ts": 0, "pid": 0, "tid": 0,
+                                  "args": {"name": "placement"}}) + "\n]}\n")
+    except OSError as e:
+        raise LogReadError(f"cannot write the trace {out_path!r}: {e.strerror or e}") from None
+    return steps, events

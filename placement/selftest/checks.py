@@ -1,0 +1,148 @@
+"""The checks of `placement selftest`: pure functions from what each rank of the self-test job
+recorded (placement/selftest/job.py writes one evidence dict per rank) and its plan to a
+pass/fail with the evidence that decided it. None = could not be judged (counts as a failure).
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement.roles import ThreadRole, role_of
+from placement.topology.pci import normalize_bdf
+
+COMM_TOLERANCE = 0.20  # comm time within 20% of the CUDA-event reference
+COMM_WARMUP_STEPS = 5  # first steps left out of the comm comparison (communicator set-up)
+MIN_TIMED_SHARE = 0.8  # comm time must be non-null on at least this share of the compared steps
+
+
+@dataclass
+class Check:
+    name: str
+    passed: Optional[bool]
+    evidence: dict[str, Any] = field(default_factory=dict)
+    why: str = ""
+    rank: Optional[int] = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "rank": self.rank, "passed": self.passed, "why": self.why,
+                "evidence": self.evidence}
+
+
+def _pcis(items) -> list[str]:
+    return sorted(normalize_bdf(p) for p in items)
+
+
+def gpus_match(nvml_pcis: Optional[list[str]], torch_pcis: list[str]) -> Check:
+    """NVML's GPUs are the ones torch.cuda sees (both by PCI bus id)."""
+    ev = {"nvml": None if nvml_pcis is None else _pcis(nvml_pcis), "torch": _pcis(torch_pcis)}
+    if nvml_pcis is None:
+        return Check("gpus_match", None, ev, "NVML could not be read (pynvml missing or no driver)")
+    visible = set(ev["torch"])
+    ok = bool(visible) and visible <= set(ev["nvml"])
+    return Check("gpus_match", ok, ev, "every GPU torch.cuda uses is one NVML reports" if ok else
+                 "torch.cuda sees GPUs NVML does not report, or none")
+
+
+def rank_placement(ev: dict, plan: dict) -> Check:
+    """The rank's GPU, the GPU's NUMA node and main's CPUs are the plan's."""
+    gpu = (plan.get("gpu") or {}).get("pci")
+    got = ev.get("gpu_pci")
+    main_planned = set((plan.get("roles") or {}).get("main", {}).get("cpus", []))
+    main_now = set(ev.get("main_cpus_after_steps") or [])
+    evidence = {"gpu_planned": gpu, "gpu_used": got, "gpu_numa": ev.get("gpu_numa"), "numa_planned": plan.get("numa"),
+                "main_planned": sorted(main_planned), "main_allowed": sorted(main_now)}
+    problems = []
+    if gpu is None or got is None or normalize_bdf(gpu) != normalize_bdf(got):
+        problems.append("the GPU used is not the planned one")
+    if ev.get("gpu_numa") is not None and ev.get("gpu_numa") >= 0 and ev["gpu_numa"] not in (plan.get("numa") or []):
+        problems.append("the GPU's NUMA node is not the rank's planned node")
+    if not main_planned or main_now != main_planned:
+        problems.append("main's Cpus_allowed_list is not the planned set")
+    return Check("rank_placement", not problems, evidence, "; ".join(problems) or "GPU, NUMA node and main's CPUs as planned")
+
+
+def _threads_of(threads: list[dict], role: ThreadRole) -> list[dict]:
+    """Threads the binder's own rule (roles.role_of, by name) puts in `role`."""
+    return [t for t in threads if role_of(str(t.get("name", ""))) is role]
+
+
+def threads_on_plan(ev: dict, plan: dict, *, when: str, kind: ThreadRole, name: str) -> Check:
+    """Threads of kind `kind` (recognised by name) exist in the snapshot `when` and each one's
+    Cpus_allowed_list (read back from /proc by the job) lies inside the set the plan gives
+    that kind (for autograd threads: `backward`, or `other` in plans without that role)."""
+    threads = _threads_of(ev.get(f"threads_{when}") or [], kind)
+    role = planned_role(kind, plan)
+    planned = set((plan.get("roles") or {}).get(role, {}).get("cpus", []))
+    off = [t for t in threads if not t.get("cpus") or not set(t["cpus"]) <= planned]
+    evidence = {"role": role, "planned": sorted(planned),
+                "threads": [{"tid": t.get("tid"), "name": t.get("name"), "cpus": t.get("cpus")} for t in threads]}
+    if not threads:
+        return Check(name, False, evidence, f"no {kind} thread found {when.replace('_', ' ')}")
+    if not planned:
+        return Check(name, False, evidence, f"the plan has no CPUs for role {role}")
+    return Check(name, not off, evidence, f"{len(threads)} thread(s), all on the planned CPUs" if not off else
+                 f"{len(off)} of {len(threads)} thread(s) off the planned CPUs")
+
+
+def planned_role(kind: ThreadRole, plan: dict) -> str:
+    """The plan's role for threads of `kind`: itself, or `other` where the plan lacks it."""
+    return str(kind) if str(kind) in (plan.get("roles") or {}) else str(ThreadRole.OTHER)
+
+
+def main_mask_after_nccl_init(ev: dict) -> Check:
+    """NCCL's communicator init narrows the calling thread's mask and restores it; main's mask
+    must be the same before and after."""
+    before, after = ev.get("main_cpus_before_nccl"), ev.get("main_cpus_after_nccl")
+    evidence = {"before": before, "after": after}
+    if before is None or after is None:
+        return Check("main_mask_after_nccl_init", None, evidence, "main's mask was not read")
+    ok = sorted(before) == sorted(after)
+    return Check("main_mask_after_nccl_init", ok, evidence, "unchanged" if ok else "changed by NCCL init")
+
+
+def comm_time(ev: dict) -> Check:
+    """The monitor's comm time per step against the same collectives timed by the job with CUDA
+    events (start/end on the issuing stream around each blocking collective)."""
+    monitor = ev.get("comm_ms_monitor") or []
+    reference = ev.get("comm_ms_reference") or []
+    pairs = [(m, r) for m, r in list(zip(monitor, reference))[COMM_WARMUP_STEPS:] if r]
+    timed = [(m, r) for m, r in pairs if m is not None]
+    evidence = {"steps": len(pairs), "timed_steps": len(timed), "comm_timing": ev.get("comm_timing")}
+    if not pairs:
+        return Check("comm_time", None, evidence, "no reference timing was recorded")
+    if len(timed) < MIN_TIMED_SHARE * len(pairs):
+        return Check("comm_time", False, evidence, f"comm time null on {len(pairs) - len(timed)} of {len(pairs)} steps")
+    ratios = [m / r for m, r in timed]
+    median = statistics.median(ratios)
+    evidence.update(median_ratio=round(median, 3), monitor_ms_median=round(statistics.median(m for m, _ in timed), 3),
+                    reference_ms_median=round(statistics.median(r for _, r in timed), 3))
+    ok = abs(median - 1.0) <= COMM_TOLERANCE
+    return Check("comm_time", ok, evidence, f"median monitor/reference {median:.2f} "
+                 f"({'within' if ok else 'outside'} {COMM_TOLERANCE:.0%})")
+
+
+def monitor_cost(ev: dict, budget_pct: float) -> Check:
+    """The step hook's cost per step on the training thread against monitor.budget_pct."""
+    us, step_ms = ev.get("monitor_us_per_step"), ev.get("step_ms_median")
+    evidence = {"monitor_us_per_step": us, "step_ms_median": step_ms, "budget_pct": budget_pct}
+    if us is None or not step_ms:
+        return Check("monitor_cost", None, evidence, "the monitor's end event or the step times are missing")
+    pct = us / 1e3 / step_ms * 100
+    evidence["pct_of_step"] = round(pct, 4)
+    ok = pct <= budget_pct
+    return Check("monitor_cost", ok, evidence, f"{us:.1f} us per step, {pct:.3f}% of a {step_ms:.2f} ms step")
+
+
+def rank_checks(ev: dict, plan: dict, budget_pct: float) -> list[Check]:
+    checks = [rank_placement(ev, plan),
+              threads_on_plan(ev, plan, when="after_init", kind=ThreadRole.NCCL, name="nccl_threads_after_init"),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.NCCL, name="nccl_threads_after_steps"),
+              main_mask_after_nccl_init(ev),
+              comm_time(ev),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.PIN_MEMORY, name="pin_memory_threads"),
+              threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.BACKWARD, name="backward_threads"),
+              monitor_cost(ev, budget_pct)]
+    for c in checks:
+        c.rank = ev.get("rank")
+    return checks

@@ -1,0 +1,146 @@
+"""The job `placement selftest` runs under placerun on a GPU node (one rank per GPU): NCCL
+init, then `steps` training steps of a small CUDA model fed by a pinning DataLoader, each
+step ending with collectives the job times itself with CUDA events; it writes what it saw
+to <out>/rank<R>.json for placement/selftest/checks.py.
+
+    placerun --standalone --nproc-per-node N -m placement.selftest.job --out DIR [--steps 100]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+COLLECTIVES_PER_STEP = 4
+COLLECTIVE_FLOATS = 16 << 20  # 64 MB per all-reduce: long enough that event overheads are noise
+
+
+def _gpu_pci(torch, index: int) -> str:
+    """The PCI address of a CUDA device, formatted as torch/numa/binding.py:593-600 does."""
+    p = torch.cuda.get_device_properties(index)
+    return f"{p.pci_domain_id:04x}:{p.pci_bus_id:02x}:{p.pci_device_id:02x}.0"
+
+
+def _gpu_numa(pci: str):
+    try:
+        with open(f"/sys/bus/pci/devices/{pci}/numa_node") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _threads() -> list[dict]:
+    """This process's threads: name, role and Cpus_allowed_list read back from /proc."""
+    from placement import _procfs
+    from placement.roles import scan_threads
+
+    out = []
+    for t in scan_threads(os.getpid(), include_children=False):
+        try:
+            cpus = sorted(_procfs.cpus_allowed(t.pid, t.tid))
+        except _procfs.ThreadGone:
+            continue
+        out.append({"tid": t.tid, "name": t.name, "role": str(t.role), "cpus": cpus})
+    return out
+
+
+def _main_cpus() -> list[int]:
+    from placement import _procfs
+
+    return sorted(_procfs.cpus_allowed(os.getpid(), os.getpid()))
+
+
+def _read_log(path: str) -> tuple[dict, list[dict], dict]:
+    start, steps, end = {}, [], {}
+    with open(path) as f:
+        for line in f:
+            rec = json.loads(line)
+            if rec.get("type") == "step":
+                steps.append(rec)
+            elif rec.get("type") == "start" and rec.get("source") == "monitor":
+                start = rec
+            elif rec.get("type") == "end" and rec.get("source") == "monitor":
+                end = rec
+    return start, steps, end
+
+
+def run(out: str, steps: int) -> dict:
+    import torch
+    import torch.distributed as dist
+
+    import placement
+    from placement.bind import session as session_mod
+    from placement.topology.gpus import nvml_gpus
+
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    torch.cuda.set_device(local_rank)
+    ev: dict = {"local_rank": local_rank, "main_cpus_before_nccl": _main_cpus()}
+    dist.init_process_group("nccl", device_id=torch.device("cuda", local_rank))
+    x = torch.ones(1, device="cuda")
+    dist.all_reduce(x)  # the communicator exists and has run a kernel
+    torch.cuda.synchronize()
+    ev["main_cpus_after_nccl"] = _main_cpus()
+    ev["rank"] = rank = dist.get_rank()
+    time.sleep(2.5)  # placerun's watcher re-homes new threads once a second
+    ev["threads_after_init"] = _threads()
+    ev["gpu_pci"] = _gpu_pci(torch, local_rank)
+    ev["gpu_numa"] = _gpu_numa(ev["gpu_pci"])
+    if rank == 0:
+        nv = nvml_gpus()
+        ev["nvml_gpus"] = None if nv is None else [g.pci for g in nv]
+        ev["torch_gpus"] = [_gpu_pci(torch, i) for i in range(torch.cuda.device_count())]
+    session = session_mod.current()
+    ev["plan"] = None if session is None else session.rank_plan.to_dict()
+
+    data = torch.utils.data.TensorDataset(torch.randn(steps * 64, 256), torch.randn(steps * 64, 16))
+    loader = torch.utils.data.DataLoader(data, batch_size=64, num_workers=2, pin_memory=True)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    log_dir = os.path.join(out, "logs")
+    handle = placement.attach(model, opt, monitor={"log_dir": log_dir, "flush_every": 10, "summary_every": 0})
+    bufs = [torch.ones(COLLECTIVE_FLOATS, device="cuda") for _ in range(COLLECTIVES_PER_STEP)]
+    events = []
+    for xb, yb in handle.watch(loader):
+        xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)
+        loss = torch.nn.functional.mse_loss(model(xb), yb)
+        opt.zero_grad()
+        loss.backward()
+        step_events = []
+        for b in bufs:
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            dist.all_reduce(b)  # blocking: the current stream waits for the NCCL stream
+            e.record()
+            step_events.append((s, e))
+        events.append(step_events)
+        opt.step()  # the step ends here (post-step hook)
+    torch.cuda.synchronize()
+    ev["threads_after_steps"] = _threads()
+    ev["main_cpus_after_steps"] = _main_cpus()
+    handle.close()
+    ev["comm_ms_reference"] = [sum(s.elapsed_time(e) for s, e in step) for step in events]
+    start, recs, end = _read_log(os.path.join(log_dir, f"rank{rank}.jsonl"))
+    ev["comm_timing"] = start.get("comm_timing")
+    ev["comm_ms_monitor"] = [r.get("comm_ms") for r in sorted(recs, key=lambda r: r["step"])]
+    ev["step_ms_median"] = statistics.median(r["step_ms"] for r in recs) if recs else None
+    ev["monitor_us_per_step"] = end.get("monitor_us_per_step")
+    dist.destroy_process_group()
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump(ev, f)
+    return ev
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=100)
+    args = p.parse_args(argv)
+    run(args.out, args.steps)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,417 @@
+"""NCCL comm timing without a GPU: the flight-recorder reader on a dump torch itself produces
+(gloo, CPU) and on NCCL-shaped stand-ins (tests/nccl_standins.py, each citing the upstream code
+it copies), the completion hook on WorkInfo shaped as pybind11 delivers it, and the backend of
+real gloo groups created with every backend string that works on CPU."""
+import datetime
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from nccl_standins import NcclGroup, fr_dump_json, fr_entry, work_info
+from placement.monitor.comm import make_comm_timing
+from placement.monitor.comm_groups import describe_group, group_backends, nccl_groups, parse_backend_config
+from placement.monitor.comm_nccl import (FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
+                                         choose_nccl_timing, workinfo_start_wall)
+from placement.monitor.flight_recorder import DumpSource, RingReader, dump_sources, entries_from, ring_size
+from placement.monitor.warn import WarnOnce
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(**kw):
+    dist.init_process_group(init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1, **kw)
+
+
+# ---- the reader on torch's own dump (gloo records into FlightRecorder<c10::Event>) -----------------
+@pytest.fixture
+def gloo_world_of_one():
+    _init(backend="gloo")
+    yield
+    dist.destroy_process_group()
+
+
+def test_reader_reads_torch_own_cpu_dump_once_each_in_real_time(gloo_world_of_one):
+    sources = [s for s in dump_sources() if s.recorder == "generic"]
+    assert sources, "torch 2.13 has _dump_fr_trace_json in every build"
+    t = torch.ones(8)
+    t_before = time.time()
+    for _ in range(7):
+        dist.all_reduce(t)
+    t_after = time.time()
+    for source in sources:  # the control-plane handler and the binding give the same records
+        reader = RingReader(prefix="gloo:")
+        first = reader.read(source.dump()).entries
+        ours = [e for e in first if t_before <= e.created_s <= t_after]
+        assert len(ours) == 7 and all(e.name == "gloo:all_reduce" for e in ours)  # CLOCK_REALTIME, as time.time()
+        ids = [e.record_id for e in first]
+        assert ids == sorted(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
+        dist.all_reduce(t)
+        again = reader.read(source.dump()).entries
+        assert [e.record_id for e in again] == [ids[-1] + 1]  # only the new one
+        assert reader.read(source.dump()).entries == []
+
+
+def test_handler_route_leaves_the_gil_free_while_torch_formats(gloo_world_of_one):
+    """The Python binding formats the dump holding the GIL; the control-plane handler runs the
+    same C++ dump with it released: the main thread keeps running during the dump."""
+    import threading
+
+    handler = next((s for s in dump_sources() if s.route == "handler"), None)
+    if handler is None:
+        pytest.skip("this torch has no control-plane handler for the flight recorder")
+    binding = next(s for s in dump_sources() if s.route == "binding" and s.recorder == handler.recorder)
+    t = torch.ones(8)
+    for _ in range(1500):
+        dist.all_reduce(t)
+
+    def longest_main_gap(source):
+        gaps, done = [], threading.Event()
+        th = threading.Thread(target=lambda: (source.dump(), done.set()))
+        last = time.perf_counter()
+        th.start()
+        while not done.is_set():
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        th.join()
+        return max(gaps)
+
+    held = min(longest_main_gap(binding) for _ in range(3))
+    free = min(longest_main_gap(handler) for _ in range(3))
+    assert free < held / 2, (free, held)
+
+
+RING_SCRIPT = textwrap.dedent("""
+    import json, os, socket, sys
+    sys.path.insert(0, {root!r})
+    import torch, torch.distributed as dist
+    from placement.monitor.flight_recorder import RingReader, dump_sources, ring_size
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
+    t = torch.ones(4)
+    source = [x for x in dump_sources() if x.recorder == "generic"][0]
+    reader = RingReader(prefix="gloo:")
+    for _ in range(30): dist.all_reduce(t)
+    a = reader.read(source.dump())
+    for _ in range(100): dist.all_reduce(t)
+    b = reader.read(source.dump())
+    print(json.dumps({{"ring": ring_size(), "first": len(a.entries), "second": len(b.entries), "lost": b.lost,
+                      "overflow": reader.overflow, "span": b.lost_span is not None}}))
+    dist.destroy_process_group()
+""")
+
+
+def test_overflow_counts_records_the_ring_overwrote_between_polls():
+    """A 40-record ring (TORCH_FR_BUFFER_SIZE, read once by torch when the recorder is made):
+    30 read, then 100 more: ids 30..89 were overwritten unread."""
+    env = dict(os.environ, TORCH_FR_BUFFER_SIZE="40", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", RING_SCRIPT.format(root=ROOT)], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    # The default group's creation records nothing on gloo here; 30 then 100 all_reduces.
+    assert got == {"ring": 40, "first": 30, "second": 40, "lost": 60, "overflow": 60, "span": True}
+
+
+# ---- NCCL-shaped records (FlightRecorderDetail.hpp) -------------------------------------------------
+def test_overlapping_groups_lose_no_entry():
+    """Group 1's collectives finish while group 0's earlier one still runs: the earlier one is
+    read when it completes, not skipped because higher ids were read first."""
+    t = 1000.0
+    running = fr_entry(5, t + 0.001, pg_id=0, started_s=t + 0.002)
+    later = [fr_entry(6, t + 0.003, pg_id=1, duration_ms=1.0, completed_s=t + 0.01, retired=True),
+             fr_entry(7, t + 0.004, pg_id=1, duration_ms=2.0, completed_s=t + 0.011, retired=True)]
+    reader = RingReader(low=5)
+    first = reader.read(fr_dump_json([running] + later))
+    assert [e.record_id for e in first.entries] == [6, 7] and reader.low == 5
+    done = fr_entry(5, t + 0.001, pg_id=0, duration_ms=4.0, started_s=t + 0.002, completed_s=t + 0.02, retired=True)
+    second = reader.read(fr_dump_json([done] + later))
+    assert [(e.record_id, e.duration_ms) for e in second.entries] == [(5, 4.0)] and reader.low == 8
+    assert reader.overflow == 0
+
+
+def test_records_without_events_do_not_hold_the_reader_back():
+    """Ops inside a coalesced group are recorded without events (never completed by
+    themselves); the completed entry after them in the same group settles them."""
+    t = 2000.0
+    entries = [fr_entry(0, t, name="nccl:all_reduce"), fr_entry(1, t, name="nccl:all_reduce"),
+               fr_entry(2, t + 0.001, name="nccl:coalesced", duration_ms=3.0, completed_s=t + 0.01)]
+    reader = RingReader()
+    got = reader.read(fr_dump_json(entries))
+    assert [e.record_id for e in got.entries] == [0, 1, 2] and reader.low == 3
+    assert [e.duration_ms for e in got.entries] == [None, None, 3.0]
+
+
+def test_entries_from_parses_only_the_new_tail_and_detects_a_reset():
+    text = fr_dump_json([fr_entry(i, 10.0 + i, duration_ms=1.0, completed_s=11.0 + i) for i in range(100, 110)])
+    tail, first = entries_from(text, 107)
+    assert first == 100 and [e["record_id"] for e in tail] == [107, 108, 109]
+    assert entries_from(text, 110) == ([], 100)
+    assert entries_from(fr_dump_json([]), 0) == ([], None)
+    with pytest.raises(ValueError):
+        entries_from(text, 500)  # ids went back below what was read: reset_all()
+    reader = RingReader(low=500)
+    assert len(reader.read(text).entries) == 10 and reader.low == 110
+    late = RingReader()  # attached to a job whose ring wrapped long ago: nothing counted as lost
+    got = late.read(text)
+    assert len(got.entries) == 10 and got.lost == 0 and late.overflow == 0
+
+
+def _standin_source(dumps: list[str]) -> DumpSource:
+    it = iter(dumps)
+    return DumpSource("nccl", "handler", "dump_nccl_trace_json", lambda: next(it))
+
+
+def test_flight_recorder_comm_time_per_step_with_timing_on():
+    t = time.time() - 10
+    spans = [(t, t + 0.1), (t + 0.1, t + 0.2), (t + 0.2, t + 0.3)]
+    entries = [fr_entry(0, t + 0.01, duration_ms=2.5, completed_s=t + 0.05, retired=True),
+               fr_entry(1, t + 0.02, duration_ms=1.5, completed_s=t + 0.06, retired=True),
+               fr_entry(2, t + 0.15, duration_ms=8.0, completed_s=t + 0.19, retired=True),
+               fr_entry(3, t + 0.16, name="gloo:all_reduce", completed_s=t + 0.17, retired=True)]
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(entries)])], timing_on=True,
+                                  since=0)
+    assert comm.resolve(spans) == [4.0, 8.0, None]  # the third step's collectives: not in the ring
+
+
+def test_timing_off_leaves_comm_null_and_says_what_to_set(caplog):
+    """Without TORCH_NCCL_ENABLE_TIMING no entry has duration_ms: comm stays null, and after
+    the first exchange window one warning names what to set."""
+    caplog.set_level(logging.WARNING)
+    t = time.time() - 10
+    dumps = [fr_dump_json([fr_entry(i, t + 0.01 * i, completed_s=t + 0.01 * i + 0.005, retired=True)
+                           for i in range(n)]) for n in (10, 20, 30)]
+    comm = NcclFlightRecorderComm(WarnOnce(), window=15, sources=[_standin_source(dumps)], timing_on=False, since=0)
+    assert comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10)]) == [None] * 10
+    assert "NCCL comm time is null" not in caplog.text
+    comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10, 20)])
+    assert caplog.text.count("NCCL comm time is null") == 1 and "TORCH_NCCL_ENABLE_TIMING=1" in caplog.text
+    comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(20, 30)])
+    assert caplog.text.count("NCCL comm time is null") == 1
+
+
+def test_overflow_nulls_the_steps_whose_records_were_lost(caplog):
+    caplog.set_level(logging.WARNING)
+    t = time.time() - 10
+    ring = [fr_entry(i, t + 0.01 * i, duration_ms=1.0, completed_s=t + 0.01 * i + 0.001, retired=True)
+            for i in range(0, 10)]
+    wrapped = [fr_entry(i, t + 0.01 * i, duration_ms=1.0, completed_s=t + 0.01 * i + 0.001, retired=True)
+               for i in range(25, 35)]  # 10..24 overwritten
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(ring), fr_dump_json(wrapped)])],
+                                  timing_on=True, environ={"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, since=0)
+    assert comm.resolve([(t, t + 0.1)]) == [10.0]
+    got = comm.resolve([(t + 0.1, t + 0.2), (t + 0.2, t + 0.3), (t + 0.3, t + 0.4)])
+    assert got[0] is None and got[1] is None and got[2] == 5.0  # 30..34 read whole; 10..24 gone
+    assert comm.reader.overflow == 15 and "wrapped between two polls" in caplog.text
+    assert comm.stats()["overflow"] == 15 and comm.ring == 10
+
+
+def test_no_nccl_record_in_the_nccl_recorder_probes_the_generic_one_once(caplog):
+    """Where upstream merged the two recorders, the NCCL records are in the generic one."""
+    caplog.set_level(logging.WARNING)
+    t = time.time() - 10
+    nccl = _standin_source([fr_dump_json([])] * 3)
+    merged = DumpSource("generic", "handler", "fr_trace_json",
+                        lambda: fr_dump_json([fr_entry(0, t + 0.01, duration_ms=3.0, completed_s=t + 0.02)]))
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[nccl, merged], timing_on=True, since=0)
+    comm.resolve([(t, t + 0.005)])
+    assert comm.source is merged and "NCCL records are in handler fr_trace_json" in caplog.text
+    assert comm.resolve([(t + 0.005, t + 0.1)]) == [3.0]
+
+
+def test_cadence_holds_the_gil_time_inside_the_budget_unless_the_ring_would_wrap():
+    c = FrCadence(budget_pct=0.3, ring=2000)
+    # 5 ms of GIL per poll over 20 steps of 100 ms: 0.25 ms per step against 0.3 ms allowed.
+    assert c.update(5.0, 20, 100.0, records=200) == 1 and not c.over_budget
+    # 20 ms per poll: polled every 4th flush (80 steps): 0.25 ms per step.
+    assert c.update(20.0, 20, 100.0, records=200) == 4 and not c.over_budget
+    # 300 records per flush: the ring holds 1000 of them at half-full, so 3 flushes at most.
+    c = FrCadence(budget_pct=0.3, ring=2000)
+    assert c.update(40.0, 20, 100.0, records=300) == 3 and c.over_budget
+
+
+def test_lag_holds_steps_back_on_flushes_without_a_poll():
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json([])] * 3)], timing_on=True)
+    comm._skip = 2
+    assert comm.lag_steps > 10 ** 6 and comm.lag_steps > 10 ** 6 and comm.lag_steps == 2
+
+
+# ---- the completion hook: WorkInfo as pybind11 hands it over ----------------------------------------
+def test_hook_enables_timing_and_converts_steady_clock_start_times():
+    group = NcclGroup(timing=False)  # registration without timing is refused by ProcessGroupNCCL
+    comm = NcclHookComm(WarnOnce(), groups=[group])
+    assert group.timing is True and group.hook is not None and comm.groups == 1
+    t = time.time() - 5
+    group.fire([work_info(t + 0.01, 2.0), work_info(t + 0.02, 3.0), work_info(t + 0.12, 7.5)])
+    assert comm.resolve([(t, t + 0.1), (t + 0.1, t + 0.2)]) == [pytest.approx(5.0), pytest.approx(7.5)]
+    comm.close()
+    group.fire([work_info(t + 0.3, 1.0)])  # a hook cannot be removed: it goes quiet
+    assert comm.resolve([(t + 0.2, t + 0.4)]) == [None]
+
+
+def test_workinfo_start_times_of_both_clock_types():
+    t = time.time() - 3
+    offset = time.time() - time.monotonic()
+    assert workinfo_start_wall(work_info(t, 1.0), offset) == pytest.approx(t, abs=1e-3)
+    old = type("OldWorkInfo", (), {"time_started": datetime.datetime.fromtimestamp(t)})()  # system_clock
+    assert workinfo_start_wall(old, offset) == pytest.approx(t, abs=1e-3)
+    with pytest.raises(TypeError):
+        workinfo_start_wall(type("X", (), {"time_started": 5})(), offset)
+
+
+def test_a_second_hook_on_a_group_is_refused_with_a_warning(caplog):
+    caplog.set_level(logging.WARNING)
+    group = NcclGroup(timing=True)
+    group._register_on_completion_hook(lambda info: None)  # the user's own hook
+    comm = NcclHookComm(WarnOnce(), groups=[group])
+    assert comm.groups == 0 and "already registered" in caplog.text
+
+
+def test_ledger_sums_per_span_and_consumes():
+    led = Ledger()
+    for t, d in [(0.5, 1.0), (0.1, 2.0), (1.5, None), (2.5, 4.0)]:
+        led.add(t, d)
+    assert led.take([(0.0, 1.0), (1.0, 2.0)]) == [3.0, None]
+    assert led.take([(2.0, 3.0)]) == [4.0]
+
+
+# ---- backend detection -------------------------------------------------------------------------------
+@pytest.mark.parametrize("form", [None, "gloo", "GLOO", "cpu:gloo", "cpu:gloo,cuda:gloo"])
+def test_backend_of_real_gloo_groups_from_each_string_form(form):
+    kw = {} if form is None else {"backend": form}
+    _init(**kw)
+    try:
+        sub = dist.new_group(**kw)
+        groups = group_backends()
+        assert len(groups) == 2 and all(g.name == "gloo" and not g.nccl for g in groups)
+        assert groups[0].devices["cpu"] == "gloo"
+        assert nccl_groups() == []
+        assert sub in [g.group for g in groups]
+        if form is None:
+            assert dist.get_backend() == "undefined"  # the string compare this replaces
+        assert make_comm_timing("auto", groups[0].name, WarnOnce()).name == "wall"
+    finally:
+        dist.destroy_process_group()
+
+
+class _DistStandIn:
+    """torch.distributed.get_backend_config as it answers for NCCL groups on a GPU host
+    (BackendConfig.__repr__, distributed_c10d.py:483; undefined -> the accelerator's
+    default, "cuda:nccl", line 419)."""
+
+    def __init__(self, config: str):
+        self.config = config
+
+    def get_backend_config(self, _group):
+        return self.config
+
+
+@pytest.mark.parametrize("config", ["cuda:nccl", "cpu:gloo,cuda:nccl"])
+def test_nccl_groups_found_whatever_string_the_user_gave(config):
+    g = describe_group(_DistStandIn(config), object())
+    assert g.nccl and g.name == "nccl" and g.devices["cuda"] == "nccl"
+    assert parse_backend_config("cpu:gloo,cuda:gloo") == {"cpu": "gloo", "cuda": "gloo"}
+
+
+def test_nccl_timing_chosen_when_a_group_runs_nccl(monkeypatch):
+    import placement.monitor.comm_groups as cg
+
+    monkeypatch.setattr(cg, "group_backends", lambda: [describe_group(_DistStandIn("cpu:gloo,cuda:nccl"), object())])
+    assert make_comm_timing("auto", "gloo", WarnOnce()).name == "flight_recorder"
+    assert isinstance(choose_nccl_timing("hook", WarnOnce()), NcclHookComm)
+
+
+def test_ring_size_as_torch_reads_it():
+    assert ring_size({}) == 2000
+    assert ring_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 500
+    assert ring_size({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 64
+
+
+# ---- through attach(): the step monitor holds steps back until the poll that times them -------------
+def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_world_of_one, monkeypatch):
+    """The real CPU recorder, its gloo records relabelled as NCCL ones with a duration (as
+    ProcessGroupNCCL's are with timing on): every step gets its collectives' time, also the
+    steps held back on flushes without a poll (a budget so small that polls are spaced out)."""
+    import placement
+    import placement.monitor.comm as comm_mod
+
+    real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "handler")
+
+    def as_nccl():
+        d = json.loads(real.dump())
+        for e in d.get("entries", []):
+            if e["profiling_name"] == "gloo:all_reduce":
+                e.update(profiling_name="nccl:all_reduce", state="completed", duration_ms=1.5)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    made = []
+
+    def make(mode, backend, warn, **kw):
+        made.append(NcclFlightRecorderComm(warn, window=kw.get("window", 20), budget_pct=0.0001,
+                                           sources=[DumpSource("nccl", "handler", "dump_nccl_trace_json", as_nccl)],
+                                           timing_on=True))
+        return made[-1]
+
+    monkeypatch.setattr(comm_mod, "make_comm_timing", make)
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": 5, "summary_every": 0})
+    t = torch.ones(16)
+    for _ in range(23):
+        dist.all_reduce(t)
+        dist.all_reduce(t)
+        h.step()
+    h.close()
+    lines = [json.loads(l) for l in open(tmp_path / "rank0.jsonl")]
+    steps = [l for l in lines if l["type"] == "step"]
+    assert [s["step"] for s in steps] == list(range(1, 24))
+    assert [s["comm_ms"] for s in steps] == [3.0] * 23
+    assert made[0].cadence.every > 1 and made[0].polls < 23 / 5  # polls were spaced out
+    fr_event = next(l for l in lines if l["type"] == "monitor" and l.get("source") == "comm")
+    assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46
+
+
+def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path, gloo_world_of_one, monkeypatch):
+    """Timing off: the records carry no duration; after monitor.exchange_every steps one
+    `warning` event (and log line) says why and what to set, and no more follow."""
+    import placement
+    import placement.monitor.comm as comm_mod
+
+    real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "handler")
+
+    def as_untimed_nccl():
+        d = json.loads(real.dump())
+        for e in d.get("entries", []):
+            e.update(profiling_name="nccl:all_reduce", state="completed")  # no duration_ms: timing off
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    def make(mode, backend, warn, **kw):
+        return NcclFlightRecorderComm(warn, window=kw["window"], timing_on=False,
+                                      sources=[DumpSource("nccl", "handler", "dump_nccl_trace_json", as_untimed_nccl)])
+
+    monkeypatch.setattr(comm_mod, "make_comm_timing", make)
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": 5, "exchange_every": 10, "summary_every": 0})
+    t = torch.ones(16)
+    for _ in range(40):
+        dist.all_reduce(t)
+        h.step()
+    h.close()
+    lines = [json.loads(l) for l in open(tmp_path / "rank0.jsonl")]
+    assert all(l["comm_ms"] is None for l in lines if l["type"] == "step")
+    warnings = [l["message"] for l in lines if l["type"] == "warning" and "NCCL comm time is null" in l["message"]]
+    assert len(warnings) == 1 and "TORCH_NCCL_ENABLE_TIMING=1" in warnings[0], warnings

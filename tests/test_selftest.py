@@ -1,0 +1,130 @@
+"""`placement selftest`: the no-GPU line, and every check judged on CPU from evidence shaped as
+placement/selftest/job.py writes it, with thread facts read from this process's real /proc."""
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+
+from placement.roles import ThreadRole, name_this_thread
+from placement.selftest import checks as C
+from placement.selftest.job import _main_cpus, _threads
+from placement.selftest.runner import SelftestResult, evaluate, job_command, table
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this node has a GPU: selftest runs for real")
+def test_no_gpu_is_one_json_line_and_exit_0():
+    out = subprocess.run([sys.executable, "-m", "placement.cli", "selftest"], capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    lines = out.stdout.strip().splitlines()
+    assert out.returncode == 0 and len(lines) == 1, out.stdout + out.stderr
+    got = json.loads(lines[0])
+    assert got["skipped"] is True and got["schema"] == "placement.selftest/1" and "GPU" in got["reason"]
+
+
+def test_bad_nproc_is_one_line_exit_2():
+    out = subprocess.run([sys.executable, "-m", "placement.cli", "selftest", "--nproc-per-node", "0"],
+                         capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT), timeout=120)
+    assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--nproc-per-node=0" in out.stderr
+
+
+@pytest.fixture
+def named_threads():
+    """Real threads named as NCCL, the pin-memory thread and autograd name theirs."""
+    stop = threading.Event()
+    ready = []
+
+    def run(name):
+        name_this_thread(name.encode())
+        ready.append(name)
+        stop.wait(30)
+
+    threads = [threading.Thread(target=run, args=(n,), daemon=True)
+               for n in ("NCCL Progress 0", "NCCL Service 0", "pt_data_pin", "pt_autograd_0")]
+    for t in threads:
+        t.start()
+    while len(ready) < len(threads):
+        pass
+    yield
+    stop.set()
+    for t in threads:
+        t.join()
+
+
+def _evidence(cpus):
+    threads = _threads()
+    main = _main_cpus()
+    return {"rank": 0, "local_rank": 0, "gpu_pci": "0000:18:00.0", "gpu_numa": 0,
+            "main_cpus_before_nccl": main, "main_cpus_after_nccl": main, "main_cpus_after_steps": main,
+            "threads_after_init": threads, "threads_after_steps": threads,
+            "nvml_gpus": ["00000000:18:00.0", "00000000:2A:00.0"], "torch_gpus": ["0000:18:00.0"],
+            "comm_timing": "flight_recorder", "comm_ms_monitor": [None] * 5 + [10.2] * 95,
+            "comm_ms_reference": [10.0] * 100, "step_ms_median": 100.0, "monitor_us_per_step": 40.0}
+
+
+def _plan(cpus):
+    roles = {r: {"cpus": cpus, "reason": "test"} for r in ("main", "nccl", "pin_memory", "other", "dataloader")}
+    return {"local_rank": 0, "gpu": {"index": 0, "pci": "0000:18:00.0"}, "numa": [0], "roles": roles}
+
+
+def test_every_check_passes_on_a_rank_as_planned(named_threads):
+    cpus = sorted(os.sched_getaffinity(0))
+    ev = _evidence(cpus)
+    assert _main_cpus() == cpus  # read back from /proc
+    got = evaluate([dict(ev, plan=_plan(cpus))], 1, budget_pct=0.3)
+    assert [c.name for c in got] == ["gpus_match", "rank_placement", "nccl_threads_after_init",
+                                     "nccl_threads_after_steps", "main_mask_after_nccl_init", "comm_time",
+                                     "pin_memory_threads", "backward_threads", "monitor_cost"]
+    assert all(c.passed is True for c in got), [(c.name, c.why) for c in got]
+    nccl = next(c for c in got if c.name == "nccl_threads_after_init")
+    assert sorted(t["name"] for t in nccl.evidence["threads"]) == ["NCCL Progress 0", "NCCL Service 0"]
+    assert SelftestResult(False, "", got).passed and "comm_time" in table(SelftestResult(False, "", got))
+
+
+def test_threads_off_their_planned_cpus_fail(named_threads):
+    cpus = sorted(os.sched_getaffinity(0))
+    plan = _plan(cpus)
+    plan["roles"]["nccl"] = {"cpus": [max(cpus) + 1], "reason": "elsewhere"}
+    c = C.threads_on_plan(_evidence(cpus), plan, when="after_init", kind=ThreadRole.NCCL, name="n")
+    assert c.passed is False and "off the planned CPUs" in c.why
+    missing = C.threads_on_plan({"threads_after_steps": []}, plan, when="after_steps", kind=ThreadRole.PIN_MEMORY,
+                                name="p")
+    assert missing.passed is False and "no pin_memory thread found" in missing.why
+    backward = C.threads_on_plan(_evidence(cpus), dict(plan, roles=dict(plan["roles"], backward={"cpus": cpus})),
+                                 when="after_steps", kind=ThreadRole.BACKWARD, name="b")
+    assert backward.passed is True and backward.evidence["role"] == "backward"
+    assert [t["name"] for t in backward.evidence["threads"]] == ["pt_autograd_0"]
+
+
+@pytest.mark.parametrize("change, name, why", [
+    ({"main_cpus_after_nccl": [0]}, "main_mask_after_nccl_init", "changed by NCCL init"),
+    ({"comm_ms_monitor": [None] * 100}, "comm_time", "comm time null"),
+    ({"comm_ms_monitor": [13.0] * 100}, "comm_time", "outside 20%"),
+    ({"monitor_us_per_step": 400.0}, "monitor_cost", "0.400%"),
+    ({"gpu_pci": "0000:2a:00.0"}, "rank_placement", "not the planned one"),
+])
+def test_each_failure_is_named_with_its_evidence(change, name, why):
+    ev = dict(_evidence([0]), main_cpus_before_nccl=[0, 1], main_cpus_after_steps=[0, 1], **{})
+    ev.update(change)
+    plan = _plan([0, 1])
+    got = {c.name: c for c in C.rank_checks(ev, plan, 0.3)}
+    assert got[name].passed is False and why in got[name].why, got[name]
+
+
+def test_gpu_lists_compared_by_pci_address():
+    assert C.gpus_match(["00000000:18:00.0"], ["0000:18:00.0"]).passed is True
+    assert C.gpus_match(["00000000:18:00.0"], ["0000:2a:00.0"]).passed is False
+    assert C.gpus_match(None, ["0000:18:00.0"]).passed is None
+
+
+def test_a_rank_without_evidence_fails_and_the_job_runs_under_placerun():
+    got = evaluate([], 2, 0.3)
+    assert [(c.name, c.rank, c.passed) for c in got] == [("rank_ran", 0, False), ("rank_ran", 1, False)]
+    cmd = job_command(2, "/tmp/x", 100)
+    assert cmd[1:3] == ["-m", "placement.launcher"] and "--nproc-per-node" in cmd
+    assert cmd[cmd.index("-m", 3) + 1] == "placement.selftest.job"
