@@ -13,7 +13,8 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   monitor.rescan_every steps the span reading of every thread and a refresh of the
   thread list; every monitor.flush_every steps records are built, judged, handed to the
   observers (the tuner), encoded and written in one batch, and the file flushed; every
-  monitor.exchange_every steps one asynchronous all-gather on a side gloo group.
+  monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
+  c10d store (exchange.py), and rank 0 judges them there.
 Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
@@ -36,7 +37,7 @@ from placement.config import PlacementConfig
 from placement.monitor import exitflush
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommTiming
-from placement.monitor.exchange import Exchange
+from placement.monitor.exchange import NAMED, Exchange, straggler_event
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
 from placement.monitor.straggler import RankFigures, StragglerReport, figures_from_records
@@ -352,20 +353,18 @@ class StepMonitor:
             figs = RankFigures(self.rank, 0, 0, 0, 0.0, 0.0, None, None, None, None, None, None, ())
         self.exchange.submit(figs)
 
-    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures]) -> None:
+    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
         """Rank 0: one `straggler` event per window that names someone."""
         if not report.stragglers:
             return
-        steps = [f for f in figures if f.steps]
-        first = min((f.first_step for f in steps), default=0)
-        last = max((f.last_step for f in steps), default=0)
-        self.events.event("straggler", steps=[first, last], **report.to_dict(),
-                          figures={str(f.rank): {"step_ms": round(f.step_ms, 3), "data_ms": round(f.data_ms, 3),
-                                                 "comm_ms": None if f.comm_ms is None else round(f.comm_ms, 3),
-                                                 "stall_ms": None if f.stall_ms() is None else round(f.stall_ms(), 3)}
-                                   for f in steps})
-        for s in report.stragglers:
+        fields = straggler_event(report, figures, extra)
+        self.events.event("straggler", **fields)
+        first, last = fields["steps"]
+        for s in report.stragglers[:NAMED]:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
+        for kind, more in report.more.items():
+            log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
+                        more["ranks"])
 
     # ---- ends --------------------------------------------------------------------------
     def _write_everything(self, exchange: bool) -> bool:
