@@ -4,7 +4,8 @@ FlightRecorder<at::cuda::CUDAEvent>, is the same template, FlightRecorderDetail.
 ring size placement uses: torch's default 2000 records (TORCH_FR_BUFFER_SIZE /
 TORCH_NCCL_TRACE_BUFFER_SIZE), filled, as in any long job.
 
-For each route, a dump on a side thread (as placement_mon does) while the main thread spins
+For each route (`server`: torch's control-plane worker server formats the dump on its C++
+thread; `binding`: _dump_fr_trace_json), a dump on a side thread (as placement_mon does) while the main thread spins
 through small steps, as a training loop would, timing:
 - dump_ms: the dump's own wall time;
 - main_stall_ms: the main thread's longest wait during it (the GIL held by the dump);
@@ -63,6 +64,7 @@ for source in dump_sources():
         t0 = time.perf_counter(); got = reader.read(text); parse = (time.perf_counter() - t0) * 1e3
         assert len(got.entries) == new, (len(got.entries), new)
         dumps.append(ms); stalls.append(stall); parses.append(parse)
+    source.close()
     result[source.route] = {"dump_ms": round(statistics.median(dumps), 2),
                             "main_stall_ms": round(statistics.median(stalls), 2),
                             "parse_ms": round(statistics.median(parses), 2)}
@@ -97,7 +99,7 @@ def main() -> int:
     summary = {"ring": args.ring, "new_per_poll": args.new, "steps_per_poll": args.flush_every,
                "step_ms": args.step_ms}
     for route, r in routes.items():
-        gil = (r["dump_ms"] if route == "binding" else r["main_stall_ms"]) + r["parse_ms"]
+        gil = (r["main_stall_ms"] if route == "server" else r["dump_ms"]) + r["parse_ms"]
         per_step_us = gil / args.flush_every * 1e3
         pct = per_step_us / 1e3 / args.step_ms * 100
         print(f"{route:<8} {r['dump_ms']:>8.2f} {r['main_stall_ms']:>14.2f} {r['parse_ms']:>9.2f} {gil:>12.2f} "

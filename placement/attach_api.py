@@ -292,14 +292,20 @@ class Handle:
 def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     """Bind this rank's threads by role, start the monitor, return a Handle.
 
-    Call it on every rank (the straggler exchange creates a side process group, a
-    collective). Errors of configuration, planning or an unwritable log directory raise a
+    Call it on every rank (each sends its straggler figures to rank 0 through the job's c10d
+    store). Errors of configuration, planning or an unwritable log directory raise a
     PlacementError with one line; nothing after that raises into training code.
     """
     global _current_handle
     if _current_handle is not None and not _current_handle.closed:
         log.warning("placement: attach() called again; closing the previous handle first")
         _current_handle.close()
+    if model is not None:
+        import torch
+
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"attach(model={type(model).__name__}) is not valid; give the torch.nn.Module "
+                              "(DDP-wrapped or not) or leave it out")
     session = _current_session()
     cfg = build_config(config, overrides, base=None if session is None else session.config)
     if session is not None:
@@ -345,7 +351,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     from placement.monitor import exitflush
     from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
     from placement.monitor.comm_groups import default_backend
-    from placement.monitor.exchange import Exchange
+    from placement.monitor.exchange import Exchange, default_store, node_rank_from_env
     from placement.monitor.step_monitor import StepMonitor
     from placement.monitor.threads import RoleSampler, ThreadScan
     from placement.monitor.warn import WarnOnce
@@ -371,26 +377,26 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
                      and install_ddp_hook(model, comm.clock, original, warn))
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=local_rank, world_size=world_size,
                           sampler=sampler, comm=comm, warn=warn)
-    if dist is not None and world_size > 1 and original is not None:
-        monitor.exchange = Exchange(rank, world_size, original.all_gather, warn, monitor.write_straggler_event,
-                                    slots=cfg.monitor.exchange_every)
+    if dist is not None and world_size > 1:
+        store = None
+        try:
+            store = default_store()
+        except Exception as e:
+            warn("exchange", f"no c10d store to exchange straggler figures through ({type(e).__name__}: {e}); "
+                             "straggler naming is off")
+        if store is not None:
+            monitor.exchange = Exchange(rank, world_size, store, warn, monitor.write_straggler_event,
+                                        slots=cfg.monitor.exchange_every, node_rank=node_rank_from_env())
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
     events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
-                 node_rank=_int_env("GROUP_RANK"), backend=backend, comm_timing=comm.name,
+                 node_rank=node_rank_from_env(), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
     events.flush()
     return monitor, comm
-
-
-def _int_env(name: str) -> Optional[int]:
-    try:
-        return int(os.environ[name])
-    except (KeyError, ValueError):
-        return None
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):

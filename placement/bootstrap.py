@@ -26,7 +26,8 @@ from placement.errors import PlacementError
 PLAN_FILE_ENV = "PLACEMENT_PLAN_FILE"
 CONFIG_FILE_ENV = "PLACEMENT_CONFIG_FILE"
 TOPOLOGY_FILE_ENV = "PLACEMENT_TOPOLOGY_FILE"
-KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"  # comma list: env names the user set before placerun
+KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"
+HANDOFF_MAX = 256 * 1024 * 1024  # the topology of an 8192-CPU node is a few MB  # comma list: env names the user set before placerun
 
 log = logging.getLogger("placement")
 
@@ -54,9 +55,10 @@ def load_handoff(environ: MutableMapping[str, str] = os.environ):
 
 
 def _read_json(path: str, build, what: str):
+    from placement._procfs import read_bounded
+
     try:
-        with open(path) as f:
-            return build(json.load(f))
+        return build(json.loads(read_bounded(path, HANDOFF_MAX)))
     except OSError as e:
         raise HandoffError(f"cannot read the {what} file {path!r}: {e.strerror or e}") from None
     except (PlacementError, ValueError, KeyError, TypeError) as e:

@@ -25,8 +25,16 @@ def _module(name: str):
     return importlib.import_module(MODULES.get(name, f"placement.commands.{name}"))
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """Argument errors as every other bad input of placement: one line naming the value, exit 2
+    (argparse's own message names the argument, the value and the choices)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="placement", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="placement", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     sub.required = True
     for name, help_text in SUBCOMMANDS.items():

@@ -142,7 +142,7 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
     code, no OmegaConf: placerun pays for this on every launch.
     """
     cfg = PlacementConfig()
-    if config_file:
+    if config_file is not None:  # "" too: an empty --placement-config is an error, not no file
         _merge(cfg, read_config_file(config_file), config_file)
     for layer in ([base] if isinstance(base, dict) else base or ()):
         if isinstance(layer, str):  # a YAML file among the layers

@@ -41,6 +41,19 @@ core, package by package, then the SMT siblings in the same order):
 - prefcore_two_ccd: 1 node, 16 cores without SMT in two 8-core L3 groups (CCDs), amd-pstate
   prefcore: equal CPPC highest_perf, every core its own prefcore ranking (196 + core: the
   second CCD 1-7% ahead); `prefcore_two_ccd(boosted=...)` lifts the named cores to 250.
+
+Machines of the classes discovery once read wrongly (issue 17; the facts, not anyone's tree):
+- cgroup1_noprefix: cgroup v1 cpuset mounted with `noprefix` on /dev/cpuset (files cpus, mems).
+- legacy_cpuset_fs: the cpuset filesystem (`none /dev/cpuset cpuset`), set named in proc/self/cpuset.
+- cgroup1_effective_differs: v1 cpuset.cpus = package 0, cpuset.effective_cpus narrower.
+- l3_id_repeats: 8 packages x 8 cores, every package's L3 has cache id 0.
+- ia64_empty_l3_maps: L3 shared_cpu_map of zeros and no list (ia64): the L3 is the core's.
+- firmware_node_overlap: 8 nodes each listing all 8 CPUs (a BIOS bug).
+- memory_tiers: DRAM nodes 0-1, a CXL node 2 with HMAT initiator node 0, an HBM-like node 3
+  placed by distances only (nearest node 1).
+- grace_hopper: 72 cores on node 0, the GPU's memory as node 1, memory-less MIG nodes 2-8.
+- cpufreq_policy_owner: two cpufreq policies (CPUs 0-3, 4-7); only CPUs 0 and 4 have cpufreq/.
+- amd_compute_units: AMD family 15h, 2 packages x 2 nodes x 4 compute units of 2 cores.
 """
 from __future__ import annotations
 
@@ -84,6 +97,11 @@ class CpuFacts:
     base_khz: Optional[int] = 2_000_000
     highest_perf: Optional[int] = None
     prefcore_ranking: Optional[int] = None
+    # AMD family 15h: CPUs with an equal value are the cores of one compute unit, which the kernel
+    # lists as thread siblings although each has its own core_id. None: siblings are SMT threads.
+    compute_unit: Optional[int] = None
+    l3_id: Optional[int] = None  # the L3's cache/indexN/id file (None: no id file, as old kernels)
+    freq_policy: Optional[int] = None  # cpufreq policy shared with CPUs of equal value (None: its own)
 
 
 @dataclass(frozen=True)
@@ -112,6 +130,11 @@ class CgroupFacts:
     path: str  # the process's cgroup path, "/kubepods/pod1/ctr"
     cpus: frozenset[int]
     mems: frozenset[int]
+    # v1 only: "cgroup" (files cpuset.cpus), "noprefix" (a cgroup mount with the noprefix option:
+    # files cpus), "cpuset_fs" (the legacy cpuset filesystem: files cpus, no proc/self/cgroup line).
+    v1_mount: str = "cgroup"
+    mount_point: Optional[str] = None  # default /sys/fs/cgroup/cpuset (v1), /dev/cpuset (noprefix, cpuset_fs)
+    effective_cpus: Optional[frozenset[int]] = None  # v1: a cpuset.effective_cpus that differs from cpus
 
 
 @dataclass
@@ -131,6 +154,23 @@ class Machine:
     cpu_online_file: bool = True
     numa_dir: bool = True
     membind_allowed: Optional[bool] = True  # live-only fact, for tests that emulate the machine
+    cpu_vendor: Optional[tuple[str, int]] = ("GenuineIntel", 6)  # proc/cpuinfo vendor_id, cpu family
+    # Every node's cpulist names every CPU (a firmware bug); CpuFacts.node is then the first node.
+    node_lists_overlap: bool = False
+    # Caches: CPUs that have a cache/ directory (None: all); an L3 shared_cpu_map of zeros and no
+    # shared_cpu_list (ia64); L3 `_list` files that name every CPU while the masks are right.
+    cache_dirs: Optional[frozenset[int]] = None
+    empty_l3_maps: bool = False
+    l3_lists_name_every_cpu: bool = False
+    # cpufreq: "per_cpu" (a cpufreq/ directory in every CPU), or "policy_owner" (only the first CPU
+    # of each policy has one, its related_cpus naming the others, as on some ARM boards).
+    cpufreq_layout: str = "per_cpu"
+    # Memory-only nodes: HMAT initiators per node (access0; access1 when `initiators_access1`
+    # differs, e.g. without a generic initiator), and GPU memory nodes (node -> GPU bus id,
+    # named by proc/driver/nvidia/gpus/<bus id>/numa_status).
+    initiators: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    initiators_access1: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    gpu_memory_nodes: dict[int, str] = field(default_factory=dict)
     description: str = ""
 
 
@@ -311,6 +351,105 @@ def prefcore_two_ccd(boosted: frozenset[int] = frozenset()) -> Machine:
                    description="2 CCDs, amd-pstate prefcore: every core its own ranking")
 
 
+# ---- machines that discovery once read wrongly (issue 17), one per class
+
+def cgroup1_noprefix() -> Machine:
+    cpus = smp_cpus(1, 8, 2)
+    allowed = cpus_where(cpus, lambda c: c.core_id in (2, 3, 4, 5))
+    return Machine(cpus, {0: 16_000_000}, {0: {0: 10}},
+                   cgroup=CgroupFacts(1, "/foreground", allowed, frozenset({0}), v1_mount="noprefix"),
+                   description="cgroup v1 cpuset mounted with noprefix on /dev/cpuset: files cpus/mems")
+
+
+def legacy_cpuset_fs() -> Machine:
+    cpus = smp_cpus(2, 4, 1)
+    allowed = cpus_where(cpus, lambda c: c.package == 1)
+    return Machine(cpus, {0: 8_000_000, 1: 8_000_000}, two_level_distances([0, 1], lambda a, b: a == b, 10, 20),
+                   cgroup=CgroupFacts(1, "/batch/job42", allowed, frozenset({1}), v1_mount="cpuset_fs"),
+                   description="the legacy cpuset filesystem on /dev/cpuset, set named in proc/self/cpuset")
+
+
+def cgroup1_effective_differs() -> Machine:
+    cpus = smp_cpus(2, 8, 2)
+    allowed = cpus_where(cpus, lambda c: c.package == 0)
+    return Machine(cpus, {0: 64_000_000, 1: 64_000_000}, two_level_distances([0, 1], lambda a, b: a == b, 10, 21),
+                   cgroup=CgroupFacts(1, "/slurm/uid_1/job_9", allowed, frozenset({0}),
+                                      effective_cpus=cpus_where(cpus, lambda c: c.package == 0 and c.core_id < 2)),
+                   description="cgroup v1: cpuset.cpus (package 0) and a narrower cpuset.effective_cpus disagree")
+
+
+def l3_id_repeats() -> Machine:
+    return Machine(smp_cpus(8, 8, 1, node_of=lambda pkg, core: 0, l3_id=0), {0: 8_000_000}, {0: {0: 10}},
+                   description="8 packages x 8 cores, each package's L3 has cache id 0")
+
+
+def ia64_empty_l3_maps() -> Machine:
+    return Machine(smp_cpus(2, 2, 2, l3_of=lambda pkg, core: pkg * 2 + core, max_khz=None, base_khz=None),
+                   {0: 4_000_000, 1: 4_000_000}, two_level_distances([0, 1], lambda a, b: a == b, 10, 15),
+                   cpu_vendor=None, governor=None, turbo_driver=None, empty_l3_maps=True,
+                   description="ia64: L3 shared_cpu_map all zeros and no list: the L3 is the core's")
+
+
+def firmware_node_overlap() -> Machine:
+    cpus = smp_cpus(2, 2, 2, node_of=lambda pkg, core: 0)
+    nodes = list(range(8))
+    return Machine(cpus, {n: 2_000_000 for n in nodes}, two_level_distances(nodes, lambda a, b: False, 10, 20),
+                   node_lists_overlap=True, description="BIOS bug: each of 8 nodes lists all 8 CPUs")
+
+
+def memory_tiers() -> Machine:
+    """Two sockets with DRAM (nodes 0, 1), a CXL expander attached to socket 0 that HMAT names
+    (node 2, initiator node 0), and an HBM-like tier that only the distance table places (node 3,
+    nearest to node 1)."""
+    cpus = smp_cpus(2, 8, 2)
+    dist = {0: {0: 10, 1: 21, 2: 14, 3: 31}, 1: {0: 21, 1: 10, 2: 24, 3: 13},
+            2: {0: 14, 1: 24, 2: 10, 3: 34}, 3: {0: 31, 1: 13, 2: 34, 3: 10}}
+    return Machine(cpus, {0: 128_000_000, 1: 128_000_000, 2: 256_000_000, 3: 64_000_000}, dist,
+                   initiators={2: (0,)}, initiators_access1={2: (0,)},
+                   description="DRAM nodes 0-1, CXL node 2 (HMAT initiator node 0), HBM-like node 3 (distances)")
+
+
+def grace_hopper() -> Machine:
+    """GH200-like: 72 Arm cores with LPDDR on node 0, the H100's HBM onlined as node 1 (named by
+    the driver's numa_status), MIG nodes 2-8 without memory; the GPU sits on node 0."""
+    cpus = smp_cpus(1, 72, 1, max_khz=3_438_000, base_khz=None)
+    node0 = frozenset(c.id for c in cpus)
+    gpu = "0009:01:00.0"
+    nodes = list(range(9))
+    dist = {a: {b: 10 if a == b else (80 if 0 in (a, b) else 120) for b in nodes} for a in nodes}
+    memory = {0: 480_000_000, 1: 96_000_000, **{n: 0 for n in range(2, 9)}}
+    return Machine(cpus, memory, dist, [PciFacts(gpu, "pci0009:00", None, CLASS_3D, NVIDIA, 0x2342, 0, node0)],
+                   cpu_vendor=None, turbo_driver=None, gpu_memory_nodes={1: gpu},
+                   description="Grace Hopper: CPU node 0, GPU memory node 1, empty MIG nodes 2-8")
+
+
+def cpufreq_policy_owner() -> Machine:
+    """An Arm board with two clusters; cpufreq has one policy per cluster and only its first CPU
+    (0, 4) carries the cpufreq/ directory, whose related_cpus names the others."""
+    cpus = smp_cpus(1, 8, 1, cluster=lambda pkg, core: core // 4, freq_policy=lambda pkg, core: core // 4 * 4,
+                    max_khz=lambda pkg, core: 1_800_000 if core < 4 else 2_400_000, base_khz=None)
+    return Machine(cpus, {0: 4_000_000}, {0: {0: 10}}, cpu_vendor=None, turbo_driver=None,
+                   cpufreq_layout="policy_owner", description="cpufreq policy directory on its first CPU only")
+
+
+def amd_compute_units() -> Machine:
+    """Opteron 6200-like (family 15h): 2 packages x 2 dies (one node each) x 4 compute units of 2
+    cores; Linux numbers a compute unit's cores consecutively and lists them as thread siblings."""
+    cpus = []
+    for pkg in range(2):
+        for die in range(2):
+            for cu in range(4):
+                for k in range(2):
+                    cpu_id = pkg * 16 + die * 8 + cu * 2 + k
+                    cpus.append(CpuFacts(cpu_id, package=pkg, core_id=die * 8 + cu * 2 + k, node=pkg * 2 + die,
+                                         l3=pkg * 2 + die, die=0, compute_unit=(pkg * 2 + die) * 4 + cu,
+                                         max_khz=2_100_000, base_khz=None))
+    nodes = [0, 1, 2, 3]
+    return Machine(cpus, {n: 16_000_000 for n in nodes}, two_level_distances(nodes, lambda a, b: a // 2 == b // 2, 16, 22),
+                   cpu_vendor=("AuthenticAMD", 21), turbo_driver="boost",
+                   description="AMD family 15h: compute units of 2 cores listed as thread siblings")
+
+
 FIXTURES: dict[str, Callable[[], Machine]] = {
     "dgx_h100": dgx_h100,
     "epyc_nps4": epyc_nps4,
@@ -322,6 +461,16 @@ FIXTURES: dict[str, Callable[[], Machine]] = {
     "legacy_masks": legacy_masks,
     "sparse_offline": sparse_offline,
     "no_numa_dir": no_numa_dir,
+    "cgroup1_noprefix": cgroup1_noprefix,
+    "legacy_cpuset_fs": legacy_cpuset_fs,
+    "cgroup1_effective_differs": cgroup1_effective_differs,
+    "l3_id_repeats": l3_id_repeats,
+    "ia64_empty_l3_maps": ia64_empty_l3_maps,
+    "firmware_node_overlap": firmware_node_overlap,
+    "memory_tiers": memory_tiers,
+    "grace_hopper": grace_hopper,
+    "cpufreq_policy_owner": cpufreq_policy_owner,
+    "amd_compute_units": amd_compute_units,
     "prefcore_two_ccd": prefcore_two_ccd,
 }
 
@@ -386,12 +535,18 @@ def _plan_tree(machine: Machine) -> _Tree:
             out.setdefault(key(o), set()).add(o.id)
         return {k: frozenset(v) for k, v in out.items()}
 
-    cores = groups_by(lambda o: (o.package, o.die, o.core_id))
+    def core_key(o: CpuFacts) -> tuple:
+        # A compute unit's cores are listed as thread siblings of each other.
+        return ("cu", o.package, o.compute_unit) if o.compute_unit is not None else (o.package, o.die, o.core_id)
+
+    cores = groups_by(core_key)
+    own_cores = groups_by(lambda o: (o.package, o.die, o.core_id))
     packages = groups_by(lambda o: o.package)
     dies = groups_by(lambda o: (o.package, o.die))
     clusters = groups_by(lambda o: o.cluster)
     l3s = groups_by(lambda o: o.l3)
     nodes_cpus = groups_by(lambda o: o.node)
+    policies = groups_by(lambda o: ("own", o.id) if o.freq_policy is None else o.freq_policy)
 
     sysc = "sys/devices/system/cpu"
     for c in machine.cpus:
@@ -400,7 +555,7 @@ def _plan_tree(machine: Machine) -> _Tree:
             t.write(f"{d}/online", "1\n" if c.online else "0\n")
         if not c.online:
             continue  # the kernel removes topology/ and cache/ of an offline CPU
-        core = cores[(c.package, c.die, c.core_id)]
+        core = cores[core_key(c)]
         pkg = packages[c.package]
         t.write(f"{d}/topology/physical_package_id", f"{c.package}\n")
         t.write(f"{d}/topology/core_id", f"{c.core_id}\n")
@@ -413,21 +568,29 @@ def _plan_tree(machine: Machine) -> _Tree:
             t.cpuset(f"{d}/topology/package_cpus", pkg)
             t.cpuset(f"{d}/topology/die_cpus", dies[(c.package, c.die)])
             t.cpuset(f"{d}/topology/cluster_cpus", clusters[c.cluster] if c.cluster != -1 else core)
-        for index, level, kind, shared in ((0, 1, "Data", core), (1, 1, "Instruction", core),
-                                           (2, 2, "Unified", core), (3, 3, "Unified", l3s[c.l3])):
-            t.write(f"{d}/cache/index{index}/level", f"{level}\n")
-            t.write(f"{d}/cache/index{index}/type", f"{kind}\n")
-            t.cpuset(f"{d}/cache/index{index}/shared_cpu", shared, mask_name=f"{d}/cache/index{index}/shared_cpu_map")
-        if c.max_khz is not None:
-            t.write(f"{d}/cpufreq/cpuinfo_max_freq", f"{c.max_khz}\n")
-        if c.base_khz is not None:
-            t.write(f"{d}/cpufreq/base_frequency", f"{c.base_khz}\n")
-        if machine.governor is not None:
-            t.write(f"{d}/cpufreq/scaling_governor", f"{machine.governor}\n")
-        if c.prefcore_ranking is not None:
-            t.write(f"{d}/cpufreq/amd_pstate_prefcore_ranking", f"{c.prefcore_ranking}\n")
+        if machine.cache_dirs is None or c.id in machine.cache_dirs:
+            _write_caches(t, machine, d, c, own_cores[(c.package, c.die, c.core_id)], core, l3s[c.l3], on_ids)
+        members = policies[("own", c.id) if c.freq_policy is None else c.freq_policy]
+        if machine.cpufreq_layout == "per_cpu" or c.id == min(members):
+            f = f"{d}/cpufreq"
+            if c.max_khz is not None:
+                t.write(f"{f}/cpuinfo_max_freq", f"{c.max_khz}\n")
+            if c.base_khz is not None:
+                t.write(f"{f}/base_frequency", f"{c.base_khz}\n")
+            if machine.governor is not None:
+                t.write(f"{f}/scaling_governor", f"{machine.governor}\n")
+            if c.prefcore_ranking is not None:
+                t.write(f"{f}/amd_pstate_prefcore_ranking", f"{c.prefcore_ranking}\n")
+            if machine.cpufreq_layout == "policy_owner":
+                # related_cpus/affected_cpus print CPU numbers separated by spaces, not a cpu list.
+                t.write(f"{f}/related_cpus", " ".join(map(str, sorted(members))) + "\n")
+                t.write(f"{f}/affected_cpus", " ".join(map(str, sorted(members))) + "\n")
         if c.highest_perf is not None:
             t.write(f"{d}/acpi_cppc/highest_perf", f"{c.highest_perf}\n")
+    if machine.cpu_vendor is not None:
+        vendor, family = machine.cpu_vendor
+        t.write("proc/cpuinfo", "".join(f"processor\t: {c.id}\nvendor_id\t: {vendor}\ncpu family\t: {family}\n"
+                                        f"physical id\t: {c.package}\ncore id\t\t: {c.core_id}\n\n" for c in online))
     if machine.cpu_online_file:
         t.write(f"{sysc}/online", format_cpulist(on_ids) + "\n")
         t.write(f"{sysc}/present", format_cpulist(present) + "\n")
@@ -443,7 +606,7 @@ def _plan_tree(machine: Machine) -> _Tree:
         for n in nodes:
             d = f"sys/devices/system/node/node{n}"
             # The node's list file is `cpulist` (not `cpu_list`), beside the mask `cpumap`.
-            node_set = nodes_cpus.get(n, frozenset())
+            node_set = on_ids if machine.node_lists_overlap else nodes_cpus.get(n, frozenset())
             tail = "\n\x00" if machine.nul_bytes else "\n"
             t.write(f"{d}/cpumap", format_cpumask(node_set) + tail)
             if not machine.mask_only:
@@ -452,13 +615,43 @@ def _plan_tree(machine: Machine) -> _Tree:
             t.write(f"{d}/distance", " ".join(str(row[b]) for b in sorted(row)) + "\n")
             kb = machine.node_memory_kb.get(n, 0)
             t.write(f"{d}/meminfo", f"Node {n} MemTotal:       {kb} kB\nNode {n} MemFree:        {kb // 2} kB\n")
+            for access, table in (("access0", machine.initiators), ("access1", machine.initiators_access1)):
+                if n in table:
+                    t.mkdir(f"{d}/{access}/initiators")
+                    t.write(f"{d}/{access}/initiators/read_latency", "100\n")
+                    for m in table[n]:
+                        t.link(f"{d}/{access}/initiators/node{m}", f"../../../node{m}")
         if not machine.mask_only:
             t.write("sys/devices/system/node/online", format_cpulist(nodes) + "\n")
             t.write("sys/devices/system/node/possible", format_cpulist(nodes) + "\n")
+    for n, bdf in machine.gpu_memory_nodes.items():
+        t.write(f"proc/driver/nvidia/gpus/{bdf}/numa_status",
+                f"Node:                                 {n}\nStatus:                               online\n")
 
     _write_pci(t, machine)
     _write_proc(t, machine)
     return t
+
+
+def _write_caches(t: _Tree, machine: Machine, d: str, c: CpuFacts, own_core: frozenset[int],
+                  core: frozenset[int], l3: frozenset[int], on_ids: frozenset[int]) -> None:
+    """cache/index0-3: L1d of the CPU's own core, L1i and L2 of its core as the kernel lists it
+    (a compute unit's two cores share them), the L3."""
+    for index, level, kind, shared in ((0, 1, "Data", own_core), (1, 1, "Instruction", core),
+                                       (2, 2, "Unified", core), (3, 3, "Unified", l3)):
+        base = f"{d}/cache/index{index}"
+        t.write(f"{base}/level", f"{level}\n")
+        t.write(f"{base}/type", f"{kind}\n")
+        if level == 3 and c.l3_id is not None:
+            t.write(f"{base}/id", f"{c.l3_id}\n")
+        if level == 3 and machine.empty_l3_maps:
+            t.write(f"{base}/shared_cpu_map", format_cpumask(frozenset()) + "\n")
+            continue
+        if level == 3 and machine.l3_lists_name_every_cpu:
+            t.write(f"{base}/shared_cpu_map", format_cpumask(shared) + "\n")
+            t.write(f"{base}/shared_cpu_list", format_cpulist(on_ids) + "\n")
+            continue
+        t.cpuset(f"{base}/shared_cpu", shared, mask_name=f"{base}/shared_cpu_map")
 
 
 def _pci_dir(machine: Machine, bdf: str) -> str:
@@ -500,21 +693,37 @@ def _write_proc(t: _Tree, machine: Machine) -> None:
     mounts = ["sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0",
               "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0"]
     cg = machine.cgroup
+    every = frozenset(c.id for c in machine.cpus if c.online)
     if cg is None or cg.version == 2:
         mounts.append("cgroup2 /sys/fs/cgroup cgroup2 rw,nosuid,nodev,noexec,relatime,nsdelegate 0 0")
         path = cg.path if cg else "/"
         t.write("proc/self/cgroup", f"0::{path}\n")
         if cg is not None:
+            t.write("proc/self/cpuset", f"{path}\n")
             t.write("sys/fs/cgroup/cgroup.controllers", "cpuset cpu io memory pids\n")
+            t.write("sys/fs/cgroup/cpuset.cpus.effective", format_cpulist(every) + "\n")
             t.write(f"sys/fs/cgroup{cg.path}/cpuset.cpus.effective", format_cpulist(cg.cpus) + "\n")
             t.write(f"sys/fs/cgroup{cg.path}/cpuset.mems.effective", format_cpulist(cg.mems) + "\n")
     else:
-        mounts += ["tmpfs /sys/fs/cgroup tmpfs ro,nosuid,nodev,noexec,mode=755 0 0",
-                   "cgroup /sys/fs/cgroup/cpuset cgroup rw,nosuid,nodev,noexec,relatime,cpuset 0 0",
-                   "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0"]
-        t.write("proc/self/cgroup", f"4:memory:{cg.path}\n3:cpuset:{cg.path}\n0::/\n")
-        t.write(f"sys/fs/cgroup/cpuset{cg.path}/cpuset.cpus", format_cpulist(cg.cpus) + "\n")
-        t.write(f"sys/fs/cgroup/cpuset{cg.path}/cpuset.mems", format_cpulist(cg.mems) + "\n")
+        noprefix = cg.v1_mount in ("noprefix", "cpuset_fs")
+        point = cg.mount_point or ("/dev/cpuset" if noprefix else "/sys/fs/cgroup/cpuset")
+        prefix = "" if noprefix else "cpuset."
+        if cg.v1_mount == "cpuset_fs":
+            # The cpuset filesystem of kernels before cgroups: the set is named in proc/self/cpuset only.
+            mounts.append(f"none {point} cpuset rw,relatime 0 0")
+            t.write("proc/self/cpuset", f"{cg.path}\n")
+        else:
+            opts = "cpuset,noprefix,release_agent=/sbin/cpuset_release_agent" if noprefix else "cpuset"
+            mounts += ["tmpfs /sys/fs/cgroup tmpfs ro,nosuid,nodev,noexec,mode=755 0 0",
+                       f"cgroup {point} cgroup rw,nosuid,nodev,noexec,relatime,{opts} 0 0",
+                       "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0"]
+            t.write("proc/self/cgroup", f"4:memory:{cg.path}\n3:cpuset:{cg.path}\n0::/\n")
+        root, leaf = point.strip("/"), point.strip("/") + cg.path
+        t.write(f"{root}/{prefix}cpus", format_cpulist(every) + "\n")
+        t.write(f"{leaf}/{prefix}cpus", format_cpulist(cg.cpus) + "\n")
+        t.write(f"{leaf}/{prefix}mems", format_cpulist(cg.mems) + "\n")
+        if cg.effective_cpus is not None:
+            t.write(f"{leaf}/{prefix}effective_cpus", format_cpulist(cg.effective_cpus) + "\n")
     t.write("proc/mounts", "\n".join(mounts) + "\n")
 
 

@@ -174,12 +174,13 @@ CONFIG_FILES = [
     ("nan.yaml", ["budget_pct", "nan", "finite"]),
     ("number_log_dir.yaml", ["placement.monitor.log_dir", "5 is not a string"]),
     ("deep.yaml", ["deep.yaml"]),
+    ("empty_name", ["config file ''", "No such file"]),
 ]
 
 
 @pytest.mark.parametrize("name,needles", CONFIG_FILES, ids=[n for n, _ in CONFIG_FILES])
 def test_placerun_config_file(placerun, bad, name, needles):
-    rc, line = placerun("--placement-config", bad[name])
+    rc, line = placerun("--placement-config", bad.get(name, ""))
     assert rc == 2
     for n in needles:
         assert n in line, line
@@ -284,6 +285,26 @@ def test_doctor_bad_nccl_xml(cli, tmp_path):
     assert rc == 2 and all(n in _one_line(err) for n in needles)
 
 
+ARGPARSE_CASES = [
+    (["doctor", "--nproc-per-node", "abc"], ["placement doctor", "--nproc-per-node", "'abc'"]),
+    (["bogus"], ["'bogus'", "topo", "report"]),
+    (["plan", "--bogus"], ["placement", "--bogus"]),
+    (["topo", "--root"], ["placement topo", "--root", "expected one argument"]),
+    (["report"], ["placement report", "LOG"]),
+    (["selftest", "--nproc-per-node", "0"], ["placement selftest", "--nproc-per-node=0"]),
+]
+
+
+@pytest.mark.parametrize("argv,needles", ARGPARSE_CASES, ids=[" ".join(a) for a, _ in ARGPARSE_CASES])
+def test_placement_cli_arguments(capsys, argv, needles):
+    try:
+        rc = cli_main(argv)
+    except SystemExit as e:  # argparse's exit, as the console script ends
+        rc = e.code
+    line = _one_line(capsys.readouterr().err)
+    assert rc == 2 and all(n in line for n in needles), line
+
+
 # ---- placement report: unreadable logs are one line; corrupt lines are skipped and counted ----------
 STEP = ('{"type":"step","rank":0,"step":%d,"t":%s,"step_ms":10.0,"data_ms":1.0,"comm_ms":2.0,"comm_count":1,'
         '"roles":{"main":{"threads":1,"cpu_ms":5.0,"runq_ms":%s,"cpus":[0]}},"verdict":"balanced"}')
@@ -342,12 +363,15 @@ def _attach_cases(tmp_path: Path):
         "config_number": ({"config": 123}, {}, ["attach(config=int)", "PlacementConfig"]),
         "config_no_value": ({"config": ["policy"]}, {}, ["'policy'", "KEY=VALUE"]),
         "config_binary": ({"config": "BINARY"}, {}, ["not UTF-8"]),
+        "model_not_a_module": ({"model": 5}, {}, ["attach(model=int)", "torch.nn.Module"]),
+        "log_dir_is_a_device": ({"monitor": {"log_dir": "/dev/null"}}, {}, ["'/dev/null'", "not writable"]),
     }
 
 
 ATTACH_CASES = ["policy", "log_dir_number", "log_dir_top_level", "log_dir_empty", "log_dir_unwritable", "budget_nan",
                 "runq_nan", "reserved_huge", "local_rank_text", "local_rank_beyond", "world_size_negative",
-                "config_missing", "config_number", "config_no_value", "config_binary"]
+                "config_missing", "config_number", "config_no_value", "config_binary", "model_not_a_module",
+                "log_dir_is_a_device"]
 
 
 @pytest.mark.parametrize("case", ATTACH_CASES)

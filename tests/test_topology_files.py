@@ -50,12 +50,13 @@ def test_missing_files_are_unknown_without_warnings(small):
     assert {c.id for c in topo.cpus if c.perf_rank == 0} == {2, 5, 10, 13}
 
 
-def test_malformed_sibling_list_falls_back_to_the_mask(small):
-    lst = small / CPU / "cpu1/topology/core_cpus_list"
-    lst.write_text("1-x\n")
+def test_malformed_sibling_mask_falls_back_to_the_list(small):
+    """The mask is what hwloc reads, so it comes first; a malformed one still leaves the list."""
+    mask = small / CPU / "cpu1/topology/core_cpus"
+    mask.write_text("xyz\n")
     topo = discover(str(small))
     assert topo.cpu(1).core == topo.cpu(9).core == 1
-    assert len(topo.warnings) == 1 and str(lst) in topo.warnings[0]
+    assert len(topo.warnings) == 1 and str(mask) in topo.warnings[0]
 
 
 def test_missing_topology_dir_falls_back_to_siblings_read_elsewhere(small):

@@ -302,3 +302,13 @@ def test_numa_balancing_quiet(case):
     else:
         facts = FakeFacts(balancing=0, counters=[{"numa_hint_faults": 5}])
     assert _drive(RULES["numa_balancing"](), wins, facts) is None
+
+
+def test_runqueue_moves_the_backward_thread_off_a_foreign_hog():
+    # A GPU rank's plan: backward on its own core 1 next to main's 0; a foreign hog on 1.
+    roles = {"main": [0], "backward": [1], "nccl": [2], "pin_memory": [2], "other": [3, 4, 5, 6, 7]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.1, "runq_ms": 0.0, "cpus": [0]},
+                             "backward": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [1]}, "nccl": NCCL_IDLE})
+    p = RULES["runqueue"]().propose(ctx(recs, roles, facts=FakeFacts(foreign=[hog(1)])))
+    assert p is not None and p.role is ThreadRole.BACKWARD
+    assert p.cpus and not p.cpus & {0, 1, 2}  # a free core of the share: not the hog's, no other hot role's

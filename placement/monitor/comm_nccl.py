@@ -7,7 +7,8 @@ placement/monitor/flight_recorder.py and below):
 - flight recorder (monitor.comm_timing=auto or flight_recorder): the recorder ProcessGroupNCCL
   really fills, read incrementally on the monitor thread every monitor.flush_every steps (or
   every k-th time when that costs more than monitor.budget_pct of the steps in between; see
-  FrCadence). Adds nothing to the job: no CUDA event, no hook, no thread. A collective's
+  FrCadence), through torch's control-plane worker server (its C++ thread formats the dump
+  without the GIL). Adds no CUDA event and no hook; the worker server is one C++ thread. A collective's
   `duration_ms` exists only when collective timing is on (TORCH_NCCL_ENABLE_TIMING=1, which
   makes ProcessGroupNCCL record a start CUDA event per collective on the NCCL stream,
   ProcessGroupNCCL.hpp:88-94); without it comm_ms stays null and one warning says what to set.
@@ -268,7 +269,13 @@ class NcclFlightRecorderComm(NcclTiming):
             t0 = time.perf_counter_ns()
             got = self.reader.read(dump)
         except Exception as e:
-            self.warn("fr-dump", f"flight-recorder dump failed ({self.source}: {first_line(e)})")
+            fallback = next((s for s in self.sources[self.sources.index(self.source) + 1:]
+                             if s.recorder == self.source.recorder), None)
+            self.warn(f"fr-dump:{self.source}", f"flight-recorder dump failed ({self.source}: {first_line(e)})"
+                      + (f"; reading {fallback} from now on" if fallback else ""))
+            if fallback is not None:
+                self.source.close()
+                self.source = fallback
             return
         self.polls += 1
         self._records = got.settled + got.lost
@@ -340,6 +347,11 @@ class NcclFlightRecorderComm(NcclTiming):
                 "timed_entries": self.timed_entries, "overflow": self.reader.overflow}
 
     def close(self) -> None:
+        for source in self.sources:
+            try:
+                source.close()  # the worker server, when one was started
+            except Exception as e:
+                self.warn("fr-close", f"flight-recorder worker server did not shut down ({first_line(e)})")
         events = getattr(self.warn, "events", None)
         if events is not None and self.polls:
             try:

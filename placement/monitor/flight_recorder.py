@@ -26,13 +26,14 @@ start event exists only with timing on (TORCH_NCCL_ENABLE_TIMING, ProcessGroupNC
 unknown (:574-581; None in the pickle dump, :427-436); `retired` once the watchdog let go of it.
 
 Cost: formatting the dump is ~15 us per entry on our VM and the Python binding holds the
-GIL for all of it (main stalls ~30 ms per 2000-entry dump). The control-plane handler runs
-the same dump with the GIL released (measured by benchmarks/comm_flight_recorder.py), so
-it is the route used when torch has it; the GIL is then held only to hand over the string,
-find where the new entries start and parse those.
+GIL for all of it (main stalls ~30 ms per 2000-entry dump). torch's control-plane worker
+server runs the same dump on its own C++ thread with the GIL released (measured by
+benchmarks/comm_flight_recorder.py), so it is the route used when torch has it; the GIL is
+then held only to take the answer, find where the new entries start and parse those.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -44,10 +45,10 @@ DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCC
 # (recorder, route, name) in order of preference.
 NCCL, GENERIC = "nccl", "generic"
 _SOURCES = (
-    (NCCL, "handler", "dump_nccl_trace_json"),  # FlightRecorderCuda.cpp jsonDumpHandler
+    (NCCL, "server", "dump_nccl_trace_json"),  # FlightRecorderCuda.cpp jsonDumpHandler
     (NCCL, "binding", "_dump_nccl_trace_json"),
     (NCCL, "pickle", "_dump_nccl_trace"),  # torch 2.4: pickle only
-    (GENERIC, "handler", "fr_trace_json"),
+    (GENERIC, "server", "fr_trace_json"),
     (GENERIC, "binding", "_dump_fr_trace_json"),
 )
 
@@ -89,59 +90,81 @@ class DumpSource:
     """One way of dumping one recorder; dump() returns the JSON text or, for the pickle
     route, the decoded dict."""
 
-    def __init__(self, recorder: str, route: str, name: str, fn: Callable):
+    def __init__(self, recorder: str, route: str, name: str, fn: Callable, closer: Optional[Callable] = None):
         self.recorder = recorder
         self.route = route
         self.name = name
         self._fn = fn
+        self._closer = closer
 
     @property
     def gil_free(self) -> bool:
-        return self.route == "handler"
+        """Whether torch formats the dump without the GIL (the worker-server route)."""
+        return self.route == "server"
 
     def dump(self) -> Union[str, dict]:
         return self._fn()
+
+    def close(self) -> None:
+        if self._closer is not None:
+            self._closer()
 
     def __repr__(self) -> str:
         return f"{self.route} {self.name}"
 
 
-def _handler_dump(handler: Callable) -> Callable[[], str]:
-    """Call a control-plane handler as torch's worker server does, with Request/Response
-    implemented in Python (their pybind trampolines take the GIL only for these calls)."""
-    import torch._C._distributed_c10d as c10d
+class WorkerServer:
+    """torch's control-plane WorkerServer (`_WorkerServer`, what torch.distributed.elastic's
+    worker_main starts on TORCH_WORKER_SERVER_SOCKET) on a private unix socket of this process,
+    started at the first dump. A POST to /handler/<name> runs the handler on the server's C++
+    thread, without the GIL, with a C++ Request: the NCCL handler reads req.params(), which a
+    Python-made _Request cannot answer (its pybind trampoline cannot cast a dict to the
+    std::multimap that Handlers.hpp:22 returns; tested here). Reading the answer from the socket
+    releases the GIL too."""
 
-    class _Request(c10d._Request):
-        def body(self) -> bytes:
-            return b""
+    def __init__(self, c10d):
+        self._c10d = c10d
+        self._server = None
+        self.path: Optional[str] = None
 
-        def params(self) -> dict:
-            return {}
+    def fetch(self, handler: str) -> str:
+        import http.client
+        import socket
 
-        def get_param(self, _key: str) -> str:
-            return ""
+        if self._server is None:
+            import tempfile
 
-    class _Response(c10d._Response):
-        def __init__(self):
-            super().__init__()
-            self.content: Any = None
-            self.status = 200
+            self.path = os.path.join(tempfile.gettempdir(), f"placement-fr-{os.getpid()}-{id(self):x}.sock")
+            self._server = self._c10d._WorkerServer(self.path, -1)
+        path = self.path
 
-        def set_content(self, content, _content_type) -> None:
-            self.content = content
+        class _Unix(http.client.HTTPConnection):
+            def connect(self):
+                self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.sock.settimeout(self.timeout)
+                self.sock.connect(path)
 
-        def set_status(self, status: int) -> None:
-            self.status = status
+        conn = _Unix("localhost", timeout=30.0)
+        try:
+            conn.request("POST", f"/handler/{handler}")
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            raise RuntimeError(f"{handler} answered {response.status}: {body[:200]!r}")
+        return body.decode()
 
-    def dump() -> str:
-        response = _Response()
-        handler(_Request(), response)
-        if response.status != 200 or response.content is None:
-            raise RuntimeError(f"handler answered {response.status}: {str(response.content)[:200]}")
-        content = response.content
-        return content.decode() if isinstance(content, bytes) else content
-
-    return dump
+    def close(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            try:
+                server.shutdown()
+            finally:
+                try:
+                    os.unlink(self.path)
+                except OSError:
+                    pass
 
 
 def _binding_dump(fn: Callable) -> Callable[[], str]:
@@ -162,7 +185,8 @@ def _pickle_dump(fn: Callable) -> Callable[[], dict]:
 
 
 def dump_sources(c10d=None) -> list[DumpSource]:
-    """The dump routes this torch offers, preferred first."""
+    """The dump routes this torch offers, preferred first. The worker-server ones share one
+    server, started at their first dump and shut down by their close()."""
     if c10d is None:
         try:
             import torch._C._distributed_c10d as c10d
@@ -172,14 +196,12 @@ def dump_sources(c10d=None) -> list[DumpSource]:
         handlers = set(c10d._get_handler_names()) if hasattr(c10d, "_get_handler_names") else set()
     except Exception:
         handlers = set()
+    server = WorkerServer(c10d) if hasattr(c10d, "_WorkerServer") else None
     out = []
     for recorder, route, name in _SOURCES:
-        if route == "handler":
-            if name in handlers and hasattr(c10d, "_Request"):
-                try:
-                    out.append(DumpSource(recorder, route, name, _handler_dump(c10d._get_handler(name))))
-                except Exception:
-                    continue
+        if route == "server":
+            if server is not None and name in handlers:
+                out.append(DumpSource(recorder, route, name, functools.partial(server.fetch, name), server.close))
         else:
             fn = getattr(c10d, name, None)
             if fn is not None:

@@ -13,8 +13,9 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   monitor.rescan_every steps the span reading of every thread and a refresh of the
   thread list; every monitor.flush_every steps records are built, judged, handed to the
   observers (the tuner), encoded and written in one batch, and the file flushed; every
-  monitor.exchange_every steps one asynchronous all-gather on a side gloo group, of the
-  same absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
+  monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
+  c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
+  absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
   its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
 Data crosses from the training thread as dataclasses (RawStep, HandOver) addressed by step.
@@ -41,7 +42,7 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommStep, CommTiming
-from placement.monitor.exchange import Exchange
+from placement.monitor.exchange import NAMED, Exchange, straggler_event
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
 from placement.monitor.stall import StallWatch
@@ -404,20 +405,18 @@ class StepMonitor:
         self._window = [r for r in self._window if r.step > last]
         self.exchange.submit(figs)
 
-    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures]) -> None:
+    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
         """Rank 0: one `straggler` event per window that names someone."""
         if not report.stragglers:
             return
-        steps = [f for f in figures if f.steps]
-        first = min((f.first_step for f in steps), default=0)
-        last = max((f.last_step for f in steps), default=0)
-        self.events.event("straggler", steps=[first, last], **report.to_dict(),
-                          figures={str(f.rank): {"step_ms": round(f.step_ms, 3), "data_ms": round(f.data_ms, 3),
-                                                 "comm_ms": None if f.comm_ms is None else round(f.comm_ms, 3),
-                                                 "stall_ms": None if f.stall_ms() is None else round(f.stall_ms(), 3)}
-                                   for f in steps})
-        for s in report.stragglers:
+        fields = straggler_event(report, figures, extra)
+        self.events.event("straggler", **fields)
+        first, last = fields["steps"]
+        for s in report.stragglers[:NAMED]:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
+        for kind, more in report.more.items():
+            log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
+                        more["ranks"])
 
     # ---- ends --------------------------------------------------------------------------
     def _write_everything(self, exchange: bool) -> bool:

@@ -117,10 +117,16 @@ class StragglerReport:
     stragglers: list[Straggler] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)  # ranks whose comm time grew waiting for them
     transfer_ms: Optional[float] = None  # comm time of the rank that waited least: the collective itself
+    # At scale (exchange.compact): stragglers beyond the worst few, counted by kind:
+    # kind -> {"count": n, "ranks": "3,17,200-207"}.
+    more: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        return {"stragglers": [asdict(s) for s in self.stragglers], "waiting": self.waiting,
-                "transfer_ms": self.transfer_ms}
+        out = {"stragglers": [asdict(s) for s in self.stragglers], "waiting": self.waiting,
+               "transfer_ms": self.transfer_ms}
+        if self.more:
+            out["more"] = self.more
+        return out
 
     def names(self, kind: Optional[str] = None) -> list[int]:
         return sorted(r for s in self.stragglers if kind is None or s.kind == kind for r in s.ranks)

@@ -105,11 +105,24 @@ def _split_node(ctx: PlanContext, node: int, pool: list[Core], members: list[Ran
         ctx.warn(f"node {node} has {count} free physical core(s) for {k} ranks: local ranks "
                  f"{', '.join(str(s.local_rank) for s in members)} share cores, hot threads of "
                  "different ranks compete")
-    hot = [sorted(sh, key=lambda c: c.hot_order(prefer_fast))[:hot_cores_needed(s)]
-           for s, sh in zip(members, shares)]
+    hot = [_hot_cores(sh, prefer_fast, hot_cores_needed(s)) for s, sh in zip(members, shares)]
     if prefer_fast and count >= k:
         _trade_for_speed(shares, hot)
     return shares, hot
+
+
+def _hot_cores(share: list[Core], prefer_fast: bool, count: int) -> list[Core]:
+    """The share's `count` hot cores in hot order, each on an AMD compute unit the others do not use
+    when one is as fast (two cores of a unit share one front end, so main and nccl would compete)."""
+    ranked = sorted(share, key=lambda c: c.hot_order(prefer_fast))
+    picked: list[Core] = []
+    for _ in range(min(count, len(ranked))):
+        rest = [c for c in ranked if c not in picked]
+        speed = rest[0].hot_order(prefer_fast)[:2]  # (not whole, perf_rank or 0)
+        units = {c.compute_unit for c in picked}
+        apart = [c for c in rest if c.compute_unit not in units and c.hot_order(prefer_fast)[:2] == speed]
+        picked.append(apart[0] if apart else rest[0])
+    return picked
 
 
 def _speed(c: Core) -> tuple[bool, int]:

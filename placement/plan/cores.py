@@ -28,6 +28,9 @@ class Core:
     # The speed evidence of that thread, in perf_rank's order (CPPC highest_perf, amd-pstate
     # prefcore ranking, max kHz, base kHz); None where unknown. Says how much faster, not only which.
     peak: tuple[Optional[int], ...] = ()
+    # AMD family 15h: the compute unit whose front end, L1i and L2 it shares with its twin core
+    # (lowest online CPU id of the unit); its own key on every other machine.
+    compute_unit: int = -1
 
     @property
     def whole(self) -> bool:
@@ -88,6 +91,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
     core_of = _group_min(topo, "core")
     l3_of = _group_min(topo, "l3")
     cluster_of = _group_min(topo, "cluster")
+    unit_of = _group_min(topo, "compute_unit")
     node_of = cpu_node(topo)
     by_id = {c.id: c for c in topo.cpus}
     threads: dict[int, set[int]] = {}
@@ -107,6 +111,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
             l3=l3, cluster=cluster_of.get(key, l3),
             perf=min(ranks) if ranks else _UNRANKED,
             peak=(best.highest_perf, best.prefcore_ranking, best.max_khz, best.base_khz),
+            compute_unit=unit_of.get(key, key),
         ))
     return sorted(cores, key=lambda c: c.compact_order)
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 from typing import Optional
 
 from placement._procfs import read_bounded
 from placement.cpuset import parse_cpulist, parse_cpumask
+
+CPU_DIR = "sys/devices/system/cpu"
+NODE_DIR = "sys/devices/system/node"
 
 _ABSENT = (errno.ENOENT, errno.ENOTDIR)
 # sysfs attributes are at most a page (cpu lists of huge machines a few pages); procfs files read
@@ -46,6 +50,26 @@ class SysfsReader:
                 self.warn(rel, f"unreadable ({e.strerror})")
             return None
         return raw.replace(b"\x00", b"").decode("latin-1").strip()
+
+    def head(self, rel: str, size: int = 4096) -> Optional[str]:
+        """The first `size` bytes of a file that may be long (proc/cpuinfo); None if absent, not a
+        regular file or unreadable (one warning, as text())."""
+        try:
+            fd = os.open(self.path(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno not in _ABSENT:
+                self.warn(rel, f"unreadable ({e.strerror})")
+            return None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                self.warn(rel, "not a regular file")
+                return None
+            return os.read(fd, size).decode("latin-1")
+        except OSError as e:
+            self.warn(rel, f"unreadable ({e.strerror})")
+            return None
+        finally:
+            os.close(fd)
 
     def integer(self, rel: str, base: int = 10) -> Optional[int]:
         text = self.text(rel)

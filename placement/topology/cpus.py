@@ -1,10 +1,18 @@
-"""CPUs: which exist and are online, their groups (package, die, cluster, core, L3) and the
-single-thread performance evidence behind `perf_rank`.
+"""CPUs: which exist and are online, and their groups (package, die, cluster, core, AMD compute
+unit, L3), with the performance evidence of placement/topology/perf.py.
 
-Groups come from the kernel's sibling sets (`*_list`, else the hex mask), else from the
-ids (old kernels). A CPU already covered by a sibling set read from another CPU is not
-read again, so a 224-CPU machine costs about one file per group, not per CPU. A group's
-key is the lowest online CPU id in it: unique machine-wide, whatever the kernel's ids are.
+Groups come from the kernel's sibling sets, else from the ids (old kernels). As hwloc does
+(hwloc/topology-linux.c, `look_sysfscpu`), the hex masks are read (`core_cpus`/`thread_siblings`,
+`package_cpus`/`core_siblings`, ...) and the `_list` files only where a mask is missing: where a
+tree's two disagree, the mask is what hwloc reads. A CPU already covered by a sibling set read from
+another CPU is not read again, so a 224-CPU machine costs about one file per group, not per CPU.
+A group's key is the lowest online CPU id in it: unique machine-wide, whatever the kernel's ids are.
+
+AMD compute units (family 15h Bulldozer..Excavator, and 16h as hwloc tests it): the kernel lists
+the two cores of a compute unit, which share a front end, L1i and L2, as thread siblings, each
+with its own core_id. hwloc (`hwloc_linuxfs_look_cpu`: is_amd_with_CU from proc/cpuinfo's vendor
+and family; `look_sysfscpu`: threadwithcoreid when siblings' core_ids differ) makes each of them
+a core; so do we, and keep the pair as `compute_unit` (None on every other machine).
 """
 from __future__ import annotations
 
@@ -12,10 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from placement.topology._sysfs import SysfsReader
+from placement.topology._sysfs import CPU_DIR, SysfsReader
+from placement.topology.caches import l3_keys, read_set as read_first_set
 from placement.topology.model import Cpu
+from placement.topology.perf import perf_evidence, perf_ranks
 
-CPU_DIR = "sys/devices/system/cpu"
 _CPU_NAME = re.compile(r"cpu(\d+)$")
 # cluster_id/die_id values that mean "the machine has no such object".
 _NO_ID = (-1, 0xFFFF)
@@ -48,25 +57,13 @@ class _Level:
 
 
 _LEVELS = {
-    "core": _Level(("core_cpus_list", "thread_siblings_list", "core_cpus", "thread_siblings"),
+    "core": _Level(("core_cpus", "thread_siblings", "core_cpus_list", "thread_siblings_list"),
                    ids=("physical_package_id", "die_id", "core_id")),
-    "package": _Level(("package_cpus_list", "core_siblings_list", "package_cpus", "core_siblings"),
+    "package": _Level(("package_cpus", "core_siblings", "package_cpus_list", "core_siblings_list"),
                       ids=("physical_package_id",)),
-    "die": _Level(("die_cpus_list", "die_cpus"), gate="die_id"),
-    "cluster": _Level(("cluster_cpus_list", "cluster_cpus"), gate="cluster_id"),
+    "die": _Level(("die_cpus", "die_cpus_list"), gate="die_id"),
+    "cluster": _Level(("cluster_cpus", "cluster_cpus_list"), gate="cluster_id"),
 }
-
-
-def _read_set(fs: SysfsReader, rel_dir: str, names: tuple[str, ...]) -> Optional[frozenset[int]]:
-    """The first non-empty CPU set among the files `names` that `rel_dir` holds."""
-    for name in names:
-        if not fs.has(rel_dir, name):
-            continue
-        rel = f"{rel_dir}/{name}"
-        s = fs.cpus(rel) if name.endswith("_list") else fs.cpus(None, rel)
-        if s:
-            return s
-    return None
 
 
 def _group_keys(online: frozenset[int], read_set: Callable[[int], Optional[frozenset[int]]],
@@ -101,7 +98,7 @@ def _level_keys(fs: SysfsReader, online: frozenset[int], level: _Level) -> dict[
             gate = fs.integer(f"{topo}/{level.gate}") if fs.has(topo, level.gate) else None
             if gate is None or gate in _NO_ID:
                 return None
-        return _read_set(fs, topo, level.sets)
+        return read_first_set(fs, topo, level.sets)
 
     def read_ids(cpu: int) -> Optional[tuple]:
         topo = f"{CPU_DIR}/cpu{cpu}/topology"
@@ -114,65 +111,46 @@ def _level_keys(fs: SysfsReader, online: frozenset[int], level: _Level) -> dict[
     return _group_keys(online, read_set, read_ids if level.ids else None)
 
 
-def _l3_keys(fs: SysfsReader, online: frozenset[int]) -> dict[int, int]:
-    def read_set(cpu: int) -> Optional[frozenset[int]]:
-        cache = f"{CPU_DIR}/cpu{cpu}/cache"
-        # index3 is the L3 on nearly every machine: try it before the other indexes.
-        names = sorted((n for n in fs.listdir(cache) or () if n.startswith("index")),
-                       key=lambda n: (n != "index3", n))
-        for name in names:
-            if fs.integer(f"{cache}/{name}/level") == 3:
-                return _read_set(fs, f"{cache}/{name}", ("shared_cpu_list", "shared_cpu_map"))
-        return None
+def _members(keys: dict[int, int]) -> dict[int, frozenset[int]]:
+    """cpu -> every CPU with its key."""
+    groups: dict[int, set[int]] = {}
+    for cpu, key in keys.items():
+        groups.setdefault(key, set()).add(cpu)
+    return {cpu: frozenset(groups[key]) for cpu, key in keys.items()}
 
-    return _group_keys(online, read_set)
+
+_CPUINFO_FIELD = re.compile(r"^(vendor_id|cpu family)\s*:\s*(\S+)", re.MULTILINE)
+
+
+def _amd_with_compute_units(fs: SysfsReader) -> bool:
+    """proc/cpuinfo's first processor is an AMD of family 21 (15h) or 22 (16h), as hwloc tests."""
+    text = fs.head("proc/cpuinfo")
+    first = dict(_CPUINFO_FIELD.findall((text or "").split("\n\n", 1)[0]))
+    return first.get("vendor_id") == "AuthenticAMD" and first.get("cpu family") in ("21", "22")
+
+
+def _siblings_are_cores(fs: SysfsReader, siblings: dict[int, frozenset[int]]) -> bool:
+    """Whether thread siblings have core_ids of their own, judged on the first CPU with a sibling
+    (hwloc's threadwithcoreid)."""
+    for cpu in sorted(siblings):
+        others = sorted(siblings[cpu] - {cpu})
+        if others:
+            ids = [fs.integer(f"{CPU_DIR}/cpu{c}/topology/core_id") for c in (cpu, others[0])]
+            return ids[0] != ids[1]
+    return False
 
 
 def group_keys(fs: SysfsReader, online: frozenset[int]) -> dict[str, dict[int, int]]:
-    """For "package", "die", "cluster", "core", "l3": cpu -> group key."""
+    """For "package", "die", "cluster", "core", "compute_unit", "l3": cpu -> group key."""
     keys = {name: _level_keys(fs, online, level) for name, level in _LEVELS.items()}
-    keys["l3"] = _l3_keys(fs, online)
+    siblings = _members(keys["core"])
+    keys["compute_unit"] = {}
+    if any(len(s) > 1 for s in siblings.values()) and _amd_with_compute_units(fs) \
+            and _siblings_are_cores(fs, siblings):
+        keys["compute_unit"] = keys["core"]
+        keys["core"] = {cpu: cpu for cpu in keys["core"]}
+    keys["l3"] = l3_keys(fs, online, siblings)
     return keys
-
-
-@dataclass(frozen=True)
-class PerfEvidence:
-    """Single-thread peak evidence of one CPU, strongest first (see perf_ranks)."""
-
-    highest_perf: Optional[int]  # ACPI CPPC
-    prefcore_ranking: Optional[int]  # amd-pstate preferred-core ranking
-    max_khz: Optional[int]  # cpufreq cpuinfo_max_freq
-    base_khz: Optional[int]  # cpufreq base_frequency (SST-BF high-priority cores have a higher one)
-
-
-def perf_evidence(fs: SysfsReader, online: frozenset[int]) -> dict[int, PerfEvidence]:
-    out = {}
-    for cpu in sorted(online):
-        d = f"{CPU_DIR}/cpu{cpu}"
-        cppc, cpufreq = fs.has(d, "acpi_cppc"), fs.has(d, "cpufreq")
-        out[cpu] = PerfEvidence(fs.integer(f"{d}/acpi_cppc/highest_perf") if cppc else None,
-                                fs.integer(f"{d}/cpufreq/amd_pstate_prefcore_ranking") if cpufreq else None,
-                                fs.integer(f"{d}/cpufreq/cpuinfo_max_freq") if cpufreq else None,
-                                fs.integer(f"{d}/cpufreq/base_frequency") if cpufreq else None)
-    return out
-
-
-def perf_ranks(evidence: dict[int, PerfEvidence]) -> dict[int, int]:
-    """Dense rank by expected single-thread peak, 0 = fastest; equal evidence, equal rank.
-
-    Evidence is compared in order (CPPC highest_perf, then prefcore ranking, then max, then
-    base frequency); a kind no CPU reports is left out, a CPU missing a kind others report
-    ranks below them on it.
-    """
-    fields = [f for f in PerfEvidence.__dataclass_fields__
-              if any(getattr(e, f) is not None for e in evidence.values())]
-
-    def score(e: PerfEvidence) -> tuple[int, ...]:
-        return tuple(-1 if getattr(e, f) is None else getattr(e, f) for f in fields)
-
-    distinct = sorted({score(e) for e in evidence.values()}, reverse=True)
-    rank = {s: i for i, s in enumerate(distinct)}
-    return {cpu: rank[score(e)] for cpu, e in evidence.items()}
 
 
 def discover_cpus(fs: SysfsReader, known: list[int], online: frozenset[int], node_of: dict[int, int],
@@ -189,6 +167,7 @@ def discover_cpus(fs: SysfsReader, known: list[int], online: frozenset[int], nod
         cpus.append(Cpu(id=cpu, online=True, allowed=cpu in allowed,
                         package=keys["package"].get(cpu), die=keys["die"].get(cpu),
                         cluster=keys["cluster"].get(cpu), core=keys["core"].get(cpu),
+                        compute_unit=keys["compute_unit"].get(cpu),
                         l3=keys["l3"].get(cpu), numa=node_of.get(cpu),
                         max_khz=e.max_khz, base_khz=e.base_khz, highest_perf=e.highest_perf,
                         prefcore_ranking=e.prefcore_ranking, perf_rank=ranks[cpu]))

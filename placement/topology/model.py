@@ -1,8 +1,8 @@
 """The topology as data: schema `placement.topology/1` of DESIGN.md.
 
-Group keys (package, die, cluster, core, l3, numa) are ids such that CPUs with an
-equal key share that object; None where the machine has no such object or the CPU
-is offline. Discovery chooses keys that are unique machine-wide (e.g. the lowest
+Group keys (package, die, cluster, core, compute_unit, l3, numa) are ids such that CPUs
+with an equal key share that object; None where the machine has no such object or the
+CPU is offline. Discovery chooses keys that are unique machine-wide (e.g. the lowest
 CPU id of the group), so a key never needs its package to be told apart.
 """
 from __future__ import annotations
@@ -25,6 +25,8 @@ class Cpu:
     die: Optional[int] = None
     cluster: Optional[int] = None
     core: Optional[int] = None
+    # AMD family 15h: the two cores sharing one front end, L1i and L2 (each is a `core` of its own).
+    compute_unit: Optional[int] = None
     l3: Optional[int] = None
     numa: Optional[int] = None
     max_khz: Optional[int] = None
@@ -38,21 +40,52 @@ class Cpu:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
 
 
+# NumaNode.kind: what the node is. "cpu": it holds CPUs (their local memory); "gpu": a GPU's
+# memory onlined as a node (Grace Hopper/Blackwell, POWER9+V100); "memory": a CPU-less memory
+# tier (CXL, HBM, persistent memory, or an unknown one).
+NODE_KINDS = ("cpu", "gpu", "memory")
+# NumaNode.locality: how local_cpus were found. "cpus": its own CPUs; "initiators": the HMAT
+# initiators (access1, else access0); "distances": the nodes nearest by the distance table; "gpu":
+# the local CPUs of the GPU whose memory it is; None: unknown (the whole machine reaches it alike).
+LOCALITY_SOURCES = ("cpus", "initiators", "distances", "gpu")
+
+
 @dataclass
 class NumaNode:
     id: int
-    cpus: list[int] = field(default_factory=list)
+    cpus: list[int] = field(default_factory=list)  # the CPUs the node holds (empty for a memory-only node)
     memory_bytes: Optional[int] = None
     distances: dict[int, int] = field(default_factory=dict)
+    kind: str = "cpu"
+    # The CPUs this node's memory belongs to (hwloc's NUMA node cpuset): its own CPUs, or for a
+    # memory-only node those of the CPU nodes that reach it best (local_nodes). Empty: unknown.
+    local_cpus: list[int] = field(default_factory=list)
+    local_nodes: list[int] = field(default_factory=list)
+    locality: Optional[str] = None
+    gpu: Optional[str] = None  # PCI bus id of the GPU whose memory a "gpu" node is
+
+    @property
+    def memory_only(self) -> bool:
+        return not self.cpus
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "cpus": sorted(self.cpus), "memory_bytes": self.memory_bytes,
-                "distances": {str(k): v for k, v in sorted(self.distances.items())}}
+                "distances": {str(k): v for k, v in sorted(self.distances.items())},
+                "kind": self.kind, "local_cpus": sorted(self.local_cpus), "local_nodes": sorted(self.local_nodes),
+                "locality": self.locality, "gpu": self.gpu}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "NumaNode":
-        return cls(id=d["id"], cpus=list(d.get("cpus", [])), memory_bytes=d.get("memory_bytes"),
-                   distances={int(k): v for k, v in (d.get("distances") or {}).items()})
+        """Also reads documents written before kind/local_cpus/local_nodes/locality existed: a node
+        then is "cpu" when it holds CPUs, else "memory", and belongs to its own CPUs."""
+        cpus = list(d.get("cpus", []))
+        return cls(id=d["id"], cpus=cpus, memory_bytes=d.get("memory_bytes"),
+                   distances={int(k): v for k, v in (d.get("distances") or {}).items()},
+                   kind=d.get("kind") or ("cpu" if cpus else "memory"),
+                   local_cpus=list(d["local_cpus"] if "local_cpus" in d else cpus),
+                   local_nodes=list(d["local_nodes"] if "local_nodes" in d else ([d["id"]] if cpus else [])),
+                   locality=d["locality"] if "locality" in d else ("cpus" if cpus else None),
+                   gpu=d.get("gpu"))
 
 
 @dataclass
@@ -145,7 +178,7 @@ class Topology:
         return frozenset(c.id for c in self.cpus if c.online and c.allowed)
 
     def groups(self, key: str, within: frozenset[int] | None = None) -> dict[int, frozenset[int]]:
-        """CPUs grouped by a key ("core", "l3", "numa", "package", "cluster", "die").
+        """CPUs grouped by a key ("core", "compute_unit", "l3", "numa", "package", "cluster", "die").
 
         Only online CPUs with a non-null key; `within` restricts to a subset.
         """

@@ -1,9 +1,11 @@
-"""The human view of a Topology: per NUMA node its CPUs, physical cores, fastest cores, GPUs and
-NICs, then a GPU x NIC matrix in the `nvidia-smi topo -m` vocabulary."""
+"""The human view of a Topology: per NUMA node its CPUs, physical cores, fastest cores, memory
+tiers, GPUs and NICs, then a GPU x NIC matrix in the `nvidia-smi topo -m` vocabulary."""
 from __future__ import annotations
 
 from placement.cpuset import format_cpulist
-from placement.topology.model import Topology
+from placement.topology.model import NumaNode, Topology
+
+_HOW = {"initiators": "HMAT initiators", "distances": "nearest by distance", "gpu": "the GPU's local CPUs"}
 
 LEGEND = ("PIX = at most one PCIe switch between them, PXB = several PCIe switches, "
           "PHB = through a PCIe host bridge, NODE = across host bridges of one NUMA node, "
@@ -32,14 +34,42 @@ def _fastest(topo: Topology, cpus: frozenset[int]) -> str:
     return f"{format_cpulist(c.id for c in fastest)} ({len(cores)} cores, perf_rank {best}{peak})"
 
 
+def _kind(node: NumaNode) -> str:
+    return f"memory of GPU {node.gpu}" if node.kind == "gpu" else "memory-only tier"
+
+
+def _tier_distance(node: NumaNode, topo: Topology) -> str:
+    """The distance from the node(s) it belongs to (their own row, as numactl -H shows it)."""
+    rows = {n.id: n.distances for n in topo.numa_nodes}
+    seen = sorted({rows[h][node.id] for h in node.local_nodes if node.id in rows.get(h, {})})
+    return "distance " + ("/".join(map(str, seen)) if seen else "unknown")
+
+
+def _tier_lines(topo: Topology, node: NumaNode) -> list[str]:
+    """Under a CPU node: the memory-only nodes that belong to its CPUs."""
+    return [f"  tier      node {t.id}: {_kind(t)}, {_bytes(t.memory_bytes)}, {_tier_distance(t, topo)} "
+            f"({_HOW.get(t.locality, 'unknown')})"
+            for t in topo.numa_nodes if t.kind != "cpu" and t.memory_bytes != 0 and node.id in t.local_nodes]
+
+
+def _memory_only_lines(topo: Topology, node: NumaNode) -> list[str]:
+    if node.memory_bytes == 0:
+        return ["  CPUs      none, and no memory: an empty node"]
+    if not node.local_cpus:
+        return [f"  CPUs      none: {_kind(node)}, no CPUs nearer than others (the whole machine reaches it alike)"]
+    homes = ", ".join(map(str, node.local_nodes)) or "unknown"
+    return [f"  CPUs      none: {_kind(node)}, belongs to node(s) {homes} (CPUs {format_cpulist(node.local_cpus)}), "
+            f"{_tier_distance(node, topo)} ({_HOW.get(node.locality, 'unknown')})"]
+
+
 def _node_cpu_lines(topo: Topology, cpus: frozenset[int], usable: frozenset[int]) -> list[str]:
-    if not cpus:
-        return ["  CPUs      none (memory only)"]
     cores = topo.groups("core", within=cpus)
     threads = sorted({len(v) for v in cores.values()})
     allowed = "" if cpus <= usable else f"  (allowed: {format_cpulist(cpus & usable) or 'none'})"
+    units = topo.groups("compute_unit", within=cpus)
+    in_units = f" in {len(units)} AMD compute unit(s)" if units else ""
     return [f"  CPUs      {format_cpulist(cpus)}{allowed}",
-            f"  cores     {len(cores)} physical, {'/'.join(map(str, threads))} thread(s) each, "
+            f"  cores     {len(cores)} physical{in_units}, {'/'.join(map(str, threads))} thread(s) each, "
             f"{len(topo.groups('l3', within=cpus))} L3 group(s)",
             f"  fastest   {_fastest(topo, cpus)}"]
 
@@ -62,7 +92,10 @@ def format_topology(topo: Topology) -> str:
         else:
             lines += ["", f"NUMA node {node.id}  {_bytes(node.memory_bytes)}  distances "
                       + (",".join(str(v) for _, v in sorted(node.distances.items())) or "unknown")]
-            lines += _node_cpu_lines(topo, frozenset(node.cpus), usable)
+            if node.kind == "cpu" and node.cpus:
+                lines += _node_cpu_lines(topo, frozenset(node.cpus), usable) + _tier_lines(topo, node)
+            else:
+                lines += _memory_only_lines(topo, node)
         gpus = [g for g in topo.gpus if g.numa == node_id]
         nics = [n for n in topo.nics if n.numa == node_id]
         lines.append("  GPUs      " + (", ".join(f"{g.index} ({g.pci})" for g in gpus) or "none"))
