@@ -67,7 +67,7 @@ class PlacementConfig:
     reserved_cpus: str = ""  # kernel cpu-list of housekeeping CPUs never used, e.g. "0,1"
     smt: str = "avoid"  # avoid: hot roles get a whole core, one thread per core used; use: siblings too
     prefer_fast_cores: bool = True  # hot roles on the lowest perf_rank cores
-    strict: bool = True  # False: run a degraded plan with warnings instead of failing
+    strict: bool = False  # True: refuse a plan that cannot be met; False: run a degraded plan with warnings
     dataloader_workers: int = 2  # DataLoader workers per rank the plan sizes for
     nccl_topo_file: str = ""  # NCCL topology XML; empty = $NCCL_TOPO_FILE if set
     monitor: MonitorConfig = field(default_factory=MonitorConfig)

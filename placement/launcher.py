@@ -3,10 +3,25 @@
     placerun [torchrun flags] [placement.KEY=VALUE ...] [--placement-config FILE] [--dry-run] SCRIPT [ARGS]
 
 Every torchrun flag is parsed by torch's own parser and handled by torch's own `run`, so
-rendezvous, elastic restarts, exit codes and signals are torchrun's. Placement adds:
-the node's plan, computed once before the elastic agent starts (restarts reuse it), written
-to files handed to the workers by env, and the worker entrypoint `python -u -m
-placement.bootstrap <the original command>`, which binds before the user's code runs.
+rendezvous, elastic restarts, exit codes, signals and torch's own errors (ValueError from
+`main()`, exit 1 from the console script) are torchrun's. Placement adds the node's plan, computed
+once before the elastic agent starts (restarts reuse it) and written to files handed to the
+workers by env, and stage 1 in each worker before its program runs.
+
+How stage 1 reaches a worker, and why. A Python worker (torchrun's default and `-m`) runs exactly
+torchrun's command line: placerun only puts placement/_worker_hook first on PYTHONPATH, whose
+`sitecustomize` the interpreter imports before `__main__`; it restores PYTHONPATH, runs stage 1,
+then chains to the `sitecustomize` it hides. So the program is the user's own in every way torch
+and Python show it: `__name__`, `__file__`, `sys.argv`, `sys.path[0]`, tracebacks without
+bootstrap or runpy frames, the program named in torch's failure summary, and PYTHON_EXEC naming
+another interpreter (where placement cannot be imported, one line says the rank runs unbound).
+The alternatives were worse: a bootstrap entrypoint changes all of the above, and a mask set by
+the agent after spawn races the threads the worker starts first and cannot set a memory policy.
+`--no-python` programs are not Python: `python -u -m placement.bootstrap --no-python PROG` binds
+and execs (mask and memory policy survive exec), and torch's failure summary is given the
+program's name back. `--run-path` workers are multiprocessing children whose torch env is set only
+inside the child, so torch's run_script_path runs placement/bootstrap.py, which binds, then runs
+the script as torch would.
 """
 from __future__ import annotations
 
@@ -31,6 +46,8 @@ _OVERRIDE_WITHOUT_VALUE = re.compile(r"^\+?placement\.[A-Za-z_][\w.]*$")
 # Looks like KEY=VALUE but lacks the placement. prefix (a likely typo for an override).
 _BARE_KEY_VALUE = re.compile(r"^[A-Za-z_][\w.]*=")
 _BOOTSTRAP_MODULE = "placement.bootstrap"
+_HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker_hook")
+USER_PYTHONPATH_ENV = "PLACEMENT_USER_PYTHONPATH"  # the user's PYTHONPATH, restored by the hook
 
 
 @dataclass
@@ -81,30 +98,56 @@ def parse_placerun_args(argv: list[str]) -> PlacerunArgs:
     return PlacerunArgs(torch_args=ns, overrides=overrides, config_file=config_file, dry_run=dry_run)
 
 
-def worker_command(torch_args: argparse.Namespace) -> argparse.Namespace:
-    """torchrun args whose worker command is `python -u -m placement.bootstrap <original command>`."""
-    a = copy.copy(torch_args)
-    script, rest = a.training_script, list(a.training_script_args)
-    if a.no_python and a.module:
-        raise ConfigError("Don't use both the '--no-python' flag and the '--module' flag at the same time.")
-    if a.run_path:  # torch runs run_path in a spawned child; bootstrap then runs the script the same way
-        import placement.bootstrap
+@dataclass
+class WorkerLaunch:
+    """What torch's `run` is given for the workers: its args, the env placerun adds for the length
+    of the run, and the program torch's failure summary must name."""
+    torch_args: argparse.Namespace
+    environ: dict[str, str]
+    program: str  # what torchrun's summary names ("" when torch's own name is kept)
 
-        a.training_script = os.path.abspath(placement.bootstrap.__file__)
-        a.training_script_args = ["--run-path", script, *rest]
-        return a
-    prefix = ["--no-python"] if a.no_python else ["-m"] if a.module else []
-    a.no_python, a.module = False, True
-    a.training_script = _BOOTSTRAP_MODULE
-    a.training_script_args = [*prefix, script, *rest]
-    return a
+
+def worker_launch(torch_args: argparse.Namespace, environ=os.environ) -> WorkerLaunch:
+    """torchrun's args, changed only where a non-hook way into the worker is needed (see the
+    module docstring); `environ` is the launcher's env the workers inherit."""
+    import placement.bootstrap as bootstrap
+
+    a = copy.copy(torch_args)
+    env: dict[str, str] = {}
+    if a.virtual_local_rank:
+        env[bootstrap.VIRTUAL_LOCAL_RANK_ENV] = json.dumps(
+            None if environ.get("CUDA_VISIBLE_DEVICES") is None else environ["CUDA_VISIBLE_DEVICES"].split(","))
+    if a.no_python and a.module:  # torch's own ValueError, raised by torch's config_from_args
+        return WorkerLaunch(a, env, "")
+    if a.run_path:
+        a.training_script_args = ["--run-path", a.training_script, *a.training_script_args]
+        a.training_script = os.path.abspath(bootstrap.__file__)
+        return WorkerLaunch(a, env, "")
+    if a.no_python:  # placerun's own interpreter, whatever PYTHON_EXEC says: it only execs
+        a.training_script_args = ["-u", "-m", _BOOTSTRAP_MODULE, "--no-python", a.training_script,
+                                  *a.training_script_args]
+        program, a.training_script = a.training_script, sys.executable
+        return WorkerLaunch(a, env, program)
+    user = environ.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join([_HOOK_DIR] + ([user] if user else []))
+    if user is not None:
+        env[USER_PYTHONPATH_ENV] = user
+    return WorkerLaunch(a, env, "")
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """torch.distributed.run.main with placement: the same exceptions (torch's ValueError,
+    ChildFailedError, SignalException), wrapped the same way (torch's @record); placement's own
+    bad input is one line and 2. os.environ is as it was when this returns or raises."""
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    return record(_main)(sys.argv[1:] if argv is None else list(argv))
+
+
+def _main(argv: list[str]) -> int:
     try:
         pa = parse_placerun_args(argv)
-        launch_args = worker_command(pa.torch_args)
+        launch = worker_launch(pa.torch_args)
         topo, plan, cfg = _plan(pa)
     except PlacementError as e:
         print(f"placerun: {e}", file=sys.stderr)
@@ -113,14 +156,18 @@ def main(argv: Optional[list[str]] = None) -> int:
         from placement.plan import format_plan_table
 
         print(format_plan_table(plan))
-        print("worker command: " + " ".join(_command_line(launch_args)))
+        print("worker command: " + " ".join(_command_line(launch)))
         return 0
     print(concise_plan(plan), file=sys.stderr, flush=True)
+    saved = dict(os.environ)
     handoff = tempfile.mkdtemp(prefix="placerun-")
     try:
         _hand_over(handoff, topo, plan, cfg)
-        _run(launch_args)
+        os.environ.update(launch.environ)
+        _run(launch)
     finally:
+        os.environ.clear()
+        os.environ.update(saved)
         shutil.rmtree(handoff, ignore_errors=True)
     return 0
 
@@ -144,8 +191,9 @@ def _plan(pa: PlacerunArgs):
 
 
 def concise_plan(plan) -> str:
-    """The launch banner: one line per local rank (role -> CPUs), then the plan's warnings.
-    `placerun --dry-run` and `placement plan` print the full table with reasons."""
+    """The launch banner: one line per local rank (role -> CPUs), then one warning line saying what
+    the plan gave up. `placerun --dry-run` and `placement plan` print the full table with reasons
+    and every warning."""
     from placement.cpuset import format_cpulist
     from placement.roles import ThreadRole
 
@@ -157,17 +205,19 @@ def concise_plan(plan) -> str:
         roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
                           for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
         lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
-    lines.extend(f"  warning: {w}" for w in plan.warnings)
+    if plan.warnings:  # one line per node; --dry-run and `placement plan` list every warning
+        # a shortfall the plan ran through (PlanContext.shortfall: "...; degraded plan: <given up>") first
+        first = next((w for w in plan.warnings if "; degraded plan: " in w), plan.warnings[0])
+        more = len(plan.warnings) - 1
+        lines.append(f"  warning: {first}" + (f" (+{more} more: --dry-run lists them)" if more else ""))
     return "\n".join(lines)
 
 
 def _local_world_size(nproc_per_node: str) -> int:
+    """torch's own count; an unknown value is torch's own ValueError, as under torchrun."""
     from torch.distributed.run import determine_local_world_size
 
-    try:
-        return determine_local_world_size(nproc_per_node)
-    except ValueError as e:
-        raise ConfigError(f"--nproc-per-node={nproc_per_node!r}: {e}; valid: an integer, auto, cpu, gpu, xpu") from None
+    return determine_local_world_size(nproc_per_node)
 
 
 def _hand_over(directory: str, topo, plan, cfg) -> None:
@@ -190,18 +240,39 @@ def _hand_over(directory: str, topo, plan, cfg) -> None:
         os.environ["OMP_NUM_THREADS"] = plan.ranks[0].env["OMP_NUM_THREADS"]
 
 
-def _run(launch_args: argparse.Namespace) -> None:
-    """torchrun's own main body, under torch's @record (error files, ChildFailedError summary)."""
-    from torch.distributed.elastic.multiprocessing.errors import record
+def _run(launch: WorkerLaunch) -> None:
+    """torchrun's own `run`; a failure summary names the user's program, as torchrun's does."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
-    record(run)(launch_args)
+    try:
+        run(launch.torch_args)
+    except ChildFailedError as e:
+        if not launch.program:
+            raise
+        raise ChildFailedError(name=launch.program, failures=e.failures) from None
 
 
-def _command_line(a: argparse.Namespace) -> list[str]:
+def _command_line(launch: WorkerLaunch) -> list[str]:
+    a = launch.torch_args
+    env = [f"{k}={v}" for k, v in sorted(launch.environ.items())]
     if a.run_path:
-        return ["<torch run_path>", a.training_script, *a.training_script_args]
-    return [os.getenv("PYTHON_EXEC", sys.executable), "-u", "-m", a.training_script, *a.training_script_args]
+        return [*env, "<torch run_script_path>", a.training_script, *a.training_script_args]
+    if a.no_python:
+        return [*env, a.training_script, *a.training_script_args]
+    python = os.getenv("PYTHON_EXEC", sys.executable)
+    return [*env, python, "-u", *(["-m"] if a.module else []), a.training_script, *a.training_script_args]
+
+
+def __getattr__(name: str):
+    """The rest of torch.distributed.run (parse_min_max_nnodes, get_args_parser, ...), so this module
+    stands in for torch's wherever a program imports it as `launch`."""
+    import torch.distributed.run as torch_run
+
+    try:
+        return getattr(torch_run, name)
+    except AttributeError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
 
 
 if __name__ == "__main__":

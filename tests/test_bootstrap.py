@@ -1,5 +1,8 @@
-"""Stage 1 (placement.bootstrap) in real worker processes: mask, memory policy, env, event log,
-Session; then the user's program run exactly as torchrun would (script, -m, --no-python)."""
+"""Stage 1 in real worker processes, started the way placerun starts them: Python programs by
+torchrun's own command with placerun's startup hook on PYTHONPATH, --no-python through
+`python -m placement.bootstrap --no-python`. Mask, memory policy, env, event log, Session; the
+program runs as under torchrun; a stage 1 that cannot run says so in one line and the program
+runs unbound."""
 import json
 import os
 import subprocess
@@ -28,6 +31,7 @@ REPORT = textwrap.dedent("""
     import numa
     print(json.dumps({
         "name": __name__, "argv": sys.argv, "path0": sys.path[0], "file": __file__,
+        "pythonpath": os.environ.get("PYTHONPATH"), "hook_on_path": any("_worker_hook" in p for p in sys.path),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "NCCL_SET_THREAD_NAME", "CUDA_DEVICE_ORDER")},
         "main_allowed": allowed(os.getpid()),
         "membind": sorted(numa.memory.get_membind_nodes()),
@@ -69,7 +73,13 @@ def handoff(tmp_path):
 
 
 def bootstrap(args, env, cwd, timeout=60):
-    return subprocess.run([sys.executable, "-u", "-m", "placement.bootstrap", *args], env=env, cwd=cwd,
+    """The worker command placerun gives torch for `args` (torchrun's program arguments)."""
+    from placement.launcher import parse_placerun_args, worker_launch
+    from torch.distributed.run import config_from_args
+
+    launch = worker_launch(parse_placerun_args(["--nproc-per-node", "1", *args]).torch_args, environ=env)
+    _, cmd, cmd_args = config_from_args(launch.torch_args)
+    return subprocess.run([cmd, *cmd_args], env={**env, **launch.environ}, cwd=cwd,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -81,12 +91,14 @@ def test_script_runs_as_main_with_its_argv_after_stage1(tmp_path, handoff):
     script = tmp_path / "sub" / "train.py"
     script.parent.mkdir()
     script.write_text(REPORT)
-    p = bootstrap([str(script), "--lr", "0.1", "placement.policy=node"], handoff(), cwd=tmp_path)
+    env = handoff()
+    p = bootstrap([str(script), "--lr", "0.1", "placement.policy=node"], env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
+    assert out["pythonpath"] == env.get("PYTHONPATH")  # the hook restored the user's
     assert out["name"] == "__main__" and out["file"] == str(script)
     assert out["argv"] == [str(script), "--lr", "0.1", "placement.policy=node"]
-    assert out["path0"] == str(script.parent)  # as `python train.py` sets it
+    assert out["path0"] == str(script.parent) and not out["hook_on_path"]  # as `python train.py` sets it
     assert out["env"] == {"OMP_NUM_THREADS": "3", "NCCL_SET_THREAD_NAME": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
     assert parse_cpulist(out["main_allowed"]) == frozenset(MAIN)  # CPU-only rank: main narrowed at once
     assert out["membind"] == [0]
@@ -143,19 +155,60 @@ def test_memory_fallback_is_logged_and_printed(tmp_path, handoff):
 
 
 @pytest.mark.parametrize("env_change, message", [
-    ({"PLACEMENT_PLAN_FILE": None}, "PLACEMENT_PLAN_FILE is not set"),
     ({"PLACEMENT_PLAN_FILE": "/nonexistent/plan.json"}, "cannot read the plan file '/nonexistent/plan.json'"),
     ({"LOCAL_RANK": "9"}, "plan has no local rank 9"),
+    ({"PLACEMENT_VIRTUAL_LOCAL_RANK": '["4", "6"]', "CUDA_VISIBLE_DEVICES": "5"}, "'5' is not an entry"),
 ])
-def test_bad_handoff_is_one_line_exit_2(tmp_path, handoff, env_change, message):
+def test_a_stage1_that_cannot_run_is_one_line_and_the_program_runs_unbound(tmp_path, handoff, env_change,
+                                                                            message):
     (tmp_path / "t.py").write_text("open('ran', 'w')")
     env = handoff()
-    for k, v in env_change.items():
-        env.pop(k) if v is None else env.__setitem__(k, v)
+    env.update(env_change)
     p = bootstrap(["t.py"], env, cwd=tmp_path)
-    assert p.returncode == 2
-    assert p.stderr.count("\n") == 1 and message in p.stderr and p.stderr.startswith("placement bootstrap: ")
-    assert not (tmp_path / "ran").exists()
+    assert p.returncode == 0 and (tmp_path / "ran").exists()
+    assert p.stderr.count("\n") == 1 and message in p.stderr and p.stderr.startswith("placement: rank 5: ")
+    assert p.stderr.rstrip().endswith("this rank runs unbound")
+
+
+def test_an_interpreter_that_cannot_import_placement_runs_the_program_unbound(tmp_path, handoff):
+    shadow = tmp_path / "shadow" / "placement"  # stands for an interpreter (PYTHON_EXEC) without placement
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('no placement in this interpreter')")
+    (tmp_path / "t.py").write_text("import sys; print(sys.argv)")
+    p = bootstrap(["t.py", "x"], handoff(PYTHONPATH=str(shadow.parent)), cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.strip() == "['t.py', 'x']"
+    assert p.stderr.count("\n") == 1 and p.stderr.startswith(f"placement: rank 5: cannot import placement in {sys.executable}")
+    assert "this rank runs unbound" in p.stderr
+
+
+def test_without_a_plan_the_hook_does_nothing(tmp_path, handoff):
+    (tmp_path / "t.py").write_text(REPORT)
+    env = handoff()
+    del env["PLACEMENT_PLAN_FILE"]
+    p = bootstrap(["t.py"], env, cwd=tmp_path)
+    assert p.returncode == 0 and p.stderr == "" and json.loads(p.stdout)["session"] is None
+
+
+@pytest.mark.parametrize("parent, visible, local_rank", [(None, "1", 1), (["GPU-a", "GPU-b"], "GPU-b", 1),
+                                                         (["4", "6"], "4", 0)])
+def test_virtual_local_rank_is_found_from_the_device_torch_gave_the_worker(tmp_path, handoff, parent, visible,
+                                                                           local_rank):
+    """torch sets LOCAL_RANK=0 for every worker under --virtual-local-rank; the plan is the rank's own."""
+    (tmp_path / "t.py").write_text(REPORT)
+    env = handoff(LOCAL_RANK="0", CUDA_VISIBLE_DEVICES=visible, PLACEMENT_VIRTUAL_LOCAL_RANK=json.dumps(parent))
+    p = bootstrap(["t.py"], env, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["session"]["local_rank"] == local_rank
+
+
+def test_a_sitecustomize_of_the_users_still_runs(tmp_path, handoff):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = '1'\n")
+    (tmp_path / "t.py").write_text("import os, sys\nprint(os.environ.get('USER_SITE_RAN'), sys.modules['sitecustomize'].__file__)")
+    p = bootstrap(["t.py"], handoff(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["1", str(site / "sitecustomize.py")]
 
 
 def test_missing_script_fails_as_python_does(tmp_path, handoff):
@@ -165,14 +218,16 @@ def test_missing_script_fails_as_python_does(tmp_path, handoff):
 
 def test_corrupt_plan_file_is_one_line(tmp_path, handoff):
     env = handoff()
+    (tmp_path / "t.py").write_text("")
     (tmp_path / "plan.json").write_text('{"schema": "placement.plan/9", "policy": "auto", "ranks": []}')
     p = bootstrap(["t.py"], env, cwd=tmp_path)
-    assert p.returncode == 2 and "is not a placement plan" in p.stderr and p.stderr.count("\n") == 1
+    assert p.returncode == 0 and "is not a placement plan" in p.stderr and p.stderr.count("\n") == 1
 
 
 def test_config_file_with_an_unknown_key_is_one_line(tmp_path, handoff):
     env = handoff()
+    (tmp_path / "t.py").write_text("")
     (tmp_path / "config.json").write_text('{"polcy": "auto"}')
     p = bootstrap(["t.py"], env, cwd=tmp_path)
-    assert p.returncode == 2 and "is not a placement config" in p.stderr and "polcy" in p.stderr
+    assert p.returncode == 0 and "is not a placement config" in p.stderr and "polcy" in p.stderr
     assert p.stderr.count("\n") == 1

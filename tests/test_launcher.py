@@ -6,7 +6,8 @@ import sys
 import pytest
 from torch.distributed import run as torchrun
 
-from placement.launcher import main, parse_placerun_args, worker_command
+from placement import launcher
+from placement.launcher import main, parse_placerun_args, worker_launch
 
 TORCH_FLAGS = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                "127.0.0.1:29999", "--rdzv-id", "job7", "--max-restarts", "3", "--monitor-interval", "0.5",
@@ -33,26 +34,50 @@ def test_placement_args_may_sit_anywhere_before_the_script_and_script_args_are_u
     assert not hasattr(t, "placement_config") and not hasattr(t, "placement_dry_run")
 
 
-@pytest.mark.parametrize("flags, expect_cmd, expect_args", [
-    ([], sys.executable, ["-u", "-m", "placement.bootstrap", "train.py", "--x", "1"]),
-    (["-m"], sys.executable, ["-u", "-m", "placement.bootstrap", "-m", "train.py", "--x", "1"]),
-    (["--no-python"], sys.executable, ["-u", "-m", "placement.bootstrap", "--no-python", "train.py", "--x", "1"]),
-])
-def test_worker_command_wraps_the_original_command(flags, expect_cmd, expect_args):
-    """What torch's own config_from_args makes of the rewritten args: the command workers run."""
+HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(launcher.__file__)), "_worker_hook")
+
+
+@pytest.mark.parametrize("flags", [[], ["-m"]])
+def test_python_workers_run_torchruns_own_command_with_the_startup_hook(flags):
+    """What torch's own config_from_args makes of the args: the very command torchrun runs."""
     pa = parse_placerun_args(["--nproc-per-node", "1", *flags, "train.py", "--x", "1"])
-    _, cmd, cmd_args = torchrun.config_from_args(worker_command(pa.torch_args))
-    assert cmd == os.getenv("PYTHON_EXEC", expect_cmd) and cmd_args == expect_args
-    assert pa.torch_args.training_script == "train.py"  # the parsed args are not modified
+    launch = worker_launch(pa.torch_args, environ={"PYTHONPATH": "/mine"})
+    assert torchrun.config_from_args(launch.torch_args)[1:] == torchrun.config_from_args(pa.torch_args)[1:]
+    assert launch.environ == {"PYTHONPATH": HOOK_DIR + os.pathsep + "/mine", "PLACEMENT_USER_PYTHONPATH": "/mine"}
+    assert worker_launch(pa.torch_args, environ={}).environ == {"PYTHONPATH": HOOK_DIR}
+    assert launch.program == ""  # torch names the user's program itself
+
+
+def test_no_python_binds_then_execs_under_placeruns_own_interpreter(monkeypatch):
+    monkeypatch.setenv("PYTHON_EXEC", "/other/python")  # not used by torch for --no-python, nor by us
+    pa = parse_placerun_args(["--nproc-per-node", "1", "--no-python", "prog.sh", "--x"])
+    launch = worker_launch(pa.torch_args)
+    _, cmd, cmd_args = torchrun.config_from_args(launch.torch_args)
+    assert cmd == sys.executable and cmd_args == ["-u", "-m", "placement.bootstrap", "--no-python", "prog.sh", "--x"]
+    assert launch.program == "prog.sh" and "PYTHONPATH" not in launch.environ
+    assert pa.torch_args.training_script == "prog.sh"  # the parsed args are not modified
 
 
 def test_run_path_stays_in_process_through_bootstrap():
     import placement.bootstrap
 
     pa = parse_placerun_args(["--nproc-per-node", "1", "--run-path", "/abs/train.py", "--x"])
-    _, cmd, cmd_args = torchrun.config_from_args(worker_command(pa.torch_args))
+    _, cmd, cmd_args = torchrun.config_from_args(worker_launch(pa.torch_args).torch_args)
     assert cmd is torchrun.run_script_path
     assert cmd_args == [os.path.abspath(placement.bootstrap.__file__), "--run-path", "/abs/train.py", "--x"]
+
+
+def test_virtual_local_rank_hands_over_the_launchers_device_list():
+    pa = parse_placerun_args(["--nproc-per-node", "2", "--virtual-local-rank", "t.py"])
+    assert worker_launch(pa.torch_args, environ={"CUDA_VISIBLE_DEVICES": "3,5"}).environ[
+        "PLACEMENT_VIRTUAL_LOCAL_RANK"] == '["3", "5"]'
+    assert worker_launch(pa.torch_args, environ={}).environ["PLACEMENT_VIRTUAL_LOCAL_RANK"] == "null"
+
+
+def test_the_rest_of_torch_distributed_run_is_reachable_here():
+    assert launcher.parse_min_max_nnodes("2:20") == (2, 20)
+    with pytest.raises(AttributeError):
+        launcher.no_such_thing
 
 
 def one_line_exit_2(capsys, argv, *needles):
@@ -80,12 +105,15 @@ def test_unreadable_config_file(capsys, tmp_path):
     one_line_exit_2(capsys, ["--placement-config", str(tmp_path / "missing.yaml"), "t.py"], "missing.yaml")
 
 
-def test_both_no_python_and_module(capsys):
-    one_line_exit_2(capsys, ["--no-python", "-m", "t"], "--no-python", "--module")
-
-
-def test_bad_nproc_per_node(capsys):
-    one_line_exit_2(capsys, ["--nproc-per-node", "lots", "t.py"], "'lots'", "integer")
+@pytest.mark.parametrize("argv", [["--no-python", "-m", "t"], ["--nproc-per-node", "lots", "t.py"],
+                                  ["--logs-specs", "NO_SUCH_SPECS", "t.py"]])
+def test_torchs_own_errors_stay_torchs(argv, capsys):
+    """torchrun raises ValueError from main() for these (exit 1 from the console script)."""
+    with pytest.raises(ValueError) as torch_error:
+        torchrun.main(argv)
+    with pytest.raises(ValueError) as ours:
+        main(argv)
+    assert str(ours.value) == str(torch_error.value)
 
 
 def test_torchrun_flag_errors_are_argparse_errors_as_with_torchrun(capsys):
@@ -98,8 +126,10 @@ def test_torchrun_flag_errors_are_argparse_errors_as_with_torchrun(capsys):
 
 
 @pytest.mark.parametrize("argv, needles", [
-    (["--nproc-per-node", "2", "placement.reserved_cpus=0-4095", "t.py"], ["reserved_cpus", "no usable CPU"]),
-    (["--nproc-per-node", str(4 * os.cpu_count() + 1), "t.py"], ["nproc_per_node", "strict=false"]),
+    (["--nproc-per-node", "2", "placement.reserved_cpus=0-4095", "placement.strict=true", "t.py"],
+     ["reserved_cpus", "no usable CPU"]),
+    (["--nproc-per-node", str(4 * os.cpu_count() + 1), "placement.strict=true", "t.py"],
+     ["nproc_per_node", "strict=false"]),
 ])
 def test_plan_shortfall_is_one_line_before_any_worker(capsys, argv, needles):
     one_line_exit_2(capsys, argv, *needles)
@@ -114,13 +144,21 @@ def test_dry_run_prints_exactly_what_placement_plan_prints(capsys):
     assert placement_main(["plan", "--nproc-per-node", "2", "placement.memory=preferred"]) == 0
     table = capsys.readouterr().out
     assert dry.startswith(table) and "preferred" in table
-    assert dry[len(table):].strip().endswith("-u -m placement.bootstrap train.py --lr 1")
+    assert dry[len(table):].strip().endswith(f"{sys.executable} -u train.py --lr 1")  # torchrun's own command
 
 
-def test_non_strict_shortfall_runs_degraded_and_says_so(capsys):
-    n = str(4 * os.cpu_count() + 1)
-    assert main(["--nproc-per-node", n, "placement.strict=false", "--dry-run", "t.py"]) == 0
+def test_a_shortfall_runs_degraded_by_default_and_the_banner_says_so_in_one_line(capsys):
+    from placement.config import load_config
+    from placement.launcher import concise_plan
+    from placement.plan import plan_for_node
+
+    n = 4 * os.cpu_count() + 1
+    assert main(["--nproc-per-node", str(n), "--dry-run", "t.py"]) == 0
     assert "warning" in capsys.readouterr().out
+    _, plan = plan_for_node(load_config([]), n)
+    banner = concise_plan(plan).splitlines()
+    warnings = [line for line in banner if "warning" in line]
+    assert len(plan.warnings) > 1 and len(warnings) == 1 and f"nproc_per_node={n}" in warnings[0]
 
 
 def test_torch_numa_binding_and_a_placement_policy_conflict(capsys):

@@ -58,6 +58,7 @@ def test_bad_input_stops_before_any_worker(tmp_path):
     script.write_text(JOB)
     marker = tmp_path / "started"
     p = start([*launcher("placerun"), "--standalone", "--nproc-per-node", "2", "placement.reserved_cpus=0-4095",
+               "placement.strict=true",
                str(script), str(marker), "0"],
               tmp_path / "placerun")
     assert p.wait(timeout=120) == 2

@@ -132,17 +132,17 @@ def test_reserved_cpus_are_never_used_and_hot_roles_avoid_their_cores():
 def test_reserved_cpus_leaving_nothing():
     topo = synth(cores_per_node=4)
     with pytest.raises(PlanError, match=r"reserved_cpus='0-3' leaves no usable CPU \(online and allowed: 0-3\)"):
-        plan_of(topo, 1, "reserved_cpus=0-3")
-    plan = plan_of(topo, 1, "reserved_cpus=0-3", "strict=false")
+        plan_of(topo, 1, "reserved_cpus=0-3", "strict=true")
+    plan = plan_of(topo, 1, "reserved_cpus=0-3")  # the default: degraded
     assert plan.ranks[0].roles == {} and "monitor only" in plan.warnings[0]
 
 
 def test_more_ranks_than_gpus():
     topo = synth(packages=2, cores_per_node=8, gpu_nodes=(0, 1))
     with pytest.raises(PlanError) as e:
-        plan_of(topo, 3)
+        plan_of(topo, 3, "strict=true")
     assert str(e.value).startswith("nproc_per_node=3 but only 2 GPU(s) are visible: 0 (0000:10:00.0), 1 (0000:11:00.0)")
-    plan = plan_of(topo, 3, "strict=false")
+    plan = plan_of(topo, 3)
     assert [r.gpu is None for r in plan.ranks] == [False, False, True]
     assert "local rank(s) 2 get no GPU" in plan.warnings[0]
 
@@ -150,8 +150,8 @@ def test_more_ranks_than_gpus():
 def test_more_ranks_than_free_physical_cores():
     topo = synth(cores_per_node=4, smt=2)
     with pytest.raises(PlanError, match=r"nproc_per_node=5 needs one free physical core per rank but only 4 are free"):
-        plan_of(topo, 5)
-    plan = plan_of(topo, 5, "strict=false")
+        plan_of(topo, 5, "strict=true")
+    plan = plan_of(topo, 5)
     assert any("ranks share physical cores" in w for w in plan.warnings)
 
 

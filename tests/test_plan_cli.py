@@ -99,7 +99,7 @@ def test_cuda_visible_devices_indices_and_uuids_pick_the_gpus(dgx):
 
 def test_cuda_visible_devices_entry_matching_no_gpu(dgx):
     with pytest.raises(PlanError) as e:
-        plan_for_node(load_config(), 2, root=dgx, environ={"CUDA_VISIBLE_DEVICES": "0,GPU-deadbeef"})
+        plan_for_node(load_config(["strict=true"]), 2, root=dgx, environ={"CUDA_VISIBLE_DEVICES": "0,GPU-deadbeef"})
     msg = str(e.value)
     assert msg.startswith("CUDA_VISIBLE_DEVICES entry 'GPU-deadbeef' (position 1 of '0,GPU-deadbeef') matches no GPU; GPUs: 0 (0000:18:00.0")
     assert "\n" not in msg
@@ -108,7 +108,7 @@ def test_cuda_visible_devices_entry_matching_no_gpu(dgx):
     assert [r.gpu and r.gpu.index for r in plan.ranks] == [0, None]
     assert "only the 1 GPU(s) before it are used" in plan.warnings[0]
     with pytest.raises(PlanError, match=r"entry '2' \(position 1 of '2,2'\) repeats GPU 2"):
-        plan_for_node(load_config(), 2, root=dgx, environ={"CUDA_VISIBLE_DEVICES": "2,2"})
+        plan_for_node(load_config(["strict=true"]), 2, root=dgx, environ={"CUDA_VISIBLE_DEVICES": "2,2"})
 
 
 def test_cuda_visible_devices_hiding_every_gpu_plans_cpu_ranks(dgx):
@@ -179,8 +179,8 @@ def test_cli_config_file(capsys, dgx, tmp_path):
     (["placement.smt=maybe"], "placement.smt='maybe' is not valid; choose one of: avoid, use"),
     (["placement.nosuch=1"], "unknown key placement.nosuch"),
     (["--nproc-per-node", "0"], "nproc_per_node='0' is not valid; valid: an integer >= 1, auto, gpu, cpu"),
-    (["--nproc-per-node", "9"], "nproc_per_node=9 but only 8 GPU(s) are visible: 0 (0000:18:00.0)"),
-    (["placement.reserved_cpus=0-223"], "placement.reserved_cpus='0-223' leaves no usable CPU (online and allowed: 0-223)"),
+    (["--nproc-per-node", "9", "placement.strict=true"], "nproc_per_node=9 but only 8 GPU(s) are visible: 0 (0000:18:00.0)"),
+    (["placement.reserved_cpus=0-223", "placement.strict=true"], "placement.reserved_cpus='0-223' leaves no usable CPU (online and allowed: 0-223)"),
     (["--placement-config", "/no/such/file.yaml"], "cannot read placement config file '/no/such/file.yaml'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(capsys, dgx, argv, message):
@@ -195,7 +195,7 @@ def test_cli_cuda_visible_devices_from_environment(capsys, dgx, monkeypatch):
     rc, out, _ = run_cli(capsys, "--root", dgx, "--json")
     assert rc == 0 and json.loads(out)["ranks"][0]["gpu"]["index"] == 7
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "12")
-    rc, _, err = run_cli(capsys, "--root", dgx)
+    rc, _, err = run_cli(capsys, "--root", dgx, "placement.strict=true")
     assert rc == 2 and "CUDA_VISIBLE_DEVICES entry '12' (position 0 of '12') matches no GPU" in err
 
 

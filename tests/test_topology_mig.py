@@ -68,7 +68,7 @@ def test_legacy_mig_gpu_form_maps_to_the_parent_by_its_uuid(dgx_root, nvml):
 def test_a_mig_id_matching_no_mig_device_is_one_line_naming_it_and_the_devices(dgx_root, nvml):
     bad = "MIG-00000000-0000-0000-0000-000000000000"
     with pytest.raises(PlanError) as e:
-        plan(dgx_root, bad)
+        plan(dgx_root, bad, 1, "strict=true")
     msg = str(e.value)
     assert "\n" not in msg and f"entry {bad!r}" in msg and "matches no MIG device" in msg
     assert MIG_ON_3 in msg and MIG_ON_6 in msg and "0000:18:00.0" in msg
@@ -76,7 +76,7 @@ def test_a_mig_id_matching_no_mig_device_is_one_line_naming_it_and_the_devices(d
 
 def test_mixing_mig_and_gpu_ids_is_refused_naming_the_entry(dgx_root, nvml):
     with pytest.raises(PlanError) as e:
-        plan(dgx_root, f"{MIG_ON_6},2", 2)
+        plan(dgx_root, f"{MIG_ON_6},2", 2, "strict=true")
     msg = str(e.value)
     assert "\n" not in msg and "entry '2'" in msg and "among MIG devices" in msg and MIG_ON_6 in msg
 
@@ -84,14 +84,14 @@ def test_mixing_mig_and_gpu_ids_is_refused_naming_the_entry(dgx_root, nvml):
 def test_bad_mig_input_exits_2_from_placement_plan(dgx_root, nvml, monkeypatch, capsys):
     for cvd in ("MIG-ffffffff-0000-0000-0000-000000000000", f"0,{MIG_ON_3}"):
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", cvd)
-        rc = cli.main(["plan", "--root", dgx_root, "--nproc-per-node", "1"])
+        rc = cli.main(["plan", "--root", dgx_root, "--nproc-per-node", "1", "placement.strict=true"])
         out, err = capsys.readouterr()
         assert rc == 2 and out == ""
         assert len(err.strip().splitlines()) == 1 and "CUDA_VISIBLE_DEVICES entry" in err
 
 
 def test_strict_false_degrades_like_cuda_and_says_so(dgx_root, nvml):
-    _, p = plan(dgx_root, f"{MIG_ON_6},MIG-ffffffff-0000-0000-0000-000000000000", 1, "strict=false")
+    _, p = plan(dgx_root, f"{MIG_ON_6},MIG-ffffffff-0000-0000-0000-000000000000", 1)  # the default
     assert p.ranks[0].gpu.index == 6
     assert any("matches no MIG device" in w and "degraded plan" in w for w in p.warnings)
 
@@ -104,5 +104,5 @@ def test_without_nvml_a_mig_entry_says_why_it_cannot_be_resolved(dgx_root, monke
 
     monkeypatch.setattr(pynvml, "nvmlInit", no_driver)
     with pytest.raises(PlanError) as e:
-        plan(dgx_root, MIG_ON_6)
+        plan(dgx_root, MIG_ON_6, 1, "strict=true")
     assert "NVML is not available" in str(e.value) and MIG_ON_6 in str(e.value)

@@ -157,7 +157,7 @@ def cpuset_size(f: Facts) -> Check:
         what = "the cpuset is too small" if restricted else "too few usable cores"
         return Check(name, "warn", sev, f"{what} for one rank per GPU: {f.plan_error}", ev,
                      "give the job more CPUs (Slurm: --cpus-per-task; Kubernetes: resources.requests.cpu "
-                     "with the static CPU manager), or placement.strict=false for a degraded plan")
+                     "with the static CPU manager); placerun runs a degraded plan meanwhile (placement.strict=true refuses it)")
     if f.plan is None:
         return Check(name, "unknown", sev, "no plan to compare the cpuset with", ev)
     return Check(name, "pass", sev,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Optional
 
 from placement.config import load_config
@@ -53,8 +53,8 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
     job = JobSpec(nproc_per_node=n, gpus=(gpu_ids + [None] * n)[:n], dataloader_workers=cfg.dataloader_workers,
                   visible_gpus=gpu_ids)
     plan, plan_error = None, None
-    try:
-        plan = make_plan(topo, job, cfg)
+    try:  # strict: doctor names a shortfall that placerun, by default, runs through degraded
+        plan = make_plan(topo, job, replace(cfg, strict=True))
     except PlanError as e:
         plan_error = str(e)
     return Facts(
