@@ -95,7 +95,13 @@ def allowed_cpus(tid: int) -> str:
     return ""
 
 
-def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str) -> None:
+# --nccl-lag: records reach the tuner as under NCCL timing: each step's comm durations known
+# LAG_STEPS steps later (comm_nccl.py: lag_steps = 2), so the monitor holds the last 2 steps
+# of every batch back, and batches every 2 windows (flush_every 40 > window 20).
+LAG_STEPS = 2
+
+
+def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str, lag: bool = False) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -118,8 +124,11 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
             return torch.randn(64, 512), torch.randn(64, 512)
 
     cfg = load_config(MODES[mode] + ["strict=false", f"monitor.log_dir={log_dir}", f"tune.window={window}",
-                                     f"monitor.rescan_every={window}", "monitor.summary_every=0"])
+                                     f"monitor.rescan_every={window}", "monitor.summary_every=0"]
+                      + ([f"monitor.flush_every={2 * window}"] if lag else []))
     handle = placement.attach(config=cfg)
+    if lag and handle.monitor is not None:
+        handle.monitor.comm.lag_steps = LAG_STEPS  # the stand-in for NCCL's late durations
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Batches(), batch_size=None, num_workers=WORKERS, prefetch_factor=4, persistent_workers=False)
@@ -230,13 +239,14 @@ def children_cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int) -> dict:
+def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int, lag: bool = False) -> dict:
     """One run in a fresh process; also measures how busy the rest of the machine was
     meanwhile (all CPU time minus this run's own processes, hog included), in CPUs."""
     log_dir = os.path.join(tmp, f"{scenario}-{mode}-{rep}")
     out = os.path.join(tmp, f"{scenario}-{mode}-{rep}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", scenario, mode, "--window", str(window),
-           "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out]
+           "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out] \
+        + (["--nccl-lag"] if lag else [])
     busy0, ours0, t0 = busy_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -299,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, help="runs per scenario and mode, interleaved (default 1 with --quick, else 5)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
+    ap.add_argument("--nccl-lag", action="store_true",
+                    help=f"records reach the tuner as under NCCL timing: {LAG_STEPS} steps late, every 2 windows")
     ap.add_argument("--hog", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--steps", help=argparse.SUPPRESS)
@@ -310,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         steps = Steps(*map(int, args.steps.split(",")))
-        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out)
+        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out, args.nccl_lag)
         return 0
     modes = args.modes.split(",")
     scenarios = args.scenarios.split(",")
@@ -329,13 +341,14 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
             for scenario in scenarios:
                 for m in modes:
-                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep))
+                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep, args.nccl_lag))
     all_results = {sc: {m: combine_runs(runs[(sc, m)], steps, w) for m in modes} for sc in scenarios}
     for scenario in scenarios:
         print_table(scenario, all_results[scenario], steps, w)
     print(f"\n({time.monotonic() - started:.0f} s)")
     hog_res = all_results.get("hog", {})
     headline = {
+        "nccl_lag_steps": LAG_STEPS if args.nccl_lag else 0,
         "quiet_p99_ms": round(hog_res["tune"]["phases"][0]["p99"], 3) if "tune" in hog_res else None,
         "hog_p99_ratio": {m: round(r["during_settled_p99_ratio"], 3) for m, r in hog_res.items()},
         "recovery_windows": hog_res["tune"]["recovery_windows"] if "tune" in hog_res else None,

@@ -55,13 +55,12 @@ class _Warn:
 def figures(rank: int, seq: int, kind: str = "") -> RankFigures:
     rng = random.Random(rank * 7919 + seq)
     late = {"cpu-slow": 0.020, "compute-slow": 0.012, "data-slow": 0.025}.get(kind, 0.0)
-    base = T0 + seq * 2.0
-    ts = tuple(base + i * 0.1 + late + rng.random() * 2e-4 for i in range(SLOTS))
+    comm = tuple(40.0 - late * 1e3 - rng.random() * 0.2 for _ in range(SLOTS))  # the late wait less
     return RankFigures(rank=rank, steps=SLOTS, first_step=(seq - 1) * SLOTS + 1, last_step=seq * SLOTS,
                        step_ms=100.0 + rng.random(), data_ms=0.5 + (25.0 if kind == "data-slow" else 0.0),
-                       comm_ms=20.0 + rng.random(), enter_t=sum(ts) / len(ts),
+                       comm_ms=sum(comm) / SLOTS,
                        main_runq_ms=0.1 + (20.0 if kind == "cpu-slow" else 0.0), nccl_runq_ms=0.05,
-                       main_cpu_ms=75.0, main_mhz=None, enter_ts=ts)
+                       main_cpu_ms=75.0, main_mhz=None, comm_steps=comm)
 
 
 def free_port() -> int:

@@ -6,6 +6,7 @@ One parser per file, one plain function per fact, every read bounded:
 - /proc/<pid>[/task/<tid>]/status     status_value     -> one field (Cpus_allowed_list, Mems_allowed_list,
                                                           nonvoluntary_ctxt_switches)
 - /proc/<pid>[/task/<tid>]/comm       comm
+- /proc/<pid>[/task/<tid>]/wchan      wchan            -> the kernel function it sleeps in
 - /proc/<pid>/task, .../children      task_ids, children, pids
 and the calling thread's NUMA memory policy: get_mempolicy, set_mempolicy, probe_mempolicy
 (raw syscalls: glibc wraps neither; modes named once, in MEMPOLICY_NAMES).
@@ -194,6 +195,16 @@ def nonvoluntary_switches_at(fd: int, tid: int = 0) -> int:
 
 
 # ---- comm, task lists, children ----------------------------------------------------------------
+WCHAN_MAX = 256  # one kernel symbol name
+
+
+def wchan(pid, tid: Optional[int] = None, proc: str = "/proc") -> Optional[str]:
+    """The kernel function the thread sleeps in (e.g. futex_do_wait), None when it is running
+    or the kernel hides it ("0")."""
+    name = _read_task(pid, tid, "wchan", WCHAN_MAX, proc).decode(errors="replace").strip()
+    return None if name in ("", "0") else name
+
+
 def comm(pid, tid: Optional[int] = None, proc: str = "/proc") -> str:
     return _read_task(pid, tid, "comm", COMM_MAX, proc).decode(errors="replace").strip()
 

@@ -39,6 +39,10 @@ class MonitorConfig:
     # Share of step time the step hook may take on the training thread; above it the hot
     # threads' kernel counters are read every k-th step (monitor/budget.py). 0 = every step.
     budget_pct: float = 0.3
+    # A rank that completes no step for max(stall_factor x its median step, stall_min_s)
+    # seconds gets a `stall` event naming where its main thread waits (monitor/stall.py).
+    stall_factor: float = 10.0
+    stall_min_s: float = 30.0
 
 
 @dataclass
@@ -113,6 +117,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
+    _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
+    _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)

@@ -16,9 +16,10 @@ SLOTS = 10
 def figs(rank, kind=""):
     rng = random.Random(rank)
     late = {"cpu-slow": 0.02, "compute-slow": 0.012, "data-slow": 0.025}.get(kind, 0.0)
-    ts = tuple(T + i * 0.1 + late + rng.random() * 2e-4 for i in range(SLOTS))
+    # a rank late by L ms waits L ms less in the step's collectives than the earliest
+    comm = tuple(40.0 - late * 1e3 - rng.random() * 0.2 for i in range(SLOTS))
     return RankFigures(rank, SLOTS, 21, 30, 100.0 + rng.random(), 0.5 + (25.0 if kind == "data-slow" else 0.0),
-                       20.0, sum(ts) / SLOTS, 0.1 + (20.0 if kind == "cpu-slow" else 0.0), 0.05, 75.0, None, ts)
+                       sum(comm) / SLOTS, 0.1 + (20.0 if kind == "cpu-slow" else 0.0), 0.05, 75.0, None, comm)
 
 
 def kind(rank):

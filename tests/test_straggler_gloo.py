@@ -1,5 +1,6 @@
 """Two real gloo ranks (DDP, one core each): a CPU hog on rank 1's main core, or a slowed
-DataLoader on rank 1, and what rank 0's `straggler` events say about it.
+DataLoader on rank 1, or rank 1's clock 50 ms ahead (the monitor's test-only clock offset,
+as NTP skew between two hosts), and what rank 0's `straggler` events say about it.
 
 The file is also the worker: `python tests/test_straggler_gloo.py SCENARIO LOG_DIR` with
 RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
@@ -20,6 +21,7 @@ import pytest
 STEPS = 80
 HOG_STEPS = range(31, 61)  # the hog runs through these steps (windows 31-40, 41-50, 51-60)
 EVERY = 10
+SKEW_S = 0.050  # rank 1's monitor clock reads this much ahead in the skewed scenarios
 
 
 def _free_port() -> int:
@@ -36,6 +38,8 @@ def _run_job(tmp_path: Path, scenario: str) -> dict[int, list[dict]]:
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                    MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        if rank == 1 and scenario.endswith("skewed"):
+            env["PLACEMENT_TEST_CLOCK_OFFSET_S"] = str(SKEW_S)
         procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(tmp_path)], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
     outputs = []
@@ -70,8 +74,18 @@ def _inside(event: dict, steps: range) -> bool:
 
 
 @pytest.mark.slow
+def test_rank1_clock_50ms_ahead_names_no_straggler(tmp_path):
+    logs = _run_job(tmp_path, "quiet-skewed")
+    r0, r1 = _steps(logs[0]), _steps(logs[1])
+    skew = statistics.median(b["t"] - a["t"] for a, b in zip(r0, r1))
+    assert skew > SKEW_S / 2, skew  # the offset is in rank 1's wall stamps ...
+    assert _stragglers(logs[0]) == []  # ... and names nobody
+
+
+@pytest.mark.slow
 def test_cpu_hog_on_rank1_main_core_names_rank1_cpu_slow_not_rank0(tmp_path):
-    logs = _run_job(tmp_path, "cpu-hog")
+    # rank 1's clock also reads 50 ms ahead: the real lateness is found whatever the skew
+    logs = _run_job(tmp_path, "cpu-hog-skewed")
     events = _stragglers(logs[0])
     assert not _stragglers(logs[1]), "only rank 0 writes straggler events"
     during = [e for e in events if _inside(e, HOG_STEPS)]
@@ -146,7 +160,7 @@ def worker(scenario: str, log_dir: str) -> None:
     data = handle.watch(SlowData(rank, 0.02 if scenario == "slow-data" else 0.0, 96, dim))
     hogs: list[int] = []
     for step in range(1, STEPS + 1):
-        if scenario == "cpu-hog" and rank == 1:
+        if scenario.startswith("cpu-hog") and rank == 1:
             if step == HOG_STEPS.start - 1:
                 # Three spinners leave main a quarter of its core: the slowdown stands well clear
                 # of this shared VM's noise (two left rank 0's wait at times just under 2x).

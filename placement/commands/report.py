@@ -30,6 +30,11 @@ def run(args: argparse.Namespace) -> int:
         raise LogReadError(f"--plot draws one panel per rank and {len(ranks)} ranks are too many "
                            f"(at most {RANK_TABLE_MAX}); use --heatmap")
     summary = summarize_cluster(table)
+    if summary.stalled:  # what a hung job's user looks for first
+        print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
+              + ", ".join(f"rank {s.rank} after step {'?' if s.last_step is None else s.last_step}"
+                          for s in summary.stalled[:10]) + (", ..." if len(summary.stalled) > 10 else ""))
+        print("")
     log = None
     if len(ranks) <= RANK_TABLE_MAX:
         from placement.monitor.report_text import report_text

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from placement.monitor.clock import wall as wall_clock
 from placement.monitor.warn import WarnOnce, first_line
 
 # torch.distributed functions wrapped while a monitor is attached.
@@ -69,16 +70,19 @@ class CollectiveClock:
         self._intervals: list[tuple[int, int]] = []
         self._count = 0
         self._enter_t: Optional[float] = None
+        # Set when its monitor closed: a DDP hook cannot be removed and may still call in
+        # (until a re-attach points it at the new clock); nothing is kept then.
+        self.closed = False
 
     def enter(self) -> int:
         with self._lock:
             self._count += 1
             if self._enter_t is None:
-                self._enter_t = time.time()
+                self._enter_t = wall_clock()
         return time.perf_counter_ns()
 
     def done(self, t0: int) -> None:
-        if self.timed:
+        if self.timed and not self.closed:
             t1 = time.perf_counter_ns()
             with self._lock:
                 self._intervals.append((t0, t1))
@@ -118,6 +122,7 @@ class CommTiming:
         return [None] * len(spans)
 
     def close(self) -> None:
+        self.clock.closed = True
         if self._wrappers is not None:
             self._wrappers.uninstall()
             self._wrappers = None
@@ -226,23 +231,41 @@ class CollectiveWrappers:
         self._installed.clear()
 
 
+class DdpHookTarget:
+    """The clock a model's one placement DDP hook times into: DDP comm hooks cannot be
+    removed nor registered twice, so a re-attach (close(), then attach() on the same model)
+    points the registered hook at its own clock instead of losing comm timing."""
+
+    __slots__ = ("clock",)
+
+    def __init__(self, clock: CollectiveClock):
+        self.clock = clock
+
+
 def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollectives, warn: WarnOnce) -> bool:
     """Register a DDP comm hook that all-reduces each bucket exactly as DDP's default does
-    (average over the group) and times it from the hook call to its future's completion."""
+    (average over the group) and times it from the hook call to its future's completion
+    into the current attach's clock (the model's DdpHookTarget; a closed clock keeps nothing)."""
     try:
         from torch.nn.parallel import DistributedDataParallel
     except ImportError:
         return False
     if not isinstance(model, DistributedDataParallel):
         return False
+    target = getattr(model, "_placement_ddp_target", None)
+    if isinstance(target, DdpHookTarget):  # our hook from an earlier attach: follow this one
+        target.clock = clock
+        return True
     if getattr(model, "_comm_hooks", None):
         warn("ddp-hook", "the DDP model already has a comm hook; its bucket all-reduces are timed only "
                          "when that hook calls torch.distributed collectives from Python")
         return False
     all_reduce = original.all_reduce
     group = model.process_group
+    target = DdpHookTarget(clock)
 
     def placement_timed_allreduce(_state, bucket):
+        clock = target.clock
         t0 = clock.enter()
         tensor = bucket.buffer()
         tensor.div_(group.size())
@@ -259,6 +282,7 @@ def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollective
     except Exception as e:  # e.g. a hook registered in C++ (register_builtin_comm_hook)
         warn("ddp-hook", f"cannot time DDP bucket all-reduces: {first_line(e)}")
         return False
+    model._placement_ddp_target = target
     return True
 
 

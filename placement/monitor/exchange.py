@@ -30,8 +30,8 @@ a vectorised pass over all rows finds the candidates (ranks entering their colle
 than half the lateness limit, the earliest arrivers, the fastest collective) and classify judges
 them against an even sample of the punctual ranks (their medians stand for all peers'); the
 event names the NAMED worst ranks in full and counts the rest by kind, with their ranks in list
-form ("3,17,200-207"). Lateness compares entry times only within the window's steps, as
-straggler.arrival_lateness_ms does.
+form ("3,17,200-207"). Lateness compares per-step comm durations within the window's steps,
+as straggler.arrival_lateness_ms does (no wall clocks: skew-free).
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from placement.cpuset import format_cpulist
-from placement.monitor.straggler import (FIELDS, RankFigures, Straggler, StragglerReport, Thresholds, classify,
+from placement.monitor.straggler import (FIELDS, MIN_COMMON_STEPS, RankFigures, Straggler, StragglerReport, Thresholds, classify,
                                          comm_baseline)
 from placement.monitor.warn import WarnOnce, first_line
 
@@ -238,24 +238,20 @@ def _rank_list(ranks: list[int]) -> str:
 
 
 def _lateness(rows, slots: int):
-    """Per-rank lateness (ms) of entering the first collective, vectorised: per step against
-    the earliest rank, median over the steps every rank has an entry for (as
-    straggler.arrival_lateness_ms); else from the window means. None when not comparable."""
+    """Per-rank lateness (ms), vectorised as straggler.arrival_lateness_ms: per step, the most
+    comm time of any rank minus its own (durations on each rank's own clock: no skew), median
+    over the steps every rank measured. None when not comparable."""
     import numpy as np
 
     f = {name: len(HEADER) + i for i, name in enumerate(FIELDS)}
-    entries = rows[:, len(HEADER) + len(FIELDS):len(HEADER) + len(FIELDS) + slots]
-    steps = rows[:, f["steps"]].astype(int)
-    if len(np.unique(rows[:, f["first_step"]])) == 1 and steps.min() > 0:
-        cols = entries[:, :int(steps.min())]
-        full = np.isfinite(cols).all(axis=0)
-        if full.any():
-            cols = cols[:, full]
-            return np.median((cols - cols.min(axis=0)) * 1e3, axis=1)
-    mean = rows[:, f["enter_t"]]
-    if not np.isfinite(mean).all():
+    if len(np.unique(rows[:, f["first_step"]])) != 1 or len(np.unique(rows[:, f["last_step"]])) != 1:
         return None
-    return (mean - mean.min()) * 1e3
+    comm = rows[:, len(HEADER) + len(FIELDS):len(HEADER) + len(FIELDS) + slots]
+    full = np.isfinite(comm).all(axis=0)
+    if int(full.sum()) < MIN_COMMON_STEPS:
+        return None
+    cols = comm[:, full]
+    return np.median(cols.max(axis=0) - cols, axis=1)
 
 
 def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], th: Thresholds):
@@ -280,7 +276,7 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
         sample = punctual[np.linspace(0, len(punctual) - 1, min(PEER_SAMPLE, len(punctual))).astype(int)] \
             if len(punctual) else punctual
         entries = active[:, len(HEADER) + len(FIELDS):len(HEADER) + len(FIELDS) + slots]
-        earliest = np.nanargmin(np.where(np.isfinite(entries), entries, np.inf), axis=0)
+        earliest = np.argmax(np.where(np.isfinite(entries), entries, -np.inf), axis=0)  # waited longest
         comm = active[:, f["comm_ms"]]
         fastest = [int(np.nanargmin(comm))] if np.isfinite(comm).any() else []
         pick = np.unique(np.concatenate([late, sample, earliest, fastest]).astype(int))

@@ -135,6 +135,10 @@ def _stalls(events: list[dict]) -> list[Stall]:
             continue
         where = e.get("where") or e.get("waiting_in") or e.get("message") or ""
         step = e.get("last_step")
+        if e.get("phase") == "resumed":  # monitor/stall.py: the rank stepped again
+            for r in stalled_ranks(e):
+                last.pop(r, None)
+            continue
         for r in stalled_ranks(e):
             last[r] = Stall(r, step if isinstance(step, int) else None, str(where),
                             e.get("t") if isinstance(e.get("t"), (int, float)) else None)

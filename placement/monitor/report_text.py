@@ -7,7 +7,7 @@ from placement.monitor.logread import RunLog
 from placement.monitor.summary import RunSummary, summarize
 
 HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
-SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "warning", "start", "end", "monitor", "lost")
+SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "stall", "warning", "start", "end", "monitor", "lost")
 
 
 def _f(v: Optional[float], digits: int = 1) -> str:

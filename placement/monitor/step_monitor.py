@@ -14,7 +14,11 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   thread list; every monitor.flush_every steps records are built, judged, handed to the
   observers (the tuner), encoded and written in one batch, and the file flushed; every
   monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
-  c10d store (exchange.py), and rank 0 judges them there.
+  c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
+  absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
+  the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
+  its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
+Data crosses from the training thread as dataclasses (RawStep, HandOver) addressed by step.
 Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
@@ -35,15 +39,17 @@ from typing import Callable, Optional
 
 from placement.config import PlacementConfig
 from placement.monitor import exitflush
+from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
-from placement.monitor.comm import CommTiming
+from placement.monitor.comm import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, straggler_event
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
-from placement.monitor.straggler import RankFigures, StragglerReport, figures_from_records
+from placement.monitor.stall import StallWatch
+from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
-from placement.monitor.threads import RoleSampler, merge_span
+from placement.monitor.threads import HotRead, MainRead, RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
 from placement.roles import name_this_thread
@@ -56,10 +62,29 @@ MAX_BACKLOG = 4
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
 
-# One raw step, as on_step appends it:
-# (end perf_counter_ns, data ns, CommStep, main read or None, hot read or None, span read or None).
-# Main and hot reads are None on the steps between probe steps; the span read is set by the
-# monitor thread on the step it was taken at.
+
+
+@dataclasses.dataclass(slots=True)
+class RawStep:
+    """One step as the hook measured it (its number is its place in the hand-over)."""
+
+    end_ns: int  # perf_counter_ns at the end of the step
+    data_ns: int  # time blocked waiting for data
+    comm: CommStep
+    main: Optional[MainRead]  # main's counters; None on the steps between probe steps
+    hot: Optional[HotRead]  # the nccl/pin_memory threads' counters (same steps)
+    span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
+
+
+@dataclasses.dataclass(slots=True)
+class HandOver:
+    """What the training thread hands to the monitor thread at a due step."""
+
+    last_step: int  # the step number of raw[-1]
+    raw: list[RawStep]
+    span: bool  # a span reading is due at last_step
+    hook_ns: int  # time spent in the hook so far
+    hook_steps: int  # steps the hook timed so far
 
 
 class StepMonitor:
@@ -83,7 +108,7 @@ class StepMonitor:
         # -- training thread ------------------------------------------------------------
         self.step = 0
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
-        self._raw: list[tuple] = []  # steps measured since the last hand-over
+        self._raw: list[RawStep] = []  # steps measured since the last hand-over
         self._probe_in = 1  # steps until the next probe step
         self._span_due = self.cfg.rescan_every
         # The next step with work for the monitor thread: one comparison per step.
@@ -94,8 +119,7 @@ class StepMonitor:
         self._flush_requested = False
 
         # -- hand-over --------------------------------------------------------------------
-        # (last step, raw steps, span due, hook ns so far, hook steps so far); deque appends
-        # and pops are atomic, and only the holder of _lock pops.
+        # HandOver items; deque appends and pops are atomic, and only the holder of _lock pops.
         self._handed: collections.deque = collections.deque()
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -104,25 +128,33 @@ class StepMonitor:
         self._stopping = False
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
-        self._pending: list[tuple] = []  # raw steps handed over, not yet built into records
+        self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
         self._pending_first_step = 1  # step number of _pending[0]
         # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
         # are built, from an anchor pair re-taken then (one clock read per step, not two).
-        self._anchor = (time.perf_counter_ns(), time.time())
+        self._anchor = (time.perf_counter_ns(), wall_clock())
         self._t_last = self._anchor[0]
         self._wall_last = self._anchor[1]
         self._last_span_step = 0
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
-        self._window: list[StepRecord] = []  # since the last exchange
+        self._window: list[StepRecord] = []  # not yet sent in an exchange
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
+        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
         the tuner, the first events) is neither step time nor the first step's CPU."""
         self.sampler.rebase()
-        self._anchor = (time.perf_counter_ns(), time.time())
+        self._anchor = (time.perf_counter_ns(), wall_clock())
         self._t_last, self._wall_last = self._anchor
+        self.stall.progress(0, self._anchor[0])
+        self._start_thread()  # the stall watch runs from step 1 on
+
+    def _start_thread(self) -> None:
+        if self._thread is None and not self.closed:
+            self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
+            self._thread.start()
 
     # ---- fed by the training loop --------------------------------------------------------
     def on_step(self, _optimizer=None, _args=None, _kwargs=None) -> None:
@@ -140,10 +172,10 @@ class StepMonitor:
             if self._probe_in <= 0 or step >= self._next_due:  # a hand-over step is a probe step
                 self._probe_in = self.budget.every
                 sampler = self.sampler
-                self._raw.append((t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
-                                  sampler.read_hot() if sampler.has_hot else (), None))
+                self._raw.append(RawStep(t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
+                                         sampler.read_hot() if sampler.has_hot else ()))
             else:
-                self._raw.append((t0, self.data_ns, self.comm.take_step(), None, None, None))
+                self._raw.append(RawStep(t0, self.data_ns, self.comm.take_step(), None, None))
             self.data_ns = 0
             self.step = step
             if step >= self._next_due:
@@ -165,14 +197,12 @@ class StepMonitor:
         span = step >= self._span_due
         if span:
             self._span_due = step + cfg.rescan_every
-        self._handed.append((step, raw, span, self.self_ns, self.steps_timed))
+        self._handed.append(HandOver(step, raw, span, self.self_ns, self.steps_timed))
         exchange = self.exchange
         self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
                              _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
                              else 1 << 62)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
-            self._thread.start()
+        self._start_thread()
         self._wake.put(None)
         if len(self._handed) > MAX_BACKLOG:
             with self._holding():
@@ -182,11 +212,29 @@ class StepMonitor:
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
         while True:
-            self._wake.get()
+            try:
+                self._wake.get(timeout=self.stall.poll_s)
+                woken = True
+            except queue.Empty:
+                woken = False
             if self._stopping:
                 return
-            with self._holding():
-                self._drain(exchange=True)
+            self._watch_stall()
+            if woken:
+                with self._holding():
+                    self._drain(exchange=True)
+
+    def _watch_stall(self) -> None:
+        """Between hand-overs: has the training thread completed a step lately? (Read without
+        _lock: a stalled main thread may hold it.)"""
+        try:
+            stalled = self.stall.check(self.step, perf_counter_ns())
+            if stalled is not None:
+                self.stall.report(stalled, self.events, self.rank)
+            elif self.stall.resumed is not None:
+                self.stall.report_resumed(self.events, self.rank)
+        except Exception as e:
+            self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
 
     @contextlib.contextmanager
     def _holding(self, timeout: float = -1):
@@ -212,38 +260,38 @@ class StepMonitor:
         while self._handed:
             item = self._handed.popleft()
             try:
-                self._process(*item, exchange=exchange)
+                self._process(item, exchange=exchange)
             except Exception as e:  # the monitor never breaks training, nor stops for one bad batch
                 self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
                                                        f"{first_line(e)}); continuing")
 
-    def _process(self, step: int, raw: list[tuple], span: bool, hook_ns: int, hook_steps: int,
-                 exchange: bool) -> None:
+    def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
-        if span:
-            raw[-1] = raw[-1][:5] + (self.sampler.read_span(step - self._last_span_step),)
+        step, raw = item.last_step, item.raw
+        if item.span:
+            raw[-1].span = self.sampler.read_span(step - self._last_span_step)
             self._last_span_step = step
             self.sampler.refresh()
         self._pending.extend(raw)
-        self._judge_budget(raw, hook_ns, hook_steps)
+        self._judge_budget(raw, item.hook_ns, item.hook_steps)
         ex = self.exchange if exchange else None
         exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
         if exchange_now or step % cfg.flush_every == 0:
             self._finalize(keep_lag=True)
             self.events.flush()
         if exchange_now:
-            self._submit_exchange()
+            self._submit_exchange(step)
         elif ex is not None and ex.pending:
             ex.collect()
 
-    def _judge_budget(self, raw: list[tuple], hook_ns: int, hook_steps: int) -> None:
+    def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int) -> None:
         """Read the kernel counters every k-th step when every step costs more than the budget."""
         ns0, steps0 = self._hook_seen
         self._hook_seen = (hook_ns, hook_steps)
         if hook_steps - steps0 < 4 or len(raw) < 4:
             return
         hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
-        step_ms = statistics.median((b[0] - a[0]) / 1e6 for a, b in zip(raw, raw[1:]))
+        step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:]))
         was = self.budget.every
         now = self.budget.update(hook_us, step_ms)
         if now is not None:
@@ -267,7 +315,7 @@ class StepMonitor:
         cut = len(raw)
         if keep_lag:
             cut -= self.comm.lag_steps
-            while cut > 0 and raw[cut - 1][3] is None:
+            while cut > 0 and raw[cut - 1].main is None:
                 cut -= 1
         if cut <= 0:
             return
@@ -277,19 +325,20 @@ class StepMonitor:
         # Wall times of the step ends, from the perf_counter stamps and the anchor (re-taken
         # here so that a drift between the two clocks cannot build up).
         anchor_ns, anchor_wall = self._anchor
-        ends = [anchor_wall + (r[0] - anchor_ns) / 1e9 for r in ready]
+        ends = [anchor_wall + (r.end_ns - anchor_ns) / 1e9 for r in ready]
         starts = [self._wall_last] + ends[:-1]
-        pending = [i for i, r in enumerate(ready) if r[2].comm_ms is None]
+        pending = [i for i, r in enumerate(ready) if r.comm.comm_ms is None]
         late_comm = dict(zip(pending, self.comm.resolve([(starts[i], ends[i]) for i in pending]))) if pending else {}
         roles_of, probe_steps = self._role_samples(ready)
         tune = self._tune
         batch = []
         t_last = self._t_last
-        for i, (t_end, data_ns, comm, _main, _hot, span) in enumerate(ready):
-            step_ms, data_ms, t_last = (t_end - t_last) / 1e6, data_ns / 1e6, t_end
+        for i, r in enumerate(ready):
+            comm = r.comm
+            step_ms, data_ms, t_last = (r.end_ns - t_last) / 1e6, r.data_ns / 1e6, r.end_ns
             roles = roles_of[i]
-            if span is not None:
-                merge_span(roles, span)
+            if r.span is not None:
+                merge_span(roles, r.span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                              local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i])
@@ -297,11 +346,13 @@ class StepMonitor:
                                        tune.comm_share_pct, tune.data_share_pct)
             batch.append(rec)
         self._t_last, self._wall_last = t_last, ends[-1]
-        self._anchor = (time.perf_counter_ns(), time.time())
+        self._anchor = (time.perf_counter_ns(), wall_clock())
+        self.stall.step_times(rec.step_ms for rec in batch)
         write_records(self.events, batch)
         for rec in batch:
             self._deliver(rec)
-        self._window.extend(batch)
+        if self.exchange is not None and self.exchange.enabled:
+            self._window.extend(batch)  # trimmed at each exchange (nothing kept without one)
         self._summary.extend(batch)
         try:
             write_batch(self._tb, batch)
@@ -313,7 +364,7 @@ class StepMonitor:
             if s is not None:
                 log.info(one_line(s))
 
-    def _role_samples(self, ready: list[tuple]) -> tuple[list[dict], list[int]]:
+    def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
         """Per-step role samples: a probe step's counter deltas are spread evenly over it and
         the steps since the probe step before it, which share its samples (records are not
         changed once built; only a step with a span reading gets its own copy, which
@@ -321,13 +372,13 @@ class StepMonitor:
         roles_of: list[dict] = []
         probe_steps: list[int] = []
         run = 0  # steps waiting for the next probe step
-        for _t, _d, _c, main, hot, span in ready:
+        for r in ready:
             run += 1
-            if main is None:
+            if r.main is None:
                 continue
-            roles = self.sampler.samples(main, hot, run)
+            roles = self.sampler.samples(r.main, r.hot, run)
             roles_of.extend([roles] * (run - 1))
-            roles_of.append(roles if span is None or run == 1 else
+            roles_of.append(roles if r.span is None or run == 1 else
                             {name: dataclasses.replace(s) for name, s in roles.items()})
             probe_steps.extend([run] * run)
             run = 0
@@ -346,11 +397,12 @@ class StepMonitor:
                                                 f"({type(e).__name__}: {first_line(e)}); it is removed")
 
     # ---- cross-rank ------------------------------------------------------------------
-    def _submit_exchange(self) -> None:
-        figs = figures_from_records(self.rank, self._window)
-        self._window = []
-        if figs is None:
-            figs = RankFigures(self.rank, 0, 0, 0, 0.0, 0.0, None, None, None, None, None, None, ())
+    def _submit_exchange(self, step: int) -> None:
+        """Send the figures of the same absolute steps as every other rank (built here whatever
+        this rank's probe cadence); later steps wait for the next exchange."""
+        first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.lag_steps)
+        figs = figures_from_records(self.rank, self._window, first, last)
+        self._window = [r for r in self._window if r.step > last]
         self.exchange.submit(figs)
 
     def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
@@ -377,11 +429,11 @@ class StepMonitor:
                 return False
             self._drain(exchange=exchange)
             raw, self._raw = self._raw, []
-            if raw and raw[-1][3] is None:
+            if raw and raw[-1].main is None:
                 # Steps since the last probe step: read the counters now, so that they have
                 # their figures (the reading includes the moments since the last step ended).
                 sampler = self.sampler
-                raw[-1] = raw[-1][:3] + (sampler.main.step_read(), sampler.read_hot(), None)
+                raw[-1].main, raw[-1].hot = sampler.main.step_read(), sampler.read_hot()
             self._pending.extend(raw)
             self._finalize(keep_lag=False)
             return True

@@ -2,15 +2,29 @@
 
 Collectives make every rank wait for the last one to arrive, so a slow rank shows up
 in its peers' comm time, not its own. Arrival tells them apart (C4's receiver-driven
-analysis): a rank that enters its first collective of the step well after the earliest
-one is late; the others waited. The late rank's own breakdown, against its punctual
-peers, then says why:
+analysis): a rank that enters its collectives well after the earliest one is late; the
+others waited. The late rank's own breakdown, against its punctual peers, then says why:
 - data-slow: its extra data wait accounts for a good share of the lateness
 - cpu-slow: its extra main/NCCL runqueue wait does, or its main thread runs on a
   clearly slower core
 - compute-slow: neither (more work, a slower GPU, thermal throttling...)
 When every rank arrives together but the collective itself takes much longer than it
 used to (the baseline), the verdict is comm-slow: the link or network.
+
+How lateness is measured, so that no clock skew can fake it: from durations each rank
+measures on its own clock, never by comparing wall clocks of different hosts (NTP keeps
+them 1-10 ms apart, as much as the lateness we look for). A collective ends at the same
+moment on every rank (none can finish before the last one's data is in), so a rank that
+entered L ms after the earliest spends L ms less inside it: per step, a rank's lateness
+is the most comm time of any rank minus its own (summed over the step's collectives,
+hence "ms/step"), and its figure is the median over the steps (one GC pause is not a
+straggler). Chosen over estimating per-host clock offsets from the collectives' common
+end because the durations exist on every backend with no extra moment to record (on
+NCCL the CPU never sees a collective end; PyTorch's records give its GPU duration, which
+includes the wait for a late peer), need no estimation window, and are exact whatever
+the offsets and their drift. Figures are compared step by step: every rank sends the same
+absolute steps (RankFigures.first_step .. last_step, StepMonitor.exchange_steps),
+whatever its probe cadence.
 """
 from __future__ import annotations
 
@@ -19,17 +33,24 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from placement.monitor.budget import MAX_EVERY
+
 KINDS = ("cpu-slow", "data-slow", "compute-slow", "comm-slow")
 
+# Steps measured on every rank that a lateness needs (the first exchange of a run may
+# cover only the first step or two, warm-up).
+MIN_COMMON_STEPS = 3
+
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
-FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms", "enter_t",
+FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
           "main_runq_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
 
 
 @dataclass
 class RankFigures:
-    """One rank's means per step over the same window of steps as its peers, plus its
-    per-step entry times (step first_step + i at index i; None: no collective that step)."""
+    """One rank's means per step over the same steps as its peers (first_step..last_step,
+    `steps` of them measured), plus its comm time of each of those steps (step first_step + i
+    at index i; None: not measured, or no collective that step)."""
 
     rank: int
     steps: int
@@ -38,17 +59,21 @@ class RankFigures:
     step_ms: float
     data_ms: float
     comm_ms: Optional[float]
-    enter_t: Optional[float]  # mean wall time of entering the first collective of a step
     main_runq_ms: Optional[float]
     nccl_runq_ms: Optional[float]
     main_cpu_ms: Optional[float]
     main_mhz: Optional[float]
-    enter_ts: tuple = ()
+    comm_steps: tuple[Optional[float], ...] = ()
+
+    @classmethod
+    def empty(cls, rank: int, first_step: int = 0, last_step: int = 0) -> "RankFigures":
+        """A rank with no measured step in the window."""
+        return cls(rank, 0, first_step, last_step, 0.0, 0.0, None, None, None, None, None)
 
     def to_row(self, slots: int) -> list[float]:
-        """FIELDS then `slots` entry times, as floats (NaN = unknown)."""
+        """FIELDS then `slots` per-step comm times, as floats (NaN = unknown)."""
         head = [math.nan if getattr(self, f) is None else float(getattr(self, f)) for f in FIELDS]
-        tail = [math.nan if t is None else float(t) for t in self.enter_ts[:slots]]
+        tail = [math.nan if t is None else float(t) for t in self.comm_steps[:slots]]
         return head + tail + [math.nan] * (slots - len(tail))
 
     @classmethod
@@ -58,8 +83,9 @@ class RankFigures:
             vals[f] = int(vals[f] or 0)
         vals["step_ms"] = vals["step_ms"] or 0.0
         vals["data_ms"] = vals["data_ms"] or 0.0
-        times = [None if math.isnan(v) else v for v in row[len(FIELDS):]]
-        vals["enter_ts"] = tuple(times[:vals["steps"]])
+        comm = [None if math.isnan(v) else v for v in row[len(FIELDS):]]
+        span = max(0, vals["last_step"] - vals["first_step"] + 1) if vals["steps"] else 0
+        vals["comm_steps"] = tuple(comm[:span])
         return cls(**vals)
 
     def stall_ms(self) -> Optional[float]:
@@ -111,26 +137,37 @@ def _mean(values) -> Optional[float]:
     return sum(known) / len(known) if known else None
 
 
-def figures_from_records(rank: int, records: list) -> Optional[RankFigures]:
-    """Means per step of one rank's StepRecords over a window (None for an empty window)."""
+def figures_from_records(rank: int, records: list, first_step: int, last_step: int) -> RankFigures:
+    """Means per step of one rank's StepRecords of steps first_step..last_step (the same
+    steps on every rank; records outside them are ignored, steps without one are None)."""
+    records = [r for r in records if first_step <= r.step <= last_step]
     if not records:
-        return None
+        return RankFigures.empty(rank, first_step, last_step)
 
     def role(rec, name, attr):
         s = rec.roles.get(name)
         return None if s is None else getattr(s, attr)
 
+    comm_of = {r.step: (r.comm_ms if r.comm_count else None) for r in records}
     return RankFigures(
-        rank=rank, steps=len(records), first_step=records[0].step, last_step=records[-1].step,
+        rank=rank, steps=len(records), first_step=first_step, last_step=last_step,
         step_ms=_mean(r.step_ms for r in records) or 0.0,
         data_ms=_mean(r.data_ms for r in records) or 0.0,
         comm_ms=_mean(r.comm_ms for r in records),
-        enter_t=_mean(r.comm_enter_t for r in records),
-        enter_ts=tuple(r.comm_enter_t for r in records),
+        comm_steps=tuple(comm_of.get(s) for s in range(first_step, last_step + 1)),
         main_runq_ms=_mean(role(r, "main", "runq_ms") for r in records),
         nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
         main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
         main_mhz=_mean(role(r, "main", "mhz") for r in records))
+
+
+def exchange_steps(step: int, every: int, lag_steps: int) -> tuple[int, int]:
+    """The absolute steps (first, last) every rank sends at the exchange of step `step`: the
+    `every` steps ending MAX_EVERY + lag_steps - 1 before it. Each rank builds its records up
+    to its own last probe step before the comm lag (a probe every MAX_EVERY steps at most,
+    whatever its budget chose), so these are built on every rank, whatever its cadence."""
+    last = step - lag_steps - MAX_EVERY + 1
+    return max(1, last - every + 1), last
 
 
 def comm_baseline(history: list[float], th: Thresholds = Thresholds()) -> Optional[float]:
@@ -151,26 +188,24 @@ def _fmt(v: Optional[float]) -> str:
 
 
 def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
-    """How late each rank enters its first collective of a step, after the earliest rank:
-    the median over the steps every rank has an entry time for (robust to one slow step),
-    else from the window means. None when some rank entered no collective."""
-    n = min(len(r.enter_ts) for r in ranks)
-    same_steps = len({r.first_step for r in ranks}) == 1
+    """How late each rank enters its collectives of a step, after the earliest rank, from
+    each rank's own comm durations (see the module docstring): per absolute step, the most
+    comm time of any rank minus its own; the median over the steps every rank measured
+    (robust to one slow step). None when no step was measured on every rank, or the ranks
+    sent different steps."""
+    if len({(r.first_step, r.last_step) for r in ranks}) != 1:
+        return None  # not the same steps: nothing to compare step by step
     per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    if same_steps:
-        for i in range(n):
-            ts = [r.enter_ts[i] for r in ranks]
-            if any(t is None for t in ts):
-                continue
-            first = min(ts)
-            for r, t in zip(ranks, ts):
-                per_step[r.rank].append((t - first) * 1e3)
-    if all(per_step.values()):
-        return {rank: statistics.median(v) for rank, v in per_step.items()}
-    if any(r.enter_t is None for r in ranks):
-        return None
-    earliest = min(r.enter_t for r in ranks)
-    return {r.rank: (r.enter_t - earliest) * 1e3 for r in ranks}
+    for i in range(min(len(r.comm_steps) for r in ranks)):
+        comm = [r.comm_steps[i] for r in ranks]
+        if any(c is None for c in comm):
+            continue
+        longest = max(comm)
+        for r, c in zip(ranks, comm):
+            per_step[r.rank].append(longest - c)
+    if any(len(v) < MIN_COMMON_STEPS for v in per_step.values()):
+        return None  # too few steps to tell lateness from one step's noise
+    return {rank: statistics.median(v) for rank, v in per_step.items()}
 
 
 def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
