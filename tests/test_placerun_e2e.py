@@ -92,8 +92,15 @@ def run_and_check(tmp_path, nproc, backend):
             assert applied[0][0].share().isdisjoint(applied[1][0].share())
 
         for rank, (rank_plan, seen) in applied.items():
-            memory = [json.loads(line) for line in open(logs / f"rank{rank}.jsonl")]
-            (event,) = [e for e in memory if e["type"] == "memory"]
+            # The rank's log is flushed by the watcher once a second: wait for stage 1's event.
+            deadline = time.monotonic() + 30
+            while True:
+                memory = [json.loads(line) for line in open(logs / f"rank{rank}.jsonl")]
+                found = [e for e in memory if e["type"] == "memory"]
+                if found or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            (event,) = found
             planned = (rank_plan.memory.mode, sorted(rank_plan.memory.nodes))
             assert (event["planned"]["mode"], event["planned"]["nodes"]) == planned
             want = planned if event["fallback"] is None else (event["applied"]["mode"], event["applied"]["nodes"])

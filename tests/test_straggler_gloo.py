@@ -79,7 +79,12 @@ def test_rank1_clock_50ms_ahead_names_no_straggler(tmp_path):
     r0, r1 = _steps(logs[0]), _steps(logs[1])
     skew = statistics.median(b["t"] - a["t"] for a, b in zip(r0, r1))
     assert skew > SKEW_S / 2, skew  # the offset is in rank 1's wall stamps ...
-    assert _stragglers(logs[0]) == []  # ... and names nobody
+    # ... and names nobody for it. Read as lateness, the skew would name a rank ~50 ms late in
+    # every window; a quiet 2-core VM may still show one real hiccup of a few ms in one window.
+    events = [e for e in _stragglers(logs[0]) if e["stragglers"]]
+    assert len(events) <= 1, events
+    named = [s for e in events for s in e["stragglers"]]
+    assert all((s.get("lateness_ms") or 0.0) < SKEW_S * 1e3 / 2 for s in named), named
 
 
 @pytest.mark.slow
@@ -175,7 +180,14 @@ def worker(scenario: str, log_dir: str) -> None:
         opt.zero_grad()
     handle.close()
     dist.barrier()
-    dist.destroy_process_group()
+    # Everything this test reads is written and closed by now. Leave without tearing gloo down:
+    # its destructors sometimes abort with "terminate called without an active exception"
+    # (SIGABRT after a correct run, in destroy_process_group or at interpreter exit; seen in two
+    # sessions here, also pytorch/pytorch#190489), which would fail the test for torch's
+    # teardown, not for anything placement does.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -69,17 +69,23 @@ def _steps(out: TextIO, table: StepTable, pid_of: dict[int, int]) -> int:
         enter = table.enter_t[sl].tolist()
         verdict = table.verdict[sl].tolist()
         lines = []
+        prev_end = float("-inf")
         for step, end, ms, data, comm, stall, ent, v in zip(steps, ends, step_ms, data_ms, comm_ms, stall_ms,
                                                             enter, verdict):
-            start = end - ms / 1e3
-            data = 0.0 if data != data else min(max(data, 0.0), ms)
+            # A step's wall end and its measured length come from two clocks, so end - length can
+            # fall a few microseconds inside the previous step: slices of one track must not overlap
+            # (viewers nest them), so the slice starts where the previous one ended.
+            start = min(max(end - ms / 1e3, prev_end), end)
+            prev_end = end
+            span_ms = (end - start) * 1e3
+            data = 0.0 if data != data else min(max(data, 0.0), span_ms)
             c = 0.0 if comm != comm else max(comm, 0.0)
             comm_start = ent if ent == ent and start <= ent <= end else end - c / 1e3
             comm_start = min(max(comm_start, start + data / 1e3), end)
             c = min(c, (end - comm_start) * 1e3)
             compute_ms = ms - data - (0.0 if comm != comm else comm) - (0.0 if stall != stall else stall)
             lines.append(
-                f'{{"name":"step {step}","cat":"step","ph":"X","ts":{_us(start)},"dur":{ms * 1e3:.3f},{head},'
+                f'{{"name":"step {step}","cat":"step","ph":"X","ts":{_us(start)},"dur":{span_ms * 1e3:.3f},{head},'
                 f'"args":{{"step":{step},"step_ms":{ms:.3f},"data_ms":{_n(data)},"comm_ms":{_n(comm)},'
                 f'"cpu_stall_ms":{_n(stall)},"compute_ms":{_n(max(compute_ms, 0.0))},'
                 f'"verdict":"{VERDICTS[v] if 0 <= v < len(VERDICTS) else "?"}"}}}},\n')
