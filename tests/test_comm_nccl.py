@@ -38,13 +38,6 @@ def _init(**kw):
 
 
 # ---- the reader on torch's own dump (gloo records into FlightRecorder<c10::Event>) -----------------
-@pytest.fixture
-def gloo_world_of_one():
-    _init(backend="gloo")
-    yield
-    dist.destroy_process_group()
-
-
 def test_reader_reads_torch_own_cpu_dump_once_each_in_real_time(gloo_world_of_one):
     sources = [s for s in dump_sources() if s.recorder == "generic"]
     assert sources, "torch 2.13 has _dump_fr_trace_json in every build"

@@ -22,13 +22,6 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def gloo_world_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
-
-
 def _steps(log_dir):
     lines = [json.loads(l) for l in open(os.path.join(log_dir, "rank0.jsonl"))]
     return [l for l in lines if l["type"] == "step"], lines

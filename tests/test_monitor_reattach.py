@@ -2,26 +2,11 @@
 cannot be removed nor registered twice, so the one placement hook follows the current
 attach; the closed monitor's clock keeps nothing."""
 import json
-import socket
 
-import pytest
 import torch
 import torch.distributed as dist
 
 import placement
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def gloo_world_of_one():
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
-    yield
-    dist.destroy_process_group()
 
 
 def _phase(ddp, opt, log_dir, steps=4):

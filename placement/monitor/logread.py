@@ -118,26 +118,30 @@ def valid_event(d: dict) -> bool:
     return True
 
 
+def judge_line(line: bytes) -> Optional[dict]:
+    """One JSONL line as a record dict (a str `type`; events checked by valid_event), or None
+    when the line is corrupt and must be skipped and counted. Step fields are the caller's."""
+    try:
+        d = json.loads(line)
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser goes
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        return None
+    if d["type"] != "step" and not valid_event(d):
+        return None
+    return d
+
+
 def _parse(raw: bytes, log: RunLog) -> None:
     last_step: dict[int, int] = {}
     for line in raw.split(b"\n"):
         if not line.strip():
             continue
-        try:
-            d = json.loads(line)
-        except ValueError:  # also UnicodeDecodeError: bytes that are not UTF-8
-            log.skipped += 1
-            continue
-        except RecursionError:  # nesting deeper than the parser goes
-            log.skipped += 1
-            continue
-        if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        d = judge_line(line)
+        if d is None:
             log.skipped += 1
             continue
         if d["type"] != "step":
-            if not valid_event(d):
-                log.skipped += 1
-                continue
             if d["type"] == "lost":  # cumulative count: the last one written is the total
                 log.lost[d["rank"]] = max(log.lost.get(d["rank"], 0), d["records"])
             log.events.append(d)

@@ -13,14 +13,13 @@ the directory its log file sits in (logs gathered per node into a tree).
 """
 from __future__ import annotations
 
-import json
 import os
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement._procfs import read_bounded
-from placement.monitor.logread import LOG_MAX, LogReadError, expand, is_integer, is_number, valid_event
+from placement.monitor.logread import LOG_MAX, LogReadError, expand, is_integer, is_number, judge_line
 from placement.monitor.record import VERDICTS
 
 _NAN = float("nan")
@@ -136,22 +135,14 @@ def _read_file(path: str, cols: _Columns, table: StepTable, node_of_file: dict[i
     except OSError as e:
         raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
     runs: dict[int, list[tuple]] = {}  # rank -> rows of its current run in this file
-    loads = json.loads
     for line in raw.split(b"\n"):
         if not line.strip():
             continue
-        try:
-            d = loads(line)
-        except (ValueError, RecursionError):
-            table.skipped += 1
-            continue
-        if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        d = judge_line(line)
+        if d is None:
             table.skipped += 1
             continue
         if d["type"] != "step":
-            if not valid_event(d):
-                table.skipped += 1
-                continue
             table.events.append(d)
             if d["type"] == "start" and isinstance(d.get("rank"), int) and (d.get("host") or d.get("node_rank") is not None):
                 node_of_file[d["rank"]] = (d.get("host"), d.get("node_rank"))
