@@ -80,9 +80,9 @@ def test_rank1_clock_50ms_ahead_names_no_straggler(tmp_path):
     skew = statistics.median(b["t"] - a["t"] for a, b in zip(r0, r1))
     assert skew > SKEW_S / 2, skew  # the offset is in rank 1's wall stamps ...
     # ... and names nobody for it. Read as lateness, the skew would name a rank ~50 ms late in
-    # every window; a quiet 2-core VM may still show one real hiccup of a few ms in one window.
+    # every window; real lateness on a busy 2-core box (other processes on both cores) is a few
+    # ms and may name a rank in some windows, never with a skew-sized lateness.
     events = [e for e in _stragglers(logs[0]) if e["stragglers"]]
-    assert len(events) <= 1, events
     named = [s for e in events for s in e["stragglers"]]
     assert all((s.get("lateness_ms") or 0.0) < SKEW_S * 1e3 / 2 for s in named), named
 
