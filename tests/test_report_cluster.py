@@ -9,6 +9,7 @@ import time
 import pytest
 
 import placement
+from placement.monitor.stall import peer_event, write_peer_stall
 from placement.cli import main as cli
 from placement.events import EventLog
 from placement.monitor.logread import read_logs
@@ -40,8 +41,11 @@ def _node_logs(tmp_path):
                 if rank == 0 and step in (10, 20):
                     h.events.event("straggler", steps=[step - 9, step], waiting=[0, 1, 2], transfer_ms=0.4,
                                    stragglers=[{"kind": "cpu-slow", "ranks": [3], "lateness_ms": 3.0, "why": "test"}])
-                if rank == 0 and step == 25:
-                    h.events.event("stall", ranks=[2], last_step=24, where="main thread in a collective")
+                if rank == 0 and step == 25:  # rank 2's post as rank 0's peer watch writes it
+                    write_peer_stall(h.events, peer_event({
+                        "phase": "stalled", "rank": 2, "last_step": 24, "stalled_s": 31.2, "threshold_s": 30.0,
+                        "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
+                                 "stack": ['File "train.py", line 7 in all_reduce']}}))
             h.close()
         finally:
             for k, v in old.items():
@@ -57,6 +61,7 @@ def test_cluster_summary_names_holders_stalled_first_and_per_node_figures(tmp_pa
     out = capsys.readouterr().out
     assert out.index("stalled (1):") < out.index("held the job back")
     assert "rank 2 (node 1" in out and "last step 24" in out
+    assert "main thread S in futex_do_wait, Python at File \"train.py\", line 7 in all_reduce (named by rank 0)" in out
     held = [l for l in out.splitlines() if l.strip().startswith("cpu-slow")]
     assert held and "3 in 2" in held[0] and "[node 1" in held[0], held
     nodes = out.split("per node (2):")[1].splitlines()[3:5]

@@ -45,7 +45,7 @@ from placement.monitor.comm import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, straggler_event
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
-from placement.monitor.stall import StallWatch
+from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
 from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
@@ -141,6 +141,7 @@ class StepMonitor:
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
+        self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -150,6 +151,9 @@ class StepMonitor:
         self._t_last, self._wall_last = self._anchor
         self.stall.progress(0, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
+        if self.exchange is not None and self.rank == 0 and self._peers is None:
+            self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
+                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s).start()
 
     def _start_thread(self) -> None:
         if self._thread is None and not self.closed:
@@ -229,10 +233,13 @@ class StepMonitor:
         _lock: a stalled main thread may hold it.)"""
         try:
             stalled = self.stall.check(self.step, perf_counter_ns())
+            post = None
             if stalled is not None:
-                self.stall.report(stalled, self.events, self.rank)
+                post = self.stall.report(stalled, self.events, self.rank)
             elif self.stall.resumed is not None:
-                self.stall.report_resumed(self.events, self.rank)
+                post = self.stall.report_resumed(self.events, self.rank)
+            if post is not None and self.exchange is not None:
+                self.exchange.post_stall(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
 
@@ -464,6 +471,8 @@ class StepMonitor:
             thread.join(timeout=EXIT_WAIT_S)
         self._write_everything(exchange=False)
         exitflush.unregister(self)
+        if self._peers is not None:
+            self._peers.stop()
         if self.exchange is not None and (thread is None or not thread.is_alive()):
             self.exchange.close()
         self.comm.close()
