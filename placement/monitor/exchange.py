@@ -4,7 +4,8 @@ ranks that hold the others back and writes a `straggler` event.
 Transport: the job's own c10d store (torch.distributed's default store, of which every rank
 already holds a client: torch elastic's agent store under torchrun/placerun, or the TCPStore
 of init_process_group). No process group is created, no port opened, no connection added.
-Exchange n lives under two keys of a PrefixStore "placement/exchange":
+Exchange n (n: the last step of the window it carries, the same on every rank) lives under two
+keys of a PrefixStore "placement/exchange":
 - every rank, on its monitor thread: `append("<n>/rows", row)` (TCPStore answers no SET or
   APPEND: the client sends and goes on) then `add("<n>/n", 1)` (one round trip);
 - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (one
@@ -13,7 +14,7 @@ Exchange n lives under two keys of a PrefixStore "placement/exchange":
   keys of the exchanges in flight. `get` only follows a count that says the key exists: a store
   op never waits on a missing key (it would hold the client's lock, torch's TCPStore
   activeOpLock_, against the training thread's own store calls).
-A row is (2 + 11 + exchange_every) float64: sequence, node rank, straggler.FIELDS, and the
+A row is (2 + 11 + exchange_every) float64: n, node rank, straggler.FIELDS, and the
 per-step collective times. With exchange_every = 20: 264 bytes.
 
 Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
@@ -169,7 +170,6 @@ class Exchange:
         self.slots = slots  # per-step entry times sent (monitor.exchange_every, the same on every rank)
         self.node_rank = node_rank
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
-        self._seq = 0
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
         # Rank 0's peer watch (stall.PeerWatch, its own thread) against the monitor thread:
@@ -190,24 +190,27 @@ class Exchange:
         self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
-    def submit(self, figs: RankFigures) -> None:
-        """Send this rank's figures (rank 0 first finishes the previous exchange)."""
+    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> None:
+        """Send this rank's figures under the key of their last step (the same window on every
+        rank: straggler.exchange_steps), rank 0 first finishing the previous exchange (waiting
+        at most WAIT_S since it sent it, or `wait_s`)."""
         if self.transport is None:
             return
-        self.collect(block=True)
-        self._seq += 1
+        self.collect(block=True, wait_s=wait_s)
+        key = figs.last_step
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self.transport.send(self._seq, encode_row(self._seq, self.node_rank, figs, self.slots))
+            self.transport.send(key, encode_row(key, self.node_rank, figs, self.slots))
         except Exception as e:
-            self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
-                                   "straggler naming is off")
+            self._warn("exchange", f"the last window's figures were not sent to rank 0 ({first_line(e)})" if at_exit
+                       else f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
+                            "straggler naming is off")
             self.transport = None
             return
         self.send_us.append((time.perf_counter() - t0) * 1e6)
         self.send_cpu_us.append((time.thread_time() - c0) * 1e6)
         if self.rank == 0:
-            self._pending = (self._seq, time.monotonic())
+            self._pending = (key, time.monotonic())
 
     def collect(self, block: bool = False, wait_s: Optional[float] = None) -> None:
         """Rank 0: judge the pending exchange once every rank has sent (with `block`, after at
@@ -245,7 +248,7 @@ class Exchange:
         missing = self._rows_seen(got.rows, got.seq, sent)
         if missing:
             self._warn(f"exchange-missing:{got.seq}",
-                       f"exchange {got.seq}: {len(missing)} rank(s) sent nothing within {self.WAIT_S:.0f} s "
+                       f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
                        f"({_rank_list(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]

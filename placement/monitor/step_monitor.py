@@ -61,6 +61,8 @@ MAX_BACKLOG = 4
 # How long an exit path waits for the monitor thread to finish what it is doing (it can
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
+# How long rank 0's close waits in all for the rows of the last windows (its peers close too).
+EXCHANGE_CLOSE_S = 2.0
 
 
 
@@ -138,6 +140,7 @@ class StepMonitor:
         self._last_span_step = 0
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
         self._window: list[StepRecord] = []  # not yet sent in an exchange
+        self._exchanged_step = 0  # the step of the last exchange this rank took part in
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
@@ -404,13 +407,31 @@ class StepMonitor:
                                                 f"({type(e).__name__}: {first_line(e)}); it is removed")
 
     # ---- cross-rank ------------------------------------------------------------------
-    def _submit_exchange(self, step: int) -> None:
+    def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
         first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.lag_steps)
         figs = figures_from_records(self.rank, self._window, first, last)
         self._window = [r for r in self._window if r.step > last]
-        self.exchange.submit(figs)
+        self._exchanged_step = step
+        self.exchange.submit(figs, wait_s=wait_s)
+
+    def _exchange_the_rest(self) -> None:
+        """At close, every record built: the windows not exchanged yet (an exchange step whose
+        hand-over the exit path drained, then the steps after the last exchange window, which
+        end at this rank's last step), so that the last steps are judged too. Rank 0 waits
+        for their rows at most EXCHANGE_CLOSE_S in all."""
+        ex, every = self.exchange, self.cfg.exchange_every
+        if ex is None or not ex.enabled or self.step == 0:
+            return
+        deadline = time.monotonic() + EXCHANGE_CLOSE_S
+        for step in range(self._exchanged_step + every, self.step + 1, every):
+            self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
+        done = exchange_steps(self._exchanged_step, every, self.comm.lag_steps)[1] if self._exchanged_step else 0
+        if done < self.step:
+            figs = figures_from_records(self.rank, self._window, done + 1, self.step)
+            ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
+        ex.close(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
         """Rank 0: one `straggler` event per window that names someone."""
@@ -474,7 +495,7 @@ class StepMonitor:
         if self._peers is not None:
             self._peers.stop()
         if self.exchange is not None and (thread is None or not thread.is_alive()):
-            self.exchange.close()
+            self._exchange_the_rest()
         self.comm.close()
         self.sampler.close()
         if self._tb is not None:
