@@ -245,10 +245,12 @@ class Handle:
         finally:
             self._comm.clock.done(t0)
 
-    def add_observer(self, fn: Callable) -> None:
-        """Call fn(StepRecord) for every step record (in batches, every monitor.flush_every steps)."""
+    def add_observer(self, fn: Callable, window_end: Optional[Callable] = None) -> None:
+        """Call fn(StepRecord) for every step record (in batches, every monitor.flush_every steps;
+        with window_end, step -> the last step of fn's first window ending after it, also as
+        soon as such a window's comm timing is final: StepMonitor.add_observer)."""
         if self.monitor is not None:
-            self.monitor.observers.append(fn)
+            self.monitor.add_observer(fn, window_end)
 
     def close(self) -> None:
         """Write every pending record, remove the hooks, restore torch.distributed. Idempotent."""
@@ -412,5 +414,5 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
         events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
-    monitor.observers.append(tuner.observe)
+    monitor.add_observer(tuner.observe, tuner.window_end)
     return tuner

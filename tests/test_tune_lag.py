@@ -1,10 +1,14 @@
 """The tuner behind the real step monitor, with NCCL's comm lag (a step's durations known
-2 steps later, comm_nccl.py) and records delivered every 40 steps while windows are 20:
-a move is judged on steps that ran after it, never on steps measured before it."""
+2 steps later, comm_nccl.py) and flush steps every 40 steps while windows are 20: a move is
+judged on steps that ran after it, never on steps measured before it, whether the records
+come in batches at flush steps (an observer without window_end) or, as placement.attach
+wires the tuner, each window as soon as its comm timing is final."""
 from __future__ import annotations
 
 import time
 from typing import Optional
+
+import pytest
 
 import placement
 from placement.roles import ThreadRole
@@ -47,7 +51,8 @@ def _spin(ms: float) -> None:
         pass
 
 
-def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path):
+@pytest.mark.parametrize("early", [True, False], ids=["window-hand-over", "flush-batches"])
+def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": str(tmp_path), "flush_every": FLUSH_EVERY,
                                        "exchange_every": FLUSH_EVERY, "rescan_every": FLUSH_EVERY,
@@ -60,7 +65,7 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path):
     tuner = Tuner(rank_plan({"main": [0], "other": [2, 3]}), topology(4), tune_cfg(window=WINDOW), binder,
                   events, facts=FakeFacts(), next_step=lambda: monitor.step + 2)
     tuner.rules = [SlowStepsRule()]
-    handle.add_observer(tuner.observe)
+    handle.add_observer(tuner.observe, tuner.window_end if early else None)
     try:
         for _ in range(260):
             moved = binder.moved_at_step is not None and monitor.step >= binder.moved_at_step + 1
@@ -73,9 +78,16 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path):
     verdicts = [e for e in events.records if e["type"] == "rollback" or e.get("phase") == "kept"]
     assert verdicts, events.records
     v = verdicts[0]
-    # Delivered late: the trigger window closed well after training had moved past it.
+    # Delivered late: the trigger window closed after training had moved past it, by the comm
+    # lag at least; at the next flush step without window_end (windows [1, 20], [21, 40] are
+    # warm-up, so the trigger is [41, 60], whose records are built at the flush of step 80),
+    # and with it as soon as step 62 (the lag) is done, long before that flush.
     trigger_last = applied[0]["evidence"]["window"][1]
     assert binder.moved_at_step >= trigger_last + LAG_STEPS
+    if early:
+        assert binder.moved_at_step < trigger_last + WINDOW, (binder.moved_at_step, trigger_last)
+    else:
+        assert binder.moved_at_step >= trigger_last + WINDOW - LAG_STEPS, (binder.moved_at_step, trigger_last)
     # Judged on a whole window of steps that all started after the move.
     first, last = v["judged_steps"]
     assert first >= binder.moved_at_step + 2 and last - first + 1 == WINDOW

@@ -117,6 +117,12 @@ class CommTiming:
         self._wrappers = CollectiveWrappers(self.clock, original)
         self._wrappers.install()
 
+    @property
+    def final_after_steps(self) -> int:
+        """How many steps later a step's durations are final, leaving out any poll cadence's
+        holds: reading it changes nothing (reading lag_steps may advance that cadence)."""
+        return self.lag_steps
+
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""
         return [None] * len(spans)

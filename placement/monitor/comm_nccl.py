@@ -246,6 +246,8 @@ class NcclFlightRecorderComm(NcclTiming):
             warn("fr-generic", f"no NCCL flight-recorder dump in this torch build; reading the generic one "
                                f"({self.source}), which holds NCCL records only where upstream merged the two")
 
+    final_after_steps = LAG_STEPS  # lag_steps below also counts the polls skipped
+
     # -- cadence: step_monitor reads lag_steps once per build, then calls resolve() --
     @property
     def lag_steps(self) -> int:  # type: ignore[override]

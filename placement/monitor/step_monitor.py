@@ -12,7 +12,12 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
 - the monitor thread (`placement_mon`, role `other`, so never on a hot core): every
   monitor.rescan_every steps the span reading of every thread and a refresh of the
   thread list; every monitor.flush_every steps records are built, judged, handed to the
-  observers (the tuner), encoded and written in one batch, and the file flushed; every
+  observers (the tuner), encoded and written in one batch, and the file flushed; as soon
+  as a window of an observer that judges whole windows (the tuner: add_observer's
+  window_end) is complete with its comm timing final, that is, comm.final_after_steps
+  after its last step, its records are built and handed over too, flush step or not (a
+  tuner fed only at flush steps would learn of trouble, and judge its move, windows late);
+  every
   monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
   c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
   absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
@@ -63,6 +68,7 @@ MAX_BACKLOG = 4
 EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
+NEVER = 1 << 62  # a due step that never comes
 
 
 
@@ -105,6 +111,9 @@ class StepMonitor:
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
         self.observers: list[Callable[[StepRecord], None]] = []
+        # Of the observers that judge whole windows of steps: step -> the last step of their
+        # first window that ends after it (None: none wanted). See add_observer.
+        self._window_ends: list[Callable[[int], Optional[int]]] = []
         self.closed = False
 
         # -- training thread ------------------------------------------------------------
@@ -158,6 +167,17 @@ class StepMonitor:
             self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
                                     lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s).start()
 
+    def add_observer(self, observe: Callable[[StepRecord], None],
+                     window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
+        """Call observe(record) for every step record, in step order. With `window_end` (step
+        -> the last step of the observer's first window ending after that step, or None), the
+        records of each such window are handed over as soon as its steps' comm timing is
+        final, not only at flush steps. Called on the training thread."""
+        self.observers.append(observe)
+        if window_end is not None:
+            self._window_ends.append(window_end)
+            self._next_due = min(self._next_due, self._window_due(self.step))
+
     def _start_thread(self) -> None:
         if self._thread is None and not self.closed:
             self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
@@ -208,12 +228,36 @@ class StepMonitor:
         exchange = self.exchange
         self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
                              _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
-                             else 1 << 62)
+                             else NEVER, self._window_due(step) if self._window_ends else NEVER)
         self._start_thread()
         self._wake.put(None)
         if len(self._handed) > MAX_BACKLOG:
             with self._holding():
                 self._drain(exchange=True)
+
+    def _window_due(self, step: int) -> int:
+        """The next step after `step` an observer's window needs: its last step (so that it is
+        a probe step, where records can be cut), then comm.final_after_steps later (its comm
+        timing final: the hand-over that builds it). Windows are predicted on the observer's
+        current grid; one it moves (a tuner action re-starts it) is caught at the next
+        hand-over."""
+        lag = self.comm.final_after_steps
+        due = NEVER
+        for window_end in self._window_ends:
+            end = window_end(step - lag)
+            if end is not None:
+                due = min(due, end if end > step else end + lag)
+        return due
+
+    def _window_complete(self, step: int) -> bool:
+        """An observer's window ends among the pending steps whose comm timing is final at `step`."""
+        final = step - self.comm.final_after_steps
+        first = self._pending_first_step
+        for window_end in self._window_ends:
+            end = window_end(first - 1)
+            if end is not None and end <= final:
+                return True
+        return False
 
     # ---- the monitor thread ----------------------------------------------------------------
     def _run(self) -> None:
@@ -286,8 +330,10 @@ class StepMonitor:
         self._judge_budget(raw, item.hook_ns, item.hook_steps)
         ex = self.exchange if exchange else None
         exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
-        if exchange_now or step % cfg.flush_every == 0:
+        flush_now = exchange_now or step % cfg.flush_every == 0
+        if flush_now or (self._window_ends and self._window_complete(step)):
             self._finalize(keep_lag=True)
+        if flush_now:
             self.events.flush()
         if exchange_now:
             self._submit_exchange(step)

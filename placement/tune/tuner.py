@@ -7,7 +7,8 @@ Windows are cut by step number, not by counting arrivals: records reach the tune
 batches at the monitor's flush steps, held back by the comm timing's lag (NCCL durations
 are known `lag_steps` later), so when a window closes training is already further on.
 A window is the steps [start, start + cfg.window); a record of an earlier step is not
-part of any window. An action is applied while training runs: it carries the first
+part of any window. The monitor hands a window over as soon as its comm timing is final
+(window_end), not only at flush steps. An action is applied while training runs: it carries the first
 step it was in force for the whole step (`next_step()` when it was applied), the next
 window starts there, and the records of the steps measured before it (still arriving)
 are dropped. The action is judged on that first whole window after it, against the
@@ -117,6 +118,21 @@ class Tuner:
             msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
             log.warning("%s", msg)
             self._event("warning", source="tune", message=msg)
+
+    def window_end(self, after: int) -> Optional[int]:
+        """The last step of this tuner's first window that ends after step `after`, on its
+        current grid (from the first record's step, re-started at each action's in-force
+        step); None when stopped. The monitor hands a window's records over as soon as their
+        comm timing is final (StepMonitor.add_observer), so that trouble is seen, and a move
+        judged, one window after the steps, not at the next flush. Read on the training
+        thread: never raises."""
+        if self.state is TunerState.STOPPED:
+            return None
+        w = self.cfg.window
+        end = (self._window_start or 1) + w - 1
+        if after >= end:
+            end += ((after - end) // w + 1) * w
+        return end
 
     def close(self) -> None:
         self._records = []
