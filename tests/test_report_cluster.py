@@ -137,6 +137,37 @@ def test_heatmap_and_trace_are_written_and_parse(tmp_path, capsys):
     assert [e["tid"] for e in stall] == [2]
 
 
+def test_trace_keeps_the_steps_and_ranks_asked_for(tmp_path, capsys):
+    _node_logs(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for d in ("node0", "node1"):
+        (tmp_path / d).rename(logs / d)
+
+    def trace(*opts):
+        out = tmp_path / "t.json"
+        assert cli(["report", str(logs), "--trace", str(out), *opts]) == 0
+        return json.loads(out.read_text())["traceEvents"]
+
+    events = trace("--ranks", "2-3")
+    assert sorted(e["args"]["name"] for e in events if e["name"] == "thread_name") == ["rank 2", "rank 3"]
+    assert len([e for e in events if e["ph"] == "X" and e["cat"] == "step"]) == 2 * STEPS
+    assert {e["tid"] for e in events if e["ph"] != "M"} == {2, 3}
+    assert len([e for e in events if e["ph"] == "i" and e["name"].startswith("straggler")]) == 2  # on rank 3
+    assert [e["tid"] for e in events if e["ph"] == "i" and e["name"] == "stall"] == [2]
+
+    events = trace("--steps", "11:20", "--ranks", "0,1")
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert len(steps) == 2 * 10 and {e["args"]["step"] for e in steps} == set(range(11, 21))
+    assert {e["tid"] for e in events if e["ph"] != "M"} == {0, 1}
+    events = trace("--steps", "25:")
+    assert {e["args"]["step"] for e in events if e["ph"] == "X" and e["cat"] == "step"} == set(range(25, STEPS + 1))
+    capsys.readouterr()
+    assert cli(["report", str(logs), "--trace", str(tmp_path / "t.json"), "--steps", "1000:2000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no step records in steps 1000:2000" in err and f"1-{STEPS}" in err, err
+
+
 def _synthetic_job(tmp_path, ranks: int, steps: int, slow: int):
     """`ranks` ranks on nodes of 8, StepRecords written as the monitor writes them; rank `slow`
     runs each step 3x longer and rank 0 names it in straggler events listing it under `more`."""
