@@ -54,7 +54,8 @@ from placement.monitor.stall import StallWatch
 from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
-from placement.monitor.threads import HotRead, MainRead, RoleSampler, merge_span
+from placement.monitor.probes import MainRead
+from placement.monitor.threads import HotRead, RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
 from placement.roles import name_this_thread
@@ -78,7 +79,7 @@ class RawStep:
     data_ns: int  # time blocked waiting for data
     comm: CommStep
     main: Optional[MainRead]  # main's counters; None on the steps between probe steps
-    hot: Optional[HotRead]  # the nccl/pin_memory threads' counters (same steps)
+    hot: Optional[tuple[HotRead, ...]]  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
 
 
