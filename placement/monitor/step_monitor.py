@@ -23,7 +23,8 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
   its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
-Data crosses from the training thread as dataclasses (RawStep, HandOver) addressed by step.
+Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
+them: probes.MainRead, threads.HotRead) addressed by step and ThreadRole.
 Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
