@@ -292,6 +292,12 @@ ARGPARSE_CASES = [
     (["plan", "--bogus"], ["placement", "--bogus"]),
     (["topo", "--root"], ["placement topo", "--root", "expected one argument"]),
     (["report"], ["placement report", "LOG"]),
+    (["report", "x.jsonl", "--trace", "t.json", "--steps", "20:10"], ["placement report", "--steps", "'20:10'", "A:B"]),
+    (["report", "x.jsonl", "--trace", "t.json", "--steps", "abc"], ["placement report", "--steps", "'abc'", "A:B"]),
+    (["report", "x.jsonl", "--trace", "t.json", "--steps", ":"], ["placement report", "--steps", "':'", "A:B"]),
+    (["report", "x.jsonl", "--trace", "t.json", "--ranks", "3-1"], ["placement report", "--ranks", "'3-1'", "0-7,64"]),
+    (["report", "x.jsonl", "--trace", "t.json", "--ranks", "two"], ["placement report", "--ranks", "'two'", "0-7,64"]),
+    (["report", "x.jsonl", "--steps", "1:5"], ["placement report", "--steps", "--trace OUT.json"]),
     (["selftest", "--nproc-per-node", "0"], ["placement selftest", "--nproc-per-node=0"]),
 ]
 

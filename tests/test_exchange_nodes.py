@@ -47,16 +47,16 @@ def test_four_ranks_on_two_nodes_name_the_straggler_on_its_node(tmp_path, capsys
     assert all(e["type"] != "straggler" for r in (1, 2, 3) for e in logs[r]), "only rank 0 judges"
     slow_windows = [e for e in events if e["steps"][0] > 10]
     named = [(s["kind"], s["ranks"]) for e in slow_windows for s in e["stragglers"]]
-    # Windows 11-20 .. 41-50 are judged (the last, 51-60, is not sent: exchanges stop at exit);
-    # on this busy 2-core machine allow one to be missed.
+    # The windows of steps 11-20 .. 41-50 and, sent at close, 51-60 are judged; on this busy
+    # 2-core machine allow one to be missed.
     assert named.count(("data-slow", [SLOW_RANK])) >= 3, named
     assert all(SLOW_RANK in ranks for _kind, ranks in named), named
     assert all(e["nodes"] == {str(SLOW_RANK): node_of[SLOW_RANK]} for e in slow_windows if e["stragglers"])
-    # Every exchange judges all 4 ranks, except perhaps the one rank 0 judges at its close: it
-    # waits 2 s for rows still in flight, and on a busy 2-core machine a rank may not make it;
-    # then the event names who is missing.
+    # Every exchange judges all 4 ranks, except perhaps the two rank 0 judges at its close (the
+    # exchange of step 60 and the steps after its window): it waits 2 s in all for their rows,
+    # and on a busy 2-core machine a rank may not make it; then the event names who is missing.
     partial = [e for e in events if e["ranks_judged"] != 4]
-    assert len(partial) <= 1, partial
+    assert len(partial) <= 2, partial
     assert all(e.get("missing") and e["ranks_judged"] < 4 for e in partial), partial
     assert cli(["report", str(tmp_path / "logs-0"), str(tmp_path / "logs-1")]) == 0
     out = capsys.readouterr().out

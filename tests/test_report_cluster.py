@@ -9,6 +9,7 @@ import time
 import pytest
 
 import placement
+from placement.monitor.stall import peer_event, write_peer_stall
 from placement.cli import main as cli
 from placement.events import EventLog
 from placement.monitor.logread import read_logs
@@ -40,8 +41,11 @@ def _node_logs(tmp_path):
                 if rank == 0 and step in (10, 20):
                     h.events.event("straggler", steps=[step - 9, step], waiting=[0, 1, 2], transfer_ms=0.4,
                                    stragglers=[{"kind": "cpu-slow", "ranks": [3], "lateness_ms": 3.0, "why": "test"}])
-                if rank == 0 and step == 25:
-                    h.events.event("stall", ranks=[2], last_step=24, where="main thread in a collective")
+                if rank == 0 and step == 25:  # rank 2's post as rank 0's peer watch writes it
+                    write_peer_stall(h.events, peer_event({
+                        "phase": "stalled", "rank": 2, "last_step": 24, "stalled_s": 31.2, "threshold_s": 30.0,
+                        "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
+                                 "stack": ['File "train.py", line 7 in all_reduce']}}))
             h.close()
         finally:
             for k, v in old.items():
@@ -57,6 +61,7 @@ def test_cluster_summary_names_holders_stalled_first_and_per_node_figures(tmp_pa
     out = capsys.readouterr().out
     assert out.index("stalled (1):") < out.index("held the job back")
     assert "rank 2 (node 1" in out and "last step 24" in out
+    assert "main thread S in futex_do_wait, Python at File \"train.py\", line 7 in all_reduce (named by rank 0)" in out
     held = [l for l in out.splitlines() if l.strip().startswith("cpu-slow")]
     assert held and "3 in 2" in held[0] and "[node 1" in held[0], held
     nodes = out.split("per node (2):")[1].splitlines()[3:5]
@@ -130,6 +135,37 @@ def test_heatmap_and_trace_are_written_and_parse(tmp_path, capsys):
     assert {e["tid"] for e in straggler} == {3} and len(straggler) == 2
     stall = [e for e in events if e["ph"] == "i" and e["name"] == "stall"]
     assert [e["tid"] for e in stall] == [2]
+
+
+def test_trace_keeps_the_steps_and_ranks_asked_for(tmp_path, capsys):
+    _node_logs(tmp_path)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for d in ("node0", "node1"):
+        (tmp_path / d).rename(logs / d)
+
+    def trace(*opts):
+        out = tmp_path / "t.json"
+        assert cli(["report", str(logs), "--trace", str(out), *opts]) == 0
+        return json.loads(out.read_text())["traceEvents"]
+
+    events = trace("--ranks", "2-3")
+    assert sorted(e["args"]["name"] for e in events if e["name"] == "thread_name") == ["rank 2", "rank 3"]
+    assert len([e for e in events if e["ph"] == "X" and e["cat"] == "step"]) == 2 * STEPS
+    assert {e["tid"] for e in events if e["ph"] != "M"} == {2, 3}
+    assert len([e for e in events if e["ph"] == "i" and e["name"].startswith("straggler")]) == 2  # on rank 3
+    assert [e["tid"] for e in events if e["ph"] == "i" and e["name"] == "stall"] == [2]
+
+    events = trace("--steps", "11:20", "--ranks", "0,1")
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    assert len(steps) == 2 * 10 and {e["args"]["step"] for e in steps} == set(range(11, 21))
+    assert {e["tid"] for e in events if e["ph"] != "M"} == {0, 1}
+    events = trace("--steps", "25:")
+    assert {e["args"]["step"] for e in events if e["ph"] == "X" and e["cat"] == "step"} == set(range(25, STEPS + 1))
+    capsys.readouterr()
+    assert cli(["report", str(logs), "--trace", str(tmp_path / "t.json"), "--steps", "1000:2000"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no step records in steps 1000:2000" in err and f"1-{STEPS}" in err, err
 
 
 def _synthetic_job(tmp_path, ranks: int, steps: int, slow: int):

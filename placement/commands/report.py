@@ -1,4 +1,5 @@
-"""`placement report LOGS... [--plot OUT.png] [--heatmap OUT.png] [--trace OUT.json]`: per-rank
+"""`placement report LOGS... [--plot OUT.png] [--heatmap OUT.png] [--trace OUT.json [--steps A:B]
+[--ranks LIST]]`: per-rank
 table and events for a few ranks; for a cluster (many ranks, several nodes) who held the job
 back, stalled ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and
 a Chrome trace-event file."""
@@ -16,6 +17,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also write a PNG of ranks x time windows: step time vs the job's median, and CPU stall")
     p.add_argument("--trace", metavar="OUT.json",
                    help="also write the steps and events as Chrome trace-event JSON (Perfetto, chrome://tracing)")
+    p.add_argument("--steps", metavar="A:B", type=_steps_arg,
+                   help="with --trace: only steps A..B (A: or :B leave one end open)")
+    p.add_argument("--ranks", metavar="LIST", type=_ranks_arg,
+                   help="with --trace: only these ranks (e.g. 0-7,64,100-103)")
+
+
+def _steps_arg(text: str):
+    from placement.monitor.report_trace import parse_steps
+
+    try:
+        return parse_steps(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _ranks_arg(text: str):
+    from placement.monitor.report_trace import parse_ranks
+
+    try:
+        return parse_ranks(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     from placement.monitor.report_cluster import RANK_TABLE_MAX, cluster_text, event_counts, summarize_cluster
     from placement.monitor.steptable import read_table
 
+    if (args.steps is not None or args.ranks is not None) and not args.trace:
+        raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
     table = read_table(args.logs)
     ranks = table.ranks()
     nodes = table.nodes()
@@ -66,8 +91,9 @@ def run(args: argparse.Namespace) -> int:
         write_heatmap(table, args.heatmap)
         print(f"heatmap: {args.heatmap}")
     if args.trace:
-        from placement.monitor.report_trace import write_trace
+        from placement.monitor.report_trace import TraceFilter, write_trace
 
-        steps, events = write_trace(table, args.trace)
+        first, last = args.steps or (None, None)
+        steps, events = write_trace(table, args.trace, TraceFilter(first, last, args.ranks))
         print(f"trace: {args.trace} ({steps} steps, {events} events; open in https://ui.perfetto.dev or chrome://tracing)")
     return 0

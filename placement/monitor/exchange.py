@@ -4,7 +4,8 @@ ranks that hold the others back and writes a `straggler` event.
 Transport: the job's own c10d store (torch.distributed's default store, of which every rank
 already holds a client: torch elastic's agent store under torchrun/placerun, or the TCPStore
 of init_process_group). No process group is created, no port opened, no connection added.
-Exchange n lives under two keys of a PrefixStore "placement/exchange":
+Exchange n (n: the last step of the window it carries, the same on every rank) lives under two
+keys of a PrefixStore "placement/exchange":
 - every rank, on its monitor thread: `append("<n>/rows", row)` (TCPStore answers no SET or
   APPEND: the client sends and goes on) then `add("<n>/n", 1)` (one round trip);
 - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (one
@@ -13,8 +14,16 @@ Exchange n lives under two keys of a PrefixStore "placement/exchange":
   keys of the exchanges in flight. `get` only follows a count that says the key exists: a store
   op never waits on a missing key (it would hold the client's lock, torch's TCPStore
   activeOpLock_, against the training thread's own store calls).
-A row is (2 + 12 + exchange_every) float64: sequence, node rank, straggler.FIELDS, and the
-per-step collective entry times. With exchange_every = 20: 272 bytes.
+A row is (2 + 11 + exchange_every) float64: n, node rank, straggler.FIELDS, and the
+per-step collective times. With exchange_every = 20: 264 bytes.
+
+Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
+"stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
+`add("stalls/n", 0)` every stall_min_s / 4 and `get`s "stalls" only when the count moved,
+and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
+one `add`, and a `get` of its rows without deleting them only when some are missing). That
+`get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
+`delete_key` would wait on a missing key).
 
 Cost at W ranks, per exchange:
 - every rank, rank 0 included: 2 messages, ~300 bytes out, one round trip: the same at
@@ -38,6 +47,7 @@ from __future__ import annotations
 import math
 import os
 import struct
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -106,10 +116,25 @@ class StoreTransport:
 
     def take(self, seq: int) -> bytes:
         """All rows sent so far for `seq` (call after arrived() > 0), and the keys removed."""
-        raw = self.store.get(f"{seq}/rows")
+        raw = self.peek(seq)
         self.store.delete_key(f"{seq}/rows")
         self.store.delete_key(f"{seq}/n")
-        return bytes(raw)
+        return raw
+
+    def peek(self, seq: int) -> bytes:
+        """The rows sent so far for `seq`, left in place (call after arrived() > 0)."""
+        return bytes(self.store.get(f"{seq}/rows"))
+
+    def post_stall(self, line: bytes) -> None:
+        self.store.append("stalls", line)
+        self.store.add("stalls/n", 1)
+
+    def stall_posts(self) -> int:
+        return int(self.store.add("stalls/n", 0))
+
+    def read_stalls(self) -> bytes:
+        """Every stall post so far (call after stall_posts() > 0)."""
+        return bytes(self.store.get("stalls"))
 
 
 def encode_row(seq: int, node_rank: Optional[int], figs: RankFigures, slots: int) -> bytes:
@@ -145,51 +170,67 @@ class Exchange:
         self.slots = slots  # per-step entry times sent (monitor.exchange_every, the same on every rank)
         self.node_rank = node_rank
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
-        self._seq = 0
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
+        # Rank 0's peer watch (stall.PeerWatch, its own thread) against the monitor thread:
+        self._take_lock = threading.Lock()  # take() vs the watch's peek() of the same rows
+        self._peer_lock = threading.Lock()  # the state below: judge() vs the watch's overdue()
+        self._last_step: dict[int, int] = {}  # rank -> last step of its last row judged
+        self._missing_since: dict[int, float] = {}  # rank -> send time of the first exchange it missed
+        self._silent: set[int] = set()  # ranks named stalled because their rows stopped
+        self._peer_events: deque = deque()  # `stall` event fields for the watch to write
+        self.peer_threshold_s: Optional[float] = None  # set by rank 0's peer watch (its stall limit)
+        self._overdue_seq = 0  # the last exchange checked for overdue rows
+        self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
+        self._posts_seen = 0  # the posts count at the last read
+        self._posts_sent = 0
         # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
         self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
         self.send_cpu_us: deque = deque(maxlen=COSTS_KEPT)  # its CPU time (a round trip's wait is not)
         self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
-    def submit(self, figs: RankFigures) -> None:
-        """Send this rank's figures (rank 0 first finishes the previous exchange)."""
+    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> None:
+        """Send this rank's figures under the key of their last step (the same window on every
+        rank: straggler.exchange_steps), rank 0 first finishing the previous exchange (waiting
+        at most WAIT_S since it sent it, or `wait_s`)."""
         if self.transport is None:
             return
-        self.collect(block=True)
-        self._seq += 1
+        self.collect(block=True, wait_s=wait_s)
+        key = figs.last_step
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self.transport.send(self._seq, encode_row(self._seq, self.node_rank, figs, self.slots))
+            self.transport.send(key, encode_row(key, self.node_rank, figs, self.slots))
         except Exception as e:
-            self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
-                                   "straggler naming is off")
+            self._warn("exchange", f"the last window's figures were not sent to rank 0 ({first_line(e)})" if at_exit
+                       else f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
+                            "straggler naming is off")
             self.transport = None
             return
         self.send_us.append((time.perf_counter() - t0) * 1e6)
         self.send_cpu_us.append((time.thread_time() - c0) * 1e6)
         if self.rank == 0:
-            self._pending = (self._seq, time.monotonic())
+            self._pending = (key, time.monotonic())
 
-    def collect(self, block: bool = False) -> None:
+    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> None:
         """Rank 0: judge the pending exchange once every rank has sent (with `block`, after at
-        most WAIT_S whoever has)."""
+        most WAIT_S, or `wait_s` from now, whoever has)."""
         if self._pending is None or self.transport is None:
             return
         seq, sent = self._pending
+        until = sent + self.WAIT_S if wait_s is None else time.monotonic() + wait_s
         t0 = time.perf_counter()
         try:
             n = self.transport.arrived(seq)
-            while n < self.world_size and block and time.monotonic() - sent < self.WAIT_S:
+            while n < self.world_size and block and time.monotonic() < until:
                 time.sleep(self.POLL_S)
                 t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
             if n < self.world_size and not block:
                 return
-            self._pending = None
-            raw = self.transport.take(seq) if n > 0 else b""
+            with self._take_lock:
+                self._pending = None
+                raw = self.transport.take(seq) if n > 0 else b""
         except Exception as e:
             self._pending = None
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
@@ -198,21 +239,114 @@ class Exchange:
         self.take_ms.append(take_ms)
         rows = decode_rows(raw, self.slots, seq)
         got = Received(seq, rows, self.world_size, take_ms)
-        self.judge(got)
+        self.judge(got, sent)
         self.judge_ms.append((time.perf_counter() - t0) * 1e3)
 
-    def judge(self, got: Received) -> StragglerReport:
+    def judge(self, got: Received, sent: Optional[float] = None) -> StragglerReport:
         figures, report, nodes = judge_rows(got.rows, self.slots, self.world_size,
                                             comm_baseline(self.transfer_history, self._th), self._th)
-        missing = sorted(set(range(self.world_size)) - {int(r) for r in got.rows[:, len(HEADER)]})
+        missing = self._rows_seen(got.rows, got.seq, sent)
         if missing:
             self._warn(f"exchange-missing:{got.seq}",
-                       f"exchange {got.seq}: {len(missing)} rank(s) sent nothing within {self.WAIT_S:.0f} s "
+                       f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
                        f"({_rank_list(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
         self._on_report(report, figures, {"nodes": nodes, "ranks_judged": int(len(got.rows)), "missing": missing})
         return report
+
+    # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
+    def post_stall(self, fields: dict) -> None:
+        """A rank (not 0) posts its stall or resume for rank 0, from a short-lived thread: a
+        store op may wait on the client's lock, held by a training thread blocked in a store
+        call, and the monitor thread must not wait with it."""
+        from placement.monitor.stall import POSTS_MAX, post_line
+
+        transport = self.transport
+        if self.rank == 0 or transport is None or self._posts_sent >= POSTS_MAX:
+            return
+        self._posts_sent += 1
+        line = post_line(fields)
+
+        def post():
+            try:
+                transport.post_stall(line)
+            except Exception as e:
+                self._warn("stall-post", f"stall post to rank 0 through the c10d store failed ({first_line(e)})")
+
+        threading.Thread(target=post, name="placement_post", daemon=True).start()
+
+    def stall_posts(self) -> list[dict]:
+        """Rank 0: peers' stall posts not read yet (one round trip when there are none). Posts
+        from before this exchange's first look (an earlier attach in this job) are skipped."""
+        from placement.monitor.stall import read_posts
+
+        if self.transport is None:
+            return []
+        n = self.transport.stall_posts()
+        if self._posts_offset is not None and n <= self._posts_seen:
+            return []
+        raw = self.transport.read_stalls() if n > 0 else b""  # n > 0: the key exists
+        posts, offset = read_posts(raw, self._posts_offset or 0)
+        first_look = self._posts_offset is None
+        self._posts_offset, self._posts_seen = offset, n
+        return [] if first_look else posts
+
+    def overdue(self, threshold_s: float) -> list[dict]:
+        """Rank 0's peer watch: `stall` event fields for the ranks that sent no row for longer
+        than `threshold_s` (the exchange in flight is looked at once it is that old, once), and
+        for ranks so named whose rows came again (found by judge())."""
+        self.peer_threshold_s = threshold_s
+        pending = self._pending
+        if self.rank == 0 and pending is not None and self.transport is not None:
+            seq, sent = pending
+            if seq > self._overdue_seq and time.monotonic() - sent > threshold_s:
+                self._overdue_seq = seq
+                rows = None
+                with self._take_lock:
+                    if self._pending is not None and self._pending[0] == seq \
+                            and self.transport.arrived(seq) < self.world_size:
+                        rows = decode_rows(self.transport.peek(seq), self.slots, seq)
+                if rows is not None:  # else all came, or judge() took them meanwhile
+                    self._rows_seen(rows, seq, sent, update=False)
+        out = []
+        while self._peer_events:
+            out.append(self._peer_events.popleft())
+        return out
+
+    def _rows_seen(self, rows, seq: int, sent: Optional[float], update: bool = True) -> list[int]:
+        """The ranks missing from `rows` of exchange `seq` (sent by rank 0 at `sent`); those
+        missing since more than peer_threshold_s are named stalled, named ones back resumed
+        (as events queued for the peer watch). `update`: these are the exchange's final rows."""
+        import numpy as np
+
+        ranks = rows[:, len(HEADER) + FIELDS.index("rank")].astype(int)
+        ranks = ranks[(ranks >= 0) & (ranks < self.world_size)]
+        seen = np.zeros(self.world_size, dtype=bool)
+        seen[ranks] = True
+        missing = np.flatnonzero(~seen).tolist()
+        with self._peer_lock:
+            if update:
+                self._last_step.update(zip(ranks.tolist(), rows[:, len(HEADER) + FIELDS.index("last_step")]
+                                           .astype(int).tolist()))
+            back = sorted(r for r in self._missing_since if seen[r])
+            for r in back:
+                del self._missing_since[r]
+            if sent is not None:
+                for r in missing:
+                    self._missing_since[r] = min(self._missing_since.get(r, sent), sent)
+            threshold, now = self.peer_threshold_s, time.monotonic()
+            named = [] if threshold is None else sorted(
+                r for r in missing if r not in self._silent and now - self._missing_since.get(r, now) > threshold)
+            resumed = [r for r in back if r in self._silent]
+            self._silent.difference_update(resumed)
+            self._silent.update(named)
+            if named:
+                waited = now - min(self._missing_since[r] for r in named)
+                self._peer_events.extend(_peer_fields("stalled", named, self._last_step, waited, threshold, seq))
+            if resumed:
+                self._peer_events.extend(_peer_fields("resumed", resumed, self._last_step, None, None, seq))
+        return missing
 
     @property
     def pending(self) -> bool:
@@ -226,15 +360,36 @@ class Exchange:
         """Rank 0: judge the exchange in flight if its rows come within `timeout_s` (its peers
         sent them a window ago; at exit some may be gone). Nothing to tear down: the store
         belongs to the job."""
-        if self._pending is None:
-            return
-        seq, _sent = self._pending
-        self._pending = (seq, time.monotonic() - self.WAIT_S + timeout_s)
-        self.collect(block=True)
+        self.collect(block=True, wait_s=timeout_s)
 
 
 def _rank_list(ranks: list[int]) -> str:
     return format_cpulist(ranks)
+
+
+def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited: Optional[float],
+                 threshold_s: Optional[float], seq: int) -> list[dict]:
+    """Rank 0's `stall` event fields for peers whose exchange rows stopped (or came again):
+    one event per rank up to stall.NAMED_PEERS, else one naming them all in list form."""
+    from placement.monitor.stall import NAMED_PEERS
+
+    def one(rank_fields: dict, last: Optional[int]) -> dict:
+        f = {"phase": phase, **rank_fields, "reported_by": 0, "how": "rows stopped", "exchange": seq,
+             "last_step": last}
+        who = f"rank {rank_fields['rank']}" if "rank" in rank_fields else f"{len(ranks)} ranks ({rank_fields['ranks']})"
+        if phase == "stalled":
+            f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
+            f["message"] = (f"{who}: no exchange row for {waited:.1f} s after rank 0 sent exchange {seq} "
+                            f"(limit {threshold_s:.1f} s): stalled, frozen or cut from the store; last step "
+                            f"exchanged {'?' if last is None else last}")
+        else:
+            f["message"] = f"{who}: exchange rows arrive again (exchange {seq}), after the stall"
+        return f
+
+    if len(ranks) <= NAMED_PEERS:
+        return [one({"rank": r}, last_step.get(r)) for r in ranks]
+    lasts = [last_step[r] for r in ranks if r in last_step]
+    return [one({"ranks": _rank_list(ranks), "count": len(ranks)}, max(lasts) if lasts else None)]
 
 
 def _lateness(rows, slots: int):

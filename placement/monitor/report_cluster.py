@@ -128,12 +128,34 @@ def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int]:
     return dict(sorted(by_kind.items(), key=lambda kv: order.get(kv[0], len(order)))), comm_slow, judged
 
 
+def stall_where(e: dict) -> str:
+    """Where a `stall` event (monitor/stall.py) says the rank is: its main thread's state and
+    wait channel, its innermost Python frame, or that its exchange rows stopped; and whether
+    rank 0 named it (a peer's post, or its rows) rather than the rank itself."""
+    parts = []
+    main = e.get("main") if isinstance(e.get("main"), dict) else None
+    if main:
+        parts.append(f"main thread {main.get('state') or '?'} in {main.get('wchan') or '?'}")
+        python = e.get("python") or next((line for line in main.get("stack") or []
+                                          if isinstance(line, str) and line.startswith("File")), None)
+        if python:
+            parts.append(f"Python at {python}")
+    if e.get("how") == "rows stopped":
+        parts.append(f"its exchange rows stopped arriving ({e.get('stalled_s', '?')} s after rank 0's)")
+    where = ", ".join(parts) or str(e.get("where") or e.get("waiting_in") or e.get("message") or "")
+    if e.get("reported_by") is not None:
+        where += f" (named by rank {e['reported_by']})"
+    return where
+
+
 def _stalls(events: list[dict]) -> list[Stall]:
+    """Ranks stalled and not resumed, from `stall` events in time order (a rank's own and
+    rank 0's about it: whichever says `resumed` last clears it)."""
     last: dict[int, Stall] = {}
     for e in events:
         if e.get("type") != "stall":
             continue
-        where = e.get("where") or e.get("waiting_in") or e.get("message") or ""
+        where = stall_where(e)
         step = e.get("last_step")
         if e.get("phase") == "resumed":  # monitor/stall.py: the rank stepped again
             for r in stalled_ranks(e):

@@ -10,18 +10,44 @@ watchdog must). One event when the stall is seen, one when steps resume.
 Why a median step and a floor: the first steps of a job (compilation, NCCL set-up, data
 loading) and checkpoint steps are slow; the floor keeps them from being called hangs, the
 factor scales the watch to the job (a 5 s step is not stalled after 6 s).
+
+Rank 0 names stalled PEERS too, in its own log (`stall` events with `rank` the peer and
+`reported_by` 0), through the job's c10d store the exchange already uses (exchange.py), two ways:
+- `how: "posted"`: a rank whose watch fires (or that resumes) also posts the event's fields
+  (last step, stalled_s, threshold, main thread {tid, state, wchan, its POSTED_FRAMES innermost
+  Python frames}; under 1 KB) to the store: `append("stalls", line)` + `add("stalls/n", 1)`, from a
+  short-lived thread (a store op can wait on the client's lock, held by a training thread
+  blocked in a store call of its own: the monitor thread must not wait with it). Rank 0's
+  peer watch thread (`PeerWatch`, rank 0 only) reads `add("stalls/n", 0)` every
+  poll_s / 2 (= stall_min_s / 8): one round trip, ~50 bytes; only when the count moved it `get`s
+  "stalls" (it exists: the count follows the append on the poster's one connection) and
+  writes the new posts. A peer's stall is in rank 0's log within stall_min_s + 2.5 polls of
+  its last step (~1.6 x stall_min_s), whether rank 0 still steps or hangs in the collective
+  that waits for that peer.
+- `how: "rows stopped"`: a rank whose process froze or whose store connection broke posts
+  nothing. Rank 0 sent its row of exchange n at time T; a rank whose row of n is not in the
+  store at T + rank 0's own stall threshold is named with the last step of its last row
+  (one `add` and, only then, one `get` of that exchange's rows, once per exchange), and
+  named resumed when its rows come again. This needs rank 0 to reach exchange n, i.e. to
+  keep stepping (a job without a collective per step, or a rank that stopped after rank 0's
+  exchange); in a synchronous job the posted path names the peer.
+Cost when nothing stalls: rank 0, one `add` per stall_min_s / 8 on its peer watch thread; the other
+ranks, nothing. More than NAMED_PEERS peers at once are named in one event (`ranks` in list
+form), not one each.
 """
 from __future__ import annotations
 
 import collections
 import faulthandler
+import json
 import logging
 import os
+import socket
 import statistics
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from placement import _procfs
 
@@ -29,6 +55,9 @@ log = logging.getLogger("placement")
 
 STEP_TIMES_KEPT = 200  # step times the median is taken over (the most recent)
 STACK_MAX = 64 * 1024  # bytes of faulthandler output kept
+POSTS_MAX = 100  # stall posts one rank makes to the store (a flapping rank must not fill it)
+POSTED_FRAMES = 6  # innermost Python frames a post carries (the whole stack is in the rank's own log)
+NAMED_PEERS = 8  # peers rank 0 names in one event each; more at once share one event
 
 
 @dataclass(frozen=True)
@@ -72,7 +101,8 @@ class StallWatch:
         self._step, self._since_ns = step, now_ns
 
     def threshold_s(self) -> float:
-        median = statistics.median(self._times) if self._times else None
+        times = list(self._times)  # one copy under the GIL: rank 0's peer watch thread reads it too
+        median = statistics.median(times) if times else None
         return self.min_s if median is None else max(self.factor * median / 1e3, self.min_s)
 
     def check(self, step: int, now_ns: int) -> Optional[Stalled]:
@@ -92,7 +122,8 @@ class StallWatch:
         self.stalled = Stalled(step, waited, threshold, median)
         return self.stalled
 
-    def report(self, s: Stalled, events, rank: int) -> None:
+    def report(self, s: Stalled, events, rank: int) -> dict[str, Any]:
+        """Write the `stall` event (and flush it); returns what a peer post carries."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
@@ -110,14 +141,115 @@ class StallWatch:
                      median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
                      main=where.to_dict(), message=msg)
         events.flush()  # a hung job may be killed next: the event must be on disk now
+        main = where.to_dict()
+        main["stack"] = main["stack"][:POSTED_FRAMES]
+        return {"phase": "stalled", "rank": rank, "host": socket.gethostname(), "last_step": s.last_step,
+                "stalled_s": round(s.stalled_s, 3), "threshold_s": round(s.threshold_s, 3), "main": main,
+                "python": innermost}
 
-    def report_resumed(self, events, rank: int) -> None:
+    def report_resumed(self, events, rank: int) -> dict[str, Any]:
         s, step = self.stalled, self.resumed
         self.stalled = self.resumed = None
         msg = f"rank {rank} resumed: step {step} completed after the stall at step {s.last_step}"
         log.warning("placement: %s", msg)
         events.event("stall", phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
         events.flush()
+        return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
+
+
+def post_line(fields: dict[str, Any]) -> bytes:
+    """One stall post as it goes to the store: a JSON line."""
+    return (json.dumps(fields, separators=(",", ":"), default=str) + "\n").encode()
+
+
+def read_posts(raw: bytes, offset: int) -> tuple[list[dict], int]:
+    """The complete posts in `raw` after byte `offset`, and the offset after them (a line that
+    does not parse is skipped: a post is one append, never torn, but the store is shared)."""
+    end = raw.rfind(b"\n") + 1
+    out = []
+    if end > offset:
+        for line in raw[offset:end].splitlines():
+            try:
+                d = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(d, dict) and isinstance(d.get("rank"), int):
+                out.append(d)
+    return out, max(end, offset)
+
+
+def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dict[str, Any]:
+    """Rank 0's `stall` event fields for a peer's post (reported_by 0, how "posted")."""
+    rank = post["rank"]
+    fields = {k: post[k] for k in ("phase", "rank", "host", "last_step", "stalled_s", "threshold_s", "main",
+                                   "python", "resumed_step") if k in post}
+    fields.update(reported_by=0, how="posted")
+    if post.get("phase") == "resumed":
+        fields["message"] = (f"rank {rank} resumed (its post, read by rank 0): step {post.get('resumed_step')} "
+                             f"completed after the stall at step {post.get('last_step')}")
+        return fields
+    main = post.get("main") if isinstance(post.get("main"), dict) else {}
+    fields["message"] = (f"rank {rank} stalled (its post, read by rank 0): no step completed for "
+                         f"{post.get('stalled_s')} s after step {post.get('last_step')}; main thread "
+                         f"{main.get('state') or '?'} waiting in {main.get('wchan') or '?'}"
+                         + (f", Python at {post['python']}" if post.get("python") else ""))
+    return fields
+
+
+def write_peer_stall(events, fields: dict[str, Any]) -> None:
+    """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
+    log.warning("placement: %s", fields.get("message", fields))
+    events.event("stall", **fields)
+    events.flush()
+
+
+class PeerWatch:
+    """Rank 0's watch over its peers (see the module docstring): a daemon thread
+    `placement_peers` that every poll_s reads the peers' stall posts and the exchange's overdue
+    rows, and hands rank 0's `stall` events (as fields) to `write`."""
+
+    def __init__(self, exchange, threshold_s: Callable[[], float], write: Callable[[dict], None],
+                 poll_s: float):
+        self.exchange = exchange
+        self.threshold_s = threshold_s
+        self.write = write
+        self.poll_s = poll_s
+        self._stop = threading.Event()
+        self._failed = False
+        self._thread = threading.Thread(target=self._run, name="placement_peers", daemon=True)
+
+    def start(self) -> "PeerWatch":
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        from placement.roles import name_this_thread
+
+        name_this_thread(b"placement_peers")
+        while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
+            if not self.poll():
+                return
+
+    def poll(self) -> bool:
+        """One look (False: the exchange is off, the watch ends)."""
+        ex = self.exchange
+        if not ex.enabled:
+            return False
+        try:
+            threshold = self.threshold_s()
+            for post in ex.stall_posts():
+                self.write(peer_event(post))
+            for fields in ex.overdue(threshold):
+                self.write(fields)
+        except Exception as e:
+            if not self._failed:  # said once; the watch goes on (a store hiccup may pass)
+                self._failed = True
+                log.warning("placement: rank 0's watch over its peers' stalls failed (%s: %s); it goes on",
+                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+        return True
 
 
 def main_thread_where() -> MainWhere:

@@ -51,7 +51,7 @@ from placement.monitor.comm import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, straggler_event
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
-from placement.monitor.stall import StallWatch
+from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
 from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
@@ -68,6 +68,8 @@ MAX_BACKLOG = 4
 # How long an exit path waits for the monitor thread to finish what it is doing (it can
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
+# How long rank 0's close waits in all for the rows of the last windows (its peers close too).
+EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
 
 
@@ -149,9 +151,11 @@ class StepMonitor:
         self._last_span_step = 0
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
         self._window: list[StepRecord] = []  # not yet sent in an exchange
+        self._exchanged_step = 0  # the step of the last exchange this rank took part in
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
+        self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -161,6 +165,9 @@ class StepMonitor:
         self._t_last, self._wall_last = self._anchor
         self.stall.progress(0, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
+        if self.exchange is not None and self.rank == 0 and self._peers is None:
+            self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
+                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s).start()
 
     def add_observer(self, observe: Callable[[StepRecord], None],
                      window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
@@ -275,10 +282,13 @@ class StepMonitor:
         _lock: a stalled main thread may hold it.)"""
         try:
             stalled = self.stall.check(self.step, perf_counter_ns())
+            post = None
             if stalled is not None:
-                self.stall.report(stalled, self.events, self.rank)
+                post = self.stall.report(stalled, self.events, self.rank)
             elif self.stall.resumed is not None:
-                self.stall.report_resumed(self.events, self.rank)
+                post = self.stall.report_resumed(self.events, self.rank)
+            if post is not None and self.exchange is not None:
+                self.exchange.post_stall(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
 
@@ -445,13 +455,31 @@ class StepMonitor:
                                                 f"({type(e).__name__}: {first_line(e)}); it is removed")
 
     # ---- cross-rank ------------------------------------------------------------------
-    def _submit_exchange(self, step: int) -> None:
+    def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
         first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.lag_steps)
         figs = figures_from_records(self.rank, self._window, first, last)
         self._window = [r for r in self._window if r.step > last]
-        self.exchange.submit(figs)
+        self._exchanged_step = step
+        self.exchange.submit(figs, wait_s=wait_s)
+
+    def _exchange_the_rest(self) -> None:
+        """At close, every record built: the windows not exchanged yet (an exchange step whose
+        hand-over the exit path drained, then the steps after the last exchange window, which
+        end at this rank's last step), so that the last steps are judged too. Rank 0 waits
+        for their rows at most EXCHANGE_CLOSE_S in all."""
+        ex, every = self.exchange, self.cfg.exchange_every
+        if ex is None or not ex.enabled or self.step == 0:
+            return
+        deadline = time.monotonic() + EXCHANGE_CLOSE_S
+        for step in range(self._exchanged_step + every, self.step + 1, every):
+            self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
+        done = exchange_steps(self._exchanged_step, every, self.comm.lag_steps)[1] if self._exchanged_step else 0
+        if done < self.step:
+            figs = figures_from_records(self.rank, self._window, done + 1, self.step)
+            ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
+        ex.close(timeout_s=max(0.0, deadline - time.monotonic()))
 
     def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
         """Rank 0: one `straggler` event per window that names someone."""
@@ -512,8 +540,10 @@ class StepMonitor:
             thread.join(timeout=EXIT_WAIT_S)
         self._write_everything(exchange=False)
         exitflush.unregister(self)
+        if self._peers is not None:
+            self._peers.stop()
         if self.exchange is not None and (thread is None or not thread.is_alive()):
-            self.exchange.close()
+            self._exchange_the_rest()
         self.comm.close()
         self.sampler.close()
         if self._tb is not None:

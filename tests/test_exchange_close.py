@@ -1,0 +1,112 @@
+"""The last exchange window is judged at close: 2 real gloo ranks, an all_reduce per step, and
+rank 1 waits for its data only in the steps after the last regular exchange window (which, at
+step STEPS, carries steps up to STEPS - MAX_EVERY + 1). Those steps reach rank 0 only if every
+rank sends them at close; rank 0 names rank 1 data-slow on them.
+
+The file is also the worker: `python tests/test_exchange_close.py LOG_DIR` with
+RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EVERY = 10
+STEPS = 60
+SLOW_FROM = 54  # rank 1 waits SLOW_MS for each batch from this step on
+SLOW_MS = 30.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_the_steps_after_the_last_exchange_window_are_judged_at_close(tmp_path):
+    from placement.monitor.straggler import exchange_steps
+
+    port = _free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    log = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    events = [e for e in log if e["type"] == "straggler"]
+    last_regular = exchange_steps(STEPS, EVERY, 0)[1]
+    assert last_regular < SLOW_FROM  # the slow steps are in no regular window
+    final = [e for e in events if e["steps"] == [last_regular + 1, STEPS]]
+    assert final, [e["steps"] for e in events]
+    assert ("data-slow", [1]) in [(s["kind"], s["ranks"]) for s in final[0]["stragglers"]], final[0]
+    assert final[0]["ranks_judged"] == 2
+    # Nothing judged twice, and rank 1 named data-slow nowhere before it slowed down (a window
+    # of real noise on this busy machine may name someone else).
+    assert len({tuple(e["steps"]) for e in events}) == len(events)
+    assert all(("data-slow", [1]) not in [(s["kind"], s["ranks"]) for s in e["stragglers"]]
+               for e in events if e["steps"][1] < SLOW_FROM), events
+
+
+class _Batches:
+    def __init__(self, rank: int):
+        import torch
+
+        self.rank, self.step, self.x = rank, 0, torch.ones(64)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        self.step += 1
+        if self.rank == 1 and self.step >= SLOW_FROM:
+            time.sleep(SLOW_MS / 1e3)
+        return self.x
+
+
+def worker(log_dir: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import placement
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    handle = placement.attach(policy="none", tune={"enabled": False},
+                              monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": EVERY,
+                                       "summary_every": 0})
+    data = handle.watch(_Batches(rank))
+    dist.barrier()
+    for _ in range(STEPS):
+        x = next(data)
+        time.sleep(0.005)
+        dist.all_reduce(x)
+        handle.step()
+    handle.close()
+    dist.barrier()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # without gloo's teardown (see tests/test_straggler_gloo.py)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1])

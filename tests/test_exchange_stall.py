@@ -1,0 +1,204 @@
+"""Rank 0 names stalled PEERS in its own log, through the job's c10d store (stall.py, exchange.py):
+- `hang`: 3 real gloo ranks, an all_reduce per step; rank 1's main thread blocks on a lock after
+  step STOP_AT (so every rank then waits). Rank 0's log gets a `stall` event naming rank 1
+  (reported_by 0, how "posted"), its last step and its main thread's wait channel, within
+  2 x stall_min_s of rank 1's last step; then one saying it resumed. `placement report` over
+  rank 0's log as the hung job left it puts rank 1 first; over the whole run, nobody.
+- `frozen`: 3 ranks stepping without collectives; rank 1's whole process stops (SIGSTOP: its
+  monitor thread cannot post). Rank 0 names it from its exchange rows that stopped arriving
+  (how "rows stopped"), with the last step of its last row.
+
+The file is also the worker: `python tests/test_exchange_stall.py SCENARIO LOG_DIR` with
+RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+WORLD = 3
+EVERY = 10
+STOP_AT = 28  # rank 1 stops after this step
+STALL_MIN_S = 2.0
+STEPS = 60
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _read(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return out
+
+
+def _read_line(line: str) -> list[dict]:
+    try:
+        return [json.loads(line)]
+    except ValueError:
+        return []
+
+
+def _named_by_rank0(log: list[dict], phase: str = "stalled") -> list[dict]:
+    return [e for e in log if e.get("type") == "stall" and e.get("reported_by") == 0 and e.get("rank") == 1
+            and e.get("phase") == phase]
+
+
+def _run(tmp_path: Path, scenario: str, on_named=None) -> dict[int, list[dict]]:
+    port = _free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, __file__, scenario, str(tmp_path)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    try:
+        if on_named is not None:
+            deadline = time.monotonic() + 60
+            while not _named_by_rank0(_read(tmp_path / "rank0.jsonl")) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            on_named(procs)
+        outputs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    logs = {r: _read(tmp_path / f"rank{r}.jsonl") for r in range(WORLD)}
+    return logs, [(p.returncode, out) for p, out in zip(procs, outputs)]
+
+
+def _step_t(log: list[dict], step: int) -> float:
+    return next(e["t"] for e in log if e.get("type") == "step" and e["step"] == step)
+
+
+@pytest.mark.slow
+def test_rank0_names_a_peer_whose_main_thread_hangs_with_its_last_step_and_wait_channel(tmp_path, capsys):
+    from placement.cli import main as cli
+
+    logs, results = _run(tmp_path, "hang")
+    for rank, (rc, out) in enumerate(results):
+        assert rc == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    named = _named_by_rank0(logs[0])
+    assert len(named) == 1, [e for e in logs[0] if e.get("type") == "stall"]
+    e = named[0]
+    assert e["how"] == "posted" and e["last_step"] == STOP_AT, e
+    assert e["main"]["state"] == "S" and "futex" in (e["main"]["wchan"] or ""), e["main"]
+    assert any("_hung_in_a_lock" in line for line in e["main"]["stack"]), e["main"]
+    after = e["t"] - _step_t(logs[1], STOP_AT)  # one host: one clock
+    assert STALL_MIN_S <= after <= 2 * STALL_MIN_S, after
+    assert _named_by_rank0(logs[0], "resumed"), "rank 0 did not say rank 1 resumed"
+    assert all(x.get("reported_by") is None for r in (1, 2) for x in logs[r] if x.get("type") == "stall"), \
+        "only rank 0 names peers"
+
+    # The report over rank 0's log as the hung job left it (up to that event): rank 1 at the top,
+    # where its main thread waits; over the whole run: nobody flagged (everyone resumed).
+    lines = (tmp_path / "rank0.jsonl").read_text().splitlines()
+    cut = next(i for i, l in enumerate(lines) if _named_by_rank0(_read_line(l)))
+    hung = tmp_path.parent / (tmp_path.name + "-hung") / "rank0.jsonl"
+    hung.parent.mkdir()
+    hung.write_text("\n".join(lines[:cut + 1]) + "\n")
+    capsys.readouterr()
+    assert cli(["report", str(hung)]) == 0
+    out = capsys.readouterr().out
+    first = out.splitlines()[0]
+    assert first.startswith("STALLED:") and f"rank 1 after step {STOP_AT}" in first, out[:600]
+    assert "futex" in out and "named by rank 0" in out, out[:2000]
+    assert cli(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert not out.startswith("STALLED") and not any(l.startswith("stalled (") for l in out.splitlines()), out[:2000]
+
+
+@pytest.mark.slow
+def test_rank0_names_a_frozen_peer_from_its_exchange_rows(tmp_path):
+    def unfreeze(procs):
+        procs[1].kill()  # rank 0 named it (or the wait ran out): it has served its purpose
+
+    logs, results = _run(tmp_path, "frozen", on_named=unfreeze)
+    for rank in (0, 2):
+        rc, out = results[rank]
+        assert rc == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    named = _named_by_rank0(logs[0])
+    assert len(named) == 1, [e for e in logs[0] if e.get("type") == "stall"]
+    e = named[0]
+    from placement.monitor.straggler import exchange_steps
+
+    lag = 0  # gloo's comm timing: no lag
+    last_row_step = exchange_steps((STOP_AT // EVERY) * EVERY, EVERY, lag)[1]
+    assert e["how"] == "rows stopped" and e["last_step"] == last_row_step, e
+    assert e["stalled_s"] >= e["threshold_s"] >= STALL_MIN_S, e
+    # Rank 0 sent the first exchange rank 1 missed at step (STOP_AT // EVERY + 1) * EVERY.
+    sent_at = _step_t(logs[0], (STOP_AT // EVERY + 1) * EVERY)
+    assert e["t"] - sent_at <= 2 * STALL_MIN_S, e["t"] - sent_at
+
+
+# ---------------------------------------------------------------------------------- the worker
+def _hung_in_a_lock(rank0_log: Path) -> None:
+    """Block (a futex wait, as a hung collective's wait()) until rank 0 named this rank, at most 30 s."""
+    import threading
+
+    release = threading.Event()
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not _named_by_rank0(_read(rank0_log)):
+        release.wait(timeout=0.3)
+
+
+def worker(scenario: str, log_dir: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import placement
+    from placement.monitor.exchange import Exchange
+
+    Exchange.WAIT_S = 2.0  # rank 0 waits this long at each exchange for a rank that froze
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=90))
+    rank = dist.get_rank()
+    handle = placement.attach(policy="none", tune={"enabled": False},
+                              monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": 5,
+                                       "summary_every": 0, "stall_min_s": STALL_MIN_S})
+    dist.barrier()
+    x = torch.ones(16)
+    rank0_log = Path(log_dir) / "rank0.jsonl"
+    step = 0
+    while step < STEPS or (scenario == "frozen" and rank == 0 and not _named_by_rank0(_read(rank0_log))
+                           and step < 3000):
+        step += 1
+        time.sleep(0.01)
+        if scenario == "hang":
+            dist.all_reduce(x)
+        handle.step()
+        if rank == 1 and step == STOP_AT:
+            if scenario == "hang":
+                _hung_in_a_lock(rank0_log)
+            else:
+                os.kill(os.getpid(), signal.SIGSTOP)  # the whole process: no thread of it runs
+    handle.close()
+    if scenario == "hang":
+        dist.barrier()
+    # Leave without gloo's teardown (see tests/test_straggler_gloo.py: its destructors may abort).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    worker(sys.argv[1], sys.argv[2])
