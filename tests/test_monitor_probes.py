@@ -8,7 +8,7 @@ import pytest
 
 from placement.monitor.cpufreq import CoreFreq
 from placement._procfs import nonvoluntary_switches_at, schedstat_at, stat_at
-from placement.monitor.probes import MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
+from placement.monitor.probes import MainRead, MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
 from placement.monitor.warn import WarnOnce
 
 
@@ -125,17 +125,22 @@ def test_main_thread_probe_per_step_and_per_span():
     probe = MainThreadProbe(lambda *_: None)
     fd = _fd(f"/proc/self/task/{os.getpid()}/schedstat")
     time.sleep(0.01)  # switched out: schedstat's on-CPU field is up to date now
-    cpu0, runq0 = probe.step_read()
+    read0 = probe.step_read()
     kernel0, _ = schedstat_at(fd)
     _spin(0.03)
     time.sleep(0.01)
-    cpu1, runq1 = probe.step_read()
+    read1 = probe.step_read()
     kernel1, _ = schedstat_at(fd)
     os.close(fd)
+    # On the main thread the schedstat line is only read; it is parsed later (monitor thread).
+    assert read1.runq_ns is None and read1.schedstat.count(b" ") == 2
+    for read in (read0, read1):
+        read.parse(lambda *_: pytest.fail("a real schedstat line did not parse"))
+    assert read1.schedstat is None and read1.runq_ns is not None
     # The per-step on-CPU figure is the kernel's own accounting (to within a tick of noise).
-    assert cpu1 - cpu0 > 1e6
-    assert abs((cpu1 - cpu0) - (kernel1 - kernel0)) < 2e6
-    assert runq1 >= runq0
+    assert read1.cpu_ns - read0.cpu_ns > 1e6
+    assert abs((read1.cpu_ns - read0.cpu_ns) - (kernel1 - kernel0)) < 2e6
+    assert read1.runq_ns >= read0.runq_ns
     minflt, nivcsw, core = probe.span_read()
     assert minflt > 0 and nivcsw >= 0 and core in os.sched_getaffinity(0)
     probe.close()
@@ -159,3 +164,11 @@ def test_cpufreq_kept_fd_and_missing_file_warned_once(tmp_path, caplog):
     warn("k", "again")
     assert [r.getMessage() for r in caplog.records].count("placement: first") == 1
     assert "again" not in caplog.text
+
+
+def test_a_schedstat_line_not_understood_is_told_once_and_leaves_runq_unknown():
+    told = []
+    read = MainRead(5, None, b"not numbers\n")
+    read.parse(lambda what, e: told.append((what, type(e).__name__)))
+    read.parse(lambda what, e: told.append((what, type(e).__name__)))  # parsed once: nothing more
+    assert read.runq_ns is None and read.cpu_ns == 5 and told == [("schedstat", "ValueError")]

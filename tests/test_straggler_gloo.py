@@ -104,10 +104,26 @@ def test_cpu_hog_on_rank1_main_core_names_rank1_cpu_slow_not_rank0(tmp_path):
     before = [r["comm_ms"] for r in r0 if 10 < r["step"] <= 30]
     hog = [r["comm_ms"] for r in r0 if r["step"] in HOG_STEPS]
     assert statistics.median(hog) > 2 * statistics.median(before) + 1.0, (before, hog)
+    # Rank 1's main waited in the runqueue behind the spinners. Against its own wait before the
+    # hog, under whatever else loads the box then: with n other runnable tasks on its core, main
+    # waits about n x its on-CPU time, so 3 spinners add about 3 x that, whatever n was before
+    # (other processes on both cores: 2.4-2.7x the wait before, not a fixed ratio). Half of the
+    # expected growth is asked; rank 0, under the same outside load and no hog, grew far less.
     r1 = _steps(logs[1])
-    runq_before = statistics.median(r["roles"]["main"]["runq_ms"] for r in r1 if 10 < r["step"] <= 30)
-    runq_hog = statistics.median(r["roles"]["main"]["runq_ms"] for r in r1 if r["step"] in HOG_STEPS)
-    assert runq_hog > 3 * runq_before + 1.0, (runq_before, runq_hog)
+    grew1, cpu1 = _runq_growth(r1)
+    grew0, _ = _runq_growth(r0)
+    assert grew1 > 1.5 * cpu1 + 1.0, (grew1, cpu1)
+    assert grew0 < grew1 / 2, (grew0, grew1)
+
+
+def _runq_growth(steps: list[dict]) -> tuple[float, float]:
+    """(median runqueue wait of main over the hog steps minus over steps 11-30, its median
+    on-CPU ms over the hog steps), ms per step."""
+    def median(field: str, which) -> float:
+        return statistics.median(r["roles"]["main"][field] for r in steps if which(r["step"]))
+
+    quiet, hogged = (lambda s: 10 < s <= 30), (lambda s: s in HOG_STEPS)
+    return median("runq_ms", hogged) - median("runq_ms", quiet), median("cpu_ms", hogged)
 
 
 @pytest.mark.slow

@@ -219,3 +219,20 @@ def test_every_change_stays_inside_the_share_and_one_is_in_flight(share, data):
         elif e["type"] == "rollback" or (e["type"] == "tune" and e.get("phase") == "kept"):
             in_flight -= 1
         assert in_flight in (0, 1)
+
+
+def test_window_end_follows_the_grid_and_restarts_at_an_action():
+    """What the monitor reads to hand a window over as soon as it is complete (window_end)."""
+    run = Run()  # windows of 10 steps; next_step: the step after the last record
+    w = run.cfg.window
+    # Before any record: the monitor's first record is step 1.
+    assert [run.tuner.window_end(s) for s in (0, w - 1, w, 2 * w + 3)] == [w, w, 2 * w, 3 * w]
+    run.quiet(3)  # this feed starts at step 0: the grid is [0, w), [w, 2w), ...
+    assert run.tuner.window_end(3 * w - 1) == 4 * w - 1
+    run.hogged()  # the move is applied as the 4th window closes: in force from step 4w
+    in_force = run.events.of("tune", phase="applied")[0]["in_force_step"]
+    assert in_force == 4 * w
+    assert run.tuner.window_end(4 * w - 1) == in_force + w - 1
+    assert run.tuner.window_end(in_force + w - 1) == in_force + 2 * w - 1
+    run.tuner.close()
+    assert run.tuner.window_end(4 * w) is None

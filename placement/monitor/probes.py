@@ -54,7 +54,8 @@ def _sched_getcpu() -> Optional[Callable[[], int]]:
     return fn
 
 
-current_cpu = _sched_getcpu()  # the CPU the calling thread runs on now, or None without libc support
+current_cpu = _sched_getcpu()
+_get_ident = threading.get_ident  # pthread_self: which thread calls (bound once: it is on the per-step path)  # the CPU the calling thread runs on now, or None without libc support
 
 
 @dataclass
@@ -66,6 +67,26 @@ class ThreadCounters:
     minflt: Optional[int] = None
     nivcsw: Optional[int] = None
     cpu: Optional[int] = None
+
+
+@dataclass(slots=True)
+class MainRead:
+    """The main thread's counters at one probe step. Read on the training thread right after a
+    step, when every code path is cold, so it only reads: its schedstat line stays raw there
+    (`schedstat`) and parse() turns it into runq_ns on the monitor thread."""
+
+    cpu_ns: Optional[int]  # on-CPU ns (its thread clock)
+    runq_ns: Optional[int] = None  # runqueue wait ns (schedstat field 2), once parsed
+    schedstat: Optional[bytes] = None  # the schedstat line as read, until parse()
+
+    def parse(self, fail: Callable[[str, BaseException], None]) -> None:
+        """Fill runq_ns from the raw line (idempotent); `fail` hears of a line not understood."""
+        raw, self.schedstat = self.schedstat, None
+        if raw is not None:
+            try:
+                self.runq_ns = _procfs.parse_schedstat(raw).runq_ns
+            except (ValueError, IndexError) as e:
+                fail("schedstat", e)
 
 
 class ThreadProbe:
@@ -147,20 +168,22 @@ class MainThreadProbe:
         # The main thread's pthread id when probing the live /proc (else never matched).
         main = threading.main_thread()
         self._ident = main.ident if proc == "/proc" and main.native_id == self.tid else -1
+        self._schedstat_fd = self._files._fds.get("schedstat")
 
-    def step_read(self) -> tuple[Optional[int], Optional[int]]:
-        """(on-CPU ns, runqueue wait ns)."""
-        if threading.get_ident() == self._ident:
-            fd = self._files._fds.get("schedstat")
-            runq = None
-            if fd is not None:
-                try:
-                    runq = _procfs.schedstat_at(fd).runq_ns
-                except (OSError, ValueError, ThreadGone) as e:
+    def step_read(self) -> MainRead:
+        """On-CPU and runqueue ns; on the main thread itself two syscalls and no parsing (the
+        line is parsed by MainRead.parse on the monitor thread): every frame and every
+        parse costs on that path."""
+        if _get_ident() == self._ident:
+            raw = None
+            if self._schedstat_fd is not None:
+                try:  # the main thread reading its own file: it cannot be gone
+                    raw = os.pread(self._schedstat_fd, _procfs.SCHEDSTAT_MAX, 0)
+                except OSError as e:
                     self._fail("schedstat", e)
-            return time.thread_time_ns(), runq
+            return MainRead(time.thread_time_ns(), None, raw)
         c = self._files.counters()
-        return c.cpu_ns, c.runq_ns
+        return MainRead(c.cpu_ns, c.runq_ns)
 
     def span_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
         """(minor faults, involuntary context switches, CPU it is on now)."""
@@ -171,4 +194,5 @@ class MainThreadProbe:
         return c.minflt, c.nivcsw, c.cpu
 
     def close(self) -> None:
+        self._schedstat_fd = None  # never a pread on a number the kernel may give to another file
         self._files.close()

@@ -23,7 +23,8 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
   its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
-Data crosses from the training thread as dataclasses (RawStep, HandOver) addressed by step.
+Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
+them: probes.MainRead, threads.HotRead) addressed by step and ThreadRole.
 Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
@@ -54,7 +55,8 @@ from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
 from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
 from placement.monitor.summary import one_line, stall_ms, summarize
 from placement.monitor.tensorboard_sink import open_writer, write_batch
-from placement.monitor.threads import HotRead, MainRead, RoleSampler, merge_span
+from placement.monitor.probes import MainRead
+from placement.monitor.threads import HotRead, RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
 from placement.roles import name_this_thread
@@ -80,7 +82,7 @@ class RawStep:
     data_ns: int  # time blocked waiting for data
     comm: CommStep
     main: Optional[MainRead]  # main's counters; None on the steps between probe steps
-    hot: Optional[HotRead]  # the nccl/pin_memory threads' counters (same steps)
+    hot: Optional[tuple[HotRead, ...]]  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
 
 

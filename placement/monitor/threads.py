@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from placement import _procfs
 from placement.monitor.cpufreq import CoreFreq
-from placement.monitor.probes import MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
+from placement.monitor.probes import MainRead, MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
 from placement.monitor.record import RoleSample
 from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadInfo, ThreadRole
@@ -32,8 +33,23 @@ from placement.roles import ThreadInfo, ThreadRole
 MAIN = ThreadRole.MAIN.value
 EVERY_STEP_ROLES = (ThreadRole.BACKWARD.value, ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
 
-MainRead = tuple  # (cpu_ns, runq_ns)
-HotRead = tuple  # ((tid, role, cpu_ns, runq_ns), ...)
+
+
+@dataclass(slots=True)
+class HotRead:
+    """One every-step thread's counters at one probe step (read_hot, on the training thread)."""
+
+    tid: int
+    role: ThreadRole
+    cpu_ns: Optional[int]
+    runq_ns: Optional[int]
+
+
+@dataclass(frozen=True, slots=True)
+class _HotProbe:
+    tid: int
+    role: ThreadRole
+    probe: ThreadProbe
 
 
 def _delta(now: Optional[int], before: Optional[int]) -> Optional[int]:
@@ -67,10 +83,11 @@ class RoleSampler:
         if self._main_span_prev[2] is not None:
             self._last_cpus[MAIN] = [self._main_span_prev[2]]
         self._probes: dict[int, tuple[str, ThreadProbe]] = {}  # tid -> (role, probe)
-        self._hot: tuple[tuple[int, str, ThreadProbe], ...] = ()  # the EVERY_STEP_ROLES probes
+        self._hot: tuple[_HotProbe, ...] = ()  # the EVERY_STEP_ROLES probes
+        self.has_hot = False  # whether _hot holds any (an attribute: read on every probe step)
         self._hot_lock = threading.Lock()
         self._gone: set[int] = set()  # hot threads read_hot found gone; dropped at the next refresh
-        self._hot_prev: dict[int, tuple[Optional[int], Optional[int]]] = {}  # tid -> (cpu_ns, runq_ns)
+        self._hot_prev: dict[int, HotRead] = {}  # tid -> its last read
         self._span_prev: dict[int, ThreadCounters] = {}
         self._last_mhz: dict[str, Optional[float]] = {}
         self.refresh()
@@ -79,6 +96,7 @@ class RoleSampler:
         """Main's counters start again from now (at creation, and as attach() returns: the
         first step's figures cover training only, not attach()'s own set-up)."""
         self._main_prev: MainRead = self.main.step_read()
+        self._main_prev.parse(self._fail)
         self._main_span_prev = self.main.span_read()
 
     def _fail(self, what: str, e: BaseException) -> None:
@@ -112,55 +130,56 @@ class RoleSampler:
                 self._probes[t.tid] = (role, ThreadProbe(t.pid, t.tid, self._fail, self._proc))
             except ThreadGone:
                 continue
-        hot = tuple((tid, role, probe) for tid, (role, probe) in self._probes.items() if role in EVERY_STEP_ROLES)
+        hot = tuple(_HotProbe(tid, ThreadRole(role), probe) for tid, (role, probe) in self._probes.items()
+                    if role in EVERY_STEP_ROLES)
         with self._hot_lock:
             self._hot = hot
+            self.has_hot = bool(hot)
 
     def _drop(self, tid: int) -> None:
         _, probe = self._probes.pop(tid)
         with self._hot_lock:
-            self._hot = tuple(h for h in self._hot if h[0] != tid)
+            self._hot = tuple(h for h in self._hot if h.tid != tid)
+            self.has_hot = bool(self._hot)
             probe.close()
         self._hot_prev.pop(tid, None)
         self._span_prev.pop(tid, None)
 
     # ---- probe steps, on the training thread: raw reads only ------------------------
-    @property
-    def has_hot(self) -> bool:
-        return bool(self._hot)
-
-    def read_hot(self) -> HotRead:
+    def read_hot(self) -> tuple[HotRead, ...]:
         out = []
         with self._hot_lock:
-            for tid, role, probe in self._hot:
+            for h in self._hot:
                 try:
-                    cpu_ns, runq_ns = probe.schedstat()
+                    cpu_ns, runq_ns = h.probe.schedstat()
                 except ThreadGone:
-                    self._gone.add(tid)
+                    self._gone.add(h.tid)
                     continue
-                out.append((tid, role, cpu_ns, runq_ns))
+                out.append(HotRead(h.tid, h.role, cpu_ns, runq_ns))
         return tuple(out)
 
     # ---- on the monitor thread: raw reads -> per-step RoleSamples ---------------------
-    def samples(self, main: MainRead, hot: HotRead, steps: int = 1) -> dict[str, RoleSample]:
+    def samples(self, main: MainRead, hot: Iterable[HotRead], steps: int = 1) -> dict[str, RoleSample]:
         """Per-step samples from one probe step's raw reads, the counters' deltas since the
         probe step before spread over the `steps` steps between; called in step order."""
+        main.parse(self._fail)
         prev, self._main_prev = self._main_prev, main
         scale = 1e6 * steps
         roles = {MAIN: RoleSample(
-            threads=1, cpu_ms=None if main[0] is None or prev[0] is None else (main[0] - prev[0]) / scale,
-            runq_ms=None if main[1] is None or prev[1] is None else (main[1] - prev[1]) / scale,
+            threads=1, cpu_ms=None if main.cpu_ns is None or prev.cpu_ns is None else (main.cpu_ns - prev.cpu_ns) / scale,
+            runq_ms=None if main.runq_ns is None or prev.runq_ns is None else (main.runq_ns - prev.runq_ns) / scale,
             mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
-        for tid, role, cpu_ns, runq_ns in hot:
-            before = self._hot_prev.get(tid)
-            self._hot_prev[tid] = (cpu_ns, runq_ns)
+        for h in hot:
+            before = self._hot_prev.get(h.tid)
+            self._hot_prev[h.tid] = h
+            role = h.role.value
             s = roles.get(role)
             if s is None:
                 s = roles[role] = RoleSample(threads=0, cpus=self._last_cpus.get(role, []), mhz=self._last_mhz.get(role))
             s.threads += 1
             if before is not None:
-                s.cpu_ms = _add_ms(s.cpu_ms, _delta(cpu_ns, before[0]), steps)
-                s.runq_ms = _add_ms(s.runq_ms, _delta(runq_ns, before[1]), steps)
+                s.cpu_ms = _add_ms(s.cpu_ms, _delta(h.cpu_ns, before.cpu_ns), steps)
+                s.runq_ms = _add_ms(s.runq_ms, _delta(h.runq_ns, before.runq_ns), steps)
         return roles
 
     def unread(self) -> dict[str, RoleSample]:
