@@ -2,7 +2,7 @@
 from 128 nodes of 8 ranks, generated here as the monitor writes them, then reported
 (summary, heatmap) in a fresh process whose wall time and peak RSS are measured.
 
-usage: python benchmarks/report_scale.py [--quick] [--ranks N] [--steps N] [--trace]
+usage: python benchmarks/report_scale.py [--quick] [--ranks N] [--steps N] [--trace [--trace-part]]
 
 The logs: one directory per node (node000/rank0.jsonl ...), each record shaped like a real
 StepRecord line (main, nccl and pin_memory roles, span figures every 10th step), a `start`
@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from placement.monitor.stall import peer_event  # noqa: E402
+
 RANKS_PER_NODE = 8
 T0 = 1_800_000_000.0
 
@@ -102,17 +106,19 @@ def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
             out.append(json.dumps({"type": "straggler", "t": t, "rank": 0, "steps": [window.start, window.stop - 1],
                                    "stragglers": stragglers, "more": more, "waiting": f"0-{ranks - 1}"},
                                   separators=(",", ":")))
-    out.append(json.dumps({"type": "stall", "t": T0 + sc["stall_step"] * 0.125 + 30, "rank": 0,
-                           "ranks": [sc["stalled"]], "last_step": sc["stall_step"],
-                           "where": "main thread in futex_wait_queue (a collective that never completed)"},
+    # As rank 0's peer watch writes it from the stalled rank's post (placement/monitor/stall.py).
+    stall = peer_event({"phase": "stalled", "rank": sc["stalled"], "last_step": sc["stall_step"], "stalled_s": 30.4,
+                        "threshold_s": 30.0, "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
+                                                      "stack": ['File "train.py", line 80 in step']}})
+    out.append(json.dumps({"type": "stall", "t": T0 + sc["stall_step"] * 0.125 + 30, "rank": 0, **stall},
                           separators=(",", ":")))
     return out
 
 
-def run_report(root: Path, out: Path, trace: bool) -> dict:
+def run_report(root: Path, out: Path, trace: bool, trace_part: list[str]) -> dict:
     cmd = [sys.executable, "-m", "placement.cli", "report", str(root), "--heatmap", str(out / "heatmap.png")]
     if trace:
-        cmd += ["--trace", str(out / "trace.json")]
+        cmd += ["--trace", str(out / "trace.json"), *trace_part]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=str(REPO)))
@@ -129,6 +135,8 @@ def main() -> None:
     ap.add_argument("--ranks", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--trace", action="store_true", help="also write and time --trace")
+    ap.add_argument("--trace-part", action="store_true",
+                    help="with --trace: only 100 steps of 64 ranks (--steps, --ranks)")
     args = ap.parse_args()
     ranks = args.ranks or (256 if args.quick else 1024)
     steps = args.steps or (250 if args.quick else 1000)
@@ -138,7 +146,8 @@ def main() -> None:
         sc = generate(work / "logs", ranks, steps)
         gen_s = time.perf_counter() - t0
         size = sum(f.stat().st_size for f in (work / "logs").rglob("*.jsonl"))
-        res = run_report(work / "logs", work, args.trace)
+        part = ["--steps", f"{steps // 2 + 1}:{steps // 2 + 100}", "--ranks", "0-63"] if args.trace_part else []
+        res = run_report(work / "logs", work, args.trace, part)
         text = res["stdout"]
         print(text[:3000])
         named = {"cpu_slow": f"cpu-slow         1 rank(s), windows each: {sc['cpu_slow']} in" in text,
@@ -150,6 +159,7 @@ def main() -> None:
                 "peak_mib": None if res["peak_mib"] is None else round(res["peak_mib"], 1),
                 "heatmap_kib": round((work / "heatmap.png").stat().st_size / 1024, 1),
                 "trace_mib": round((work / "trace.json").stat().st_size / 2**20, 1) if args.trace else None,
+                "trace_part": " ".join(part) or None,
                 "named": named, "target_s": 30, "target_mib": 2048}
         head["met"] = (head["report_s"] < 30 and (head["peak_mib"] or 0) < 2048 and all(named.values())
                        if ranks * steps >= 1_000_000 else None)

@@ -202,3 +202,33 @@ def worker(scenario: str, log_dir: str) -> None:
 
 if __name__ == "__main__":
     worker(sys.argv[1], sys.argv[2])
+
+
+def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_path, capsys):
+    """One hang at scale: every rank waits in the next collective and posts. Rank 0 names the
+    NAMED_PEERS lowest last steps one event each, groups the rest; the report reads them all."""
+    from placement.cli import main as cli
+    from placement.events import EventLog
+    from placement.monitor.stall import NAMED_PEERS, peer_events, write_peer_stall
+
+    def post(rank, last_step, wchan):
+        return {"phase": "stalled", "rank": rank, "last_step": last_step, "stalled_s": 31.0, "threshold_s": 30.0,
+                "main": {"tid": 100 + rank, "state": "S", "wchan": wchan, "stack": ['File "t.py", line 3 in f']}}
+
+    posts = [post(r, 28, "futex_do_wait" if r % 2 else "do_epoll_wait") for r in range(1, 200)]
+    posts[40] = post(41, 27, "pipe_read")  # the rank that stopped first
+    fields = peer_events(posts)
+    single = [f for f in fields if "rank" in f]
+    grouped = [f for f in fields if "ranks" in f]
+    assert len(single) == NAMED_PEERS and single[0]["rank"] == 41 and single[0]["main"]["wchan"] == "pipe_read"
+    assert len(grouped) == 2 and sum(f["count"] for f in grouped) == 199 - NAMED_PEERS
+    assert {f["main"]["wchan"] for f in grouped} == {"futex_do_wait", "do_epoll_wait"}
+    log = EventLog(str(tmp_path / "rank0.jsonl"), 0)
+    log.event("step", step=1, step_ms=10.0, data_ms=0.0, comm_ms=1.0, comm_count=1, roles={})
+    for f in fields:
+        write_peer_stall(log, f)
+    log.close()
+    capsys.readouterr()
+    assert cli(["report", str(tmp_path)]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("STALLED: 199 rank(s)") and first.split(": ", 2)[2].startswith("rank 41 after step 27"), first

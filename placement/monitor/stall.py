@@ -32,8 +32,11 @@ Rank 0 names stalled PEERS too, in its own log (`stall` events with `rank` the p
   keep stepping (a job without a collective per step, or a rank that stopped after rank 0's
   exchange); in a synchronous job the posted path names the peer.
 Cost when nothing stalls: rank 0, one `add` per stall_min_s / 8 on its peer watch thread; the other
-ranks, nothing. More than NAMED_PEERS peers at once are named in one event (`ranks` in list
-form), not one each.
+ranks, nothing. When one rank hangs, every rank waits for it in the next collective and posts:
+W posts (< 1 KB each: 10 MB at 16,384 ranks, read in one `get` per look), of which rank 0 names
+NAMED_PEERS one event each (lowest last step first) and groups the rest by (last step, state,
+wait channel, innermost frame), one event per group with its ranks in list form
+(`peer_events`). Likewise for ranks whose rows stopped.
 """
 from __future__ import annotations
 
@@ -196,6 +199,40 @@ def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dic
     return fields
 
 
+def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Rank 0's events for the posts read in one look. A rank that hangs holds every other rank
+    up in the next collective, so at 16,384 ranks one hang is 16,384 posts: up to NAMED_PEERS
+    stalls (lowest last step first: the rank that stopped first) are named one event each, the
+    rest in one event per (last step, state, wait channel, innermost frame) with their ranks in
+    list form; resumes likewise."""
+    from placement.cpuset import format_cpulist
+
+    out = []
+    for phase in ("stalled", "resumed"):
+        these = sorted((p for p in posts if p.get("phase", "stalled") == phase),
+                       key=lambda p: (p.get("last_step") if isinstance(p.get("last_step"), int) else 1 << 62, p["rank"]))
+        out.extend(peer_event(p) for p in these[:NAMED_PEERS])
+        groups: dict[tuple, list[dict]] = {}
+        for p in these[NAMED_PEERS:]:
+            main = p.get("main") if isinstance(p.get("main"), dict) else {}
+            stack = main.get("stack") or []
+            key = (p.get("last_step"), main.get("state"), main.get("wchan"), stack[0] if stack else None)
+            groups.setdefault(key, []).append(p)
+        for (last_step, state, wchan, frame), group in groups.items():
+            ranks = format_cpulist([p["rank"] for p in group])
+            fields = {"phase": phase, "ranks": ranks, "count": len(group), "last_step": last_step,
+                      "reported_by": 0, "how": "posted"}
+            if phase == "stalled":
+                fields["main"] = {"state": state, "wchan": wchan, "stack": [frame] if frame else []}
+                fields["message"] = (f"{len(group)} more ranks stalled after step {last_step} (their posts, read "
+                                     f"by rank 0), main thread {state or '?'} waiting in {wchan or '?'}"
+                                     + (f", Python at {frame}" if frame else "") + f": ranks {ranks}")
+            else:
+                fields["message"] = f"{len(group)} more ranks resumed (their posts, read by rank 0): ranks {ranks}"
+            out.append(fields)
+    return out
+
+
 def write_peer_stall(events, fields: dict[str, Any]) -> None:
     """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
     log.warning("placement: %s", fields.get("message", fields))
@@ -240,8 +277,8 @@ class PeerWatch:
             return False
         try:
             threshold = self.threshold_s()
-            for post in ex.stall_posts():
-                self.write(peer_event(post))
+            for fields in peer_events(ex.stall_posts()):
+                self.write(fields)
             for fields in ex.overdue(threshold):
                 self.write(fields)
         except Exception as e:
