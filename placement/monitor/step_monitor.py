@@ -458,7 +458,7 @@ class StepMonitor:
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
-        first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.lag_steps)
+        first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)
         figs = figures_from_records(self.rank, self._window, first, last)
         self._window = [r for r in self._window if r.step > last]
         self._exchanged_step = step
@@ -475,7 +475,7 @@ class StepMonitor:
         deadline = time.monotonic() + EXCHANGE_CLOSE_S
         for step in range(self._exchanged_step + every, self.step + 1, every):
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
-        done = exchange_steps(self._exchanged_step, every, self.comm.lag_steps)[1] if self._exchanged_step else 0
+        done = exchange_steps(self._exchanged_step, every, self.comm.final_after_steps)[1] if self._exchanged_step else 0
         if done < self.step:
             figs = figures_from_records(self.rank, self._window, done + 1, self.step)
             ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
