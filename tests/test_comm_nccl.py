@@ -425,18 +425,12 @@ def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_wo
     assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46
 
 
-@pytest.mark.parametrize("built", [
-    False,
-    pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-        "known gap: an exchange build without a poll holds every step back, so the exchange's "
-        "steps may not be built yet and it sends an empty window; forcing a poll at exchange "
-        "builds would override FrCadence's GIL budget (a design choice left open)"))),
-], ids=["same-steps", "steps-built"])
-def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_world_of_one, monkeypatch, request,
-                                                                 built):
+def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_world_of_one, monkeypatch, request):
     """Polls spaced out (a tiny budget): at a build without a poll every step is held back
     (lag_steps reads HOLD_ALL). The steps an exchange sends are still exchange_steps(step,
-    every, 2), the same on every rank whatever its polls (not a window cut by HOLD_ALL)."""
+    every, 2), the same on every rank whatever its polls (not a window cut by HOLD_ALL), and
+    all built: an exchange whose steps are not built yet waits for the next build with a poll
+    (it used to go out empty)."""
     import placement
     import placement.monitor.comm as comm_mod
     from placement.monitor.straggler import exchange_steps
@@ -483,8 +477,8 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
     assert made[0].cadence.every > 1  # polls were spaced out: some builds held every step back
     during = [(first, last, n) for first, last, n, at_exit in exchange.sent if not at_exit]
     assert [(first, last) for first, last, _ in during] == [exchange_steps(s, 10, 2) for s in (10, 20, 30, 40)]
-    if built:  # every step of them built by the exchange (the first exchange covers none)
-        assert all(n == last - first + 1 for first, last, n in during[1:]), during
+    # every step of them built when sent (the first exchange's window is before step 1)
+    assert all(n == last - first + 1 for first, last, n in during[1:]), during
 
 
 def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path, gloo_world_of_one, monkeypatch,

@@ -65,6 +65,7 @@ from placement.roles import name_this_thread
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
 # lets the monitor thread run only one switch interval (5 ms) per system call it makes.
 MAX_BACKLOG = 4
+MAX_EXCHANGES_DUE = 16  # exchanges waiting for their steps to be built (see _send_due_exchanges)
 # How long an exit path waits for the monitor thread to finish what it is doing (it can
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
@@ -152,6 +153,7 @@ class StepMonitor:
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
         self._window: list[StepRecord] = []  # not yet sent in an exchange
         self._exchanged_step = 0  # the step of the last exchange this rank took part in
+        self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
         self._summary: list[StepRecord] = []  # since the last summary line
         self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
@@ -338,8 +340,9 @@ class StepMonitor:
         if flush_now:
             self.events.flush()
         if exchange_now:
-            self._submit_exchange(step)
-        elif ex is not None and ex.pending:
+            self._exchanges_due.append(step)
+        sent = ex is not None and bool(self._exchanges_due) and self._send_due_exchanges()
+        if not sent and ex is not None and ex.pending:
             ex.collect()
 
     def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int) -> None:
@@ -455,6 +458,26 @@ class StepMonitor:
                                                 f"({type(e).__name__}: {first_line(e)}); it is removed")
 
     # ---- cross-rank ------------------------------------------------------------------
+    def _send_due_exchanges(self) -> bool:
+        """Send the due exchanges whose steps are all built, oldest first (True: one was sent).
+        An exchange waits for its steps: with NCCL durations read from the flight recorder, a
+        build without a poll (FrCadence spaces them out to keep the GIL budget) builds no step,
+        and sending then would send an empty window; the next build with a poll, at most
+        comm_nccl.MAX_POLL_EVERY flushes later, builds them. Rank 0 keys exchanges by their
+        last step, so a late row is still judged with its peers' (it waits Exchange.WAIT_S).
+        More than MAX_EXCHANGES_DUE waiting (steps never built): the oldest goes as it is."""
+        built = self._pending_first_step - 1
+        sent = False
+        while self._exchanges_due:
+            step = self._exchanges_due[0]
+            last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)[1]
+            if last > built and len(self._exchanges_due) <= MAX_EXCHANGES_DUE:
+                break
+            self._exchanges_due.popleft()
+            self._submit_exchange(step)
+            sent = True
+        return sent
+
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
