@@ -241,3 +241,40 @@ def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_p
     assert cli(["report", str(tmp_path)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
     assert first.startswith("STALLED: 199 rank(s)") and first.split(": ", 2)[2].startswith("rank 41 after step 27"), first
+
+
+def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_when_its_rows_come():
+    """In process, over a real TCPStore: rank 1 of 2 sends nothing. Rank 0's first judgement
+    waits WAIT_S for it and names it stalled ("rows stopped"); later exchanges no longer wait
+    for it (a frozen peer must not cost WAIT_S per exchange, nor, through the monitor's
+    backlog, hold training back). When its row comes again it is judged and named resumed."""
+    import torch.distributed as dist
+
+    from placement.monitor.exchange import Exchange, StoreTransport, encode_row
+    from placement.monitor.straggler import RankFigures
+
+    def figs(rank, last):
+        comm = tuple(5.0 for _ in range(EVERY))
+        return RankFigures(rank, EVERY, last - EVERY + 1, last, 20.0, 0.5, 5.0, 0.1, 0.05, 10.0, None, comm)
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    reports = []
+    ex = Exchange(0, 2, store, lambda key, msg: None, lambda rep, f, extra: reports.append(extra), slots=EVERY)
+    ex.WAIT_S = 1.0
+    ex.peer_threshold_s = 0.5  # rank 0's stall limit (the peer watch sets it)
+    ex.submit(figs(0, 10))
+    t0 = time.monotonic()
+    ex.submit(figs(0, 20))  # judges exchange 10 first: waits WAIT_S for rank 1
+    waited_first = time.monotonic() - t0
+    assert reports[-1]["missing"] == [1]
+    named = ex.overdue(0.5)
+    assert [(f["phase"], f["rank"], f["how"]) for f in named] == [("stalled", 1, "rows stopped")]
+    t0 = time.monotonic()
+    ex.submit(figs(0, 30))  # judges exchange 20: rank 1 is named, not waited for
+    waited_named = time.monotonic() - t0
+    assert reports[-1]["missing"] == [1]
+    assert waited_first >= ex.WAIT_S * 0.9 and waited_named < waited_first * 0.3, (waited_first, waited_named)
+    StoreTransport(store, 1, 2).send(30, encode_row(30, 0, figs(1, 30), EVERY))  # rank 1 is back
+    ex.collect(block=True)
+    assert reports[-1]["missing"] == [] and reports[-1]["ranks_judged"] == 2
+    assert [(f["phase"], f["rank"]) for f in ex.overdue(0.5)] == [("resumed", 1)]

@@ -219,14 +219,19 @@ class Exchange:
             return
         seq, sent = self._pending
         until = sent + self.WAIT_S if wait_s is None else time.monotonic() + wait_s
+        # Ranks already named stalled because their rows stopped are not waited for: a frozen
+        # peer would otherwise cost WAIT_S at every exchange, and once hand-overs queue up
+        # (step_monitor.MAX_BACKLOG) the training thread would wait behind it. A row of theirs
+        # that comes anyway is judged, and judge() names them resumed.
+        expected = self.world_size - len(self._silent)
         t0 = time.perf_counter()
         try:
             n = self.transport.arrived(seq)
-            while n < self.world_size and block and time.monotonic() < until:
+            while n < expected and block and time.monotonic() < until:
                 time.sleep(self.POLL_S)
                 t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
-            if n < self.world_size and not block:
+            if n < expected and not block:
                 return
             with self._take_lock:
                 self._pending = None
