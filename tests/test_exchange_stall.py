@@ -100,6 +100,12 @@ def test_rank0_names_a_peer_whose_main_thread_hangs_with_its_last_step_and_wait_
     e = named[0]
     assert e["how"] == "posted" and e["last_step"] == STOP_AT, e
     assert e["main"]["state"] == "S" and "futex" in (e["main"]["wchan"] or ""), e["main"]
+    # Who holds whom: rank 1 stopped outside any collective; the ranks it holds wait inside one.
+    assert e["in_collective"] is False, e
+    waiting = [x for log in logs.values() for x in log
+               if x.get("type") == "stall" and x.get("phase") == "stalled" and x.get("rank") in (0, 2)]
+    assert waiting and all(x["in_collective"] is True for x in waiting), waiting
+    assert "outside any collective" in e["message"], e["message"]
     assert any("_hung_in_a_lock" in line for line in e["main"]["stack"]), e["main"]
     after = e["t"] - _step_t(logs[1], STOP_AT)  # one host: one clock
     assert STALL_MIN_S <= after <= 2 * STALL_MIN_S, after
@@ -118,7 +124,10 @@ def test_rank0_names_a_peer_whose_main_thread_hangs_with_its_last_step_and_wait_
     assert cli(["report", str(hung)]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
-    assert first.startswith("STALLED:") and f"rank 1 after step {STOP_AT}" in first, out[:600]
+    assert first.startswith("STALLED:") and f"rank 1 after step {STOP_AT} outside any collective" in first, out[:600]
+    # Ranks stalled inside the all_reduce (rank 0 itself, rank 2 by its post) may be flagged by
+    # then too: the one outside any collective comes first, whatever the last steps say.
+    assert first.split("did not resume: ", 1)[1].startswith(f"rank 1 after step {STOP_AT}"), first
     assert "futex" in out and "named by rank 0" in out, out[:2000]
     assert cli(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out

@@ -70,6 +70,10 @@ class CollectiveClock:
         self._intervals: list[tuple[int, int]] = []
         self._count = 0
         self._enter_t: Optional[float] = None
+        # Collectives entered and not done (timed clocks only: an untimed call returns at enqueue).
+        # What a stall report says of a hung rank: a rank outside any collective is the one the
+        # ranks waiting inside one wait for.
+        self._open = 0
         # Set when its monitor closed: a DDP hook cannot be removed and may still call in
         # (until a re-attach points it at the new clock); nothing is kept then.
         self.closed = False
@@ -77,15 +81,24 @@ class CollectiveClock:
     def enter(self) -> int:
         with self._lock:
             self._count += 1
+            self._open += 1
             if self._enter_t is None:
                 self._enter_t = wall_clock()
         return time.perf_counter_ns()
 
     def done(self, t0: int) -> None:
-        if self.timed and not self.closed:
+        if self.timed:
             t1 = time.perf_counter_ns()
             with self._lock:
-                self._intervals.append((t0, t1))
+                if self._open > 0:  # a DDP hook re-pointed by a re-attach may finish on the new clock
+                    self._open -= 1
+                if not self.closed:
+                    self._intervals.append((t0, t1))
+
+    def in_collective(self) -> Optional[bool]:
+        """Whether a collective call of this rank is in progress (read from any thread); None
+        when calls return at enqueue (NCCL: the CPU cannot tell)."""
+        return self._open > 0 if self.timed else None
 
     def take_step(self) -> CommStep:
         if not self._count and not self._intervals:  # no collective this step: no lock needed
@@ -148,6 +161,7 @@ class NoComm(CommTiming):
     def __init__(self, warn: WarnOnce):
         super().__init__(warn)
         self.take_step = _no_comm
+        self.clock.in_collective = _unknown  # nothing wrapped: the clock sees no call
 
     def install(self, original: "OriginalCollectives") -> None:
         return None
@@ -155,6 +169,10 @@ class NoComm(CommTiming):
 
 def _no_comm() -> CommStep:
     return NO_COMM
+
+
+def _unknown() -> Optional[bool]:
+    return None
 
 
 class OriginalCollectives:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.cpuset import parse_cpulist
+from placement.monitor.stall import holds_first
 from placement.monitor.steptable import StepTable
 from placement.monitor.straggler import KINDS
 
@@ -70,6 +71,7 @@ class Stall:
     last_step: Optional[int]
     where: str
     t: Optional[float]
+    in_collective: Optional[bool] = None  # None: not said (NCCL, or an older log)
 
 
 @dataclass
@@ -133,6 +135,10 @@ def stall_where(e: dict) -> str:
     wait channel, its innermost Python frame, or that its exchange rows stopped; and whether
     rank 0 named it (a peer's post, or its rows) rather than the rank itself."""
     parts = []
+    if e.get("in_collective") is False:
+        parts.append("outside any collective (the ranks waiting in one wait for it)")
+    elif e.get("in_collective") is True:
+        parts.append("waiting inside a collective")
     main = e.get("main") if isinstance(e.get("main"), dict) else None
     if main:
         parts.append(f"main thread {main.get('state') or '?'} in {main.get('wchan') or '?'}")
@@ -162,9 +168,13 @@ def _stalls(events: list[dict]) -> list[Stall]:
                 last.pop(r, None)
             continue
         for r in stalled_ranks(e):
+            inside = e.get("in_collective")
             last[r] = Stall(r, step if isinstance(step, int) else None, str(where),
-                            e.get("t") if isinstance(e.get("t"), (int, float)) else None)
-    return sorted(last.values(), key=lambda s: (s.last_step if s.last_step is not None else -1, s.rank))
+                            e.get("t") if isinstance(e.get("t"), (int, float)) else None,
+                            inside if isinstance(inside, bool) else None)
+    # The likely cause first (stall.holds_first): outside any collective, then the lowest last step.
+    return sorted(last.values(), key=lambda s: holds_first({"in_collective": s.in_collective,
+                                                            "last_step": s.last_step, "rank": s.rank}))
 
 
 def summarize_cluster(table: StepTable) -> ClusterSummary:

@@ -34,9 +34,17 @@ Rank 0 names stalled PEERS too, in its own log (`stall` events with `rank` the p
 Cost when nothing stalls: rank 0, one `add` per stall_min_s / 8 on its peer watch thread; the other
 ranks, nothing. When one rank hangs, every rank waits for it in the next collective and posts:
 W posts (< 1 KB each: 10 MB at 16,384 ranks, read in one `get` per look), of which rank 0 names
-NAMED_PEERS one event each (lowest last step first) and groups the rest by (last step, state,
-wait channel, innermost frame), one event per group with its ranks in list form
-(`peer_events`). Likewise for ranks whose rows stopped.
+NAMED_PEERS one event each (the likely cause first: `holds_first`) and groups the rest by (last
+step, in a collective or not, state, wait channel, innermost frame), one event per group with its
+ranks in list form (`peer_events`). Likewise for ranks whose rows stopped.
+
+Who holds whom: every stall event and post says whether the rank stopped inside a collective
+call (`in_collective`, from the comm clock: calls entered and not done). When one rank hangs,
+the others wait for it inside the next collective; the hung rank is the one outside any (in
+the hang test, all share the last step, and only this tells them apart). It is known where
+collective calls block until done (gloo, the DDP hook's futures); on NCCL calls return at
+enqueue, so it is null there (the flight recorder's last collective per rank is the way to
+tell them apart on NCCL, not built here).
 """
 from __future__ import annotations
 
@@ -125,8 +133,10 @@ class StallWatch:
         self.stalled = Stalled(step, waited, threshold, median)
         return self.stalled
 
-    def report(self, s: Stalled, events, rank: int) -> dict[str, Any]:
-        """Write the `stall` event (and flush it); returns what a peer post carries."""
+    def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None) -> dict[str, Any]:
+        """Write the `stall` event (and flush it); returns what a peer post carries.
+        `in_collective` (comm.CollectiveClock.in_collective): whether the rank waits inside a
+        collective call, i.e. for a peer, or stopped outside any (None: cannot tell, NCCL)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
@@ -135,6 +145,7 @@ class StallWatch:
         innermost = next((line for line in where.stack if line.startswith("File")), None)
         if innermost:
             msg += f", Python at {innermost}"
+        msg += collective_words(in_collective)
         log.warning("placement: %s", msg)
         if where.stack:
             log.warning("placement: rank %d main thread's Python stack (most recent call first):\n  %s",
@@ -142,13 +153,13 @@ class StallWatch:
         events.event("stall", phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
                      threshold_s=round(s.threshold_s, 3),
                      median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
-                     main=where.to_dict(), message=msg)
+                     in_collective=in_collective, main=where.to_dict(), message=msg)
         events.flush()  # a hung job may be killed next: the event must be on disk now
         main = where.to_dict()
         main["stack"] = main["stack"][:POSTED_FRAMES]
         return {"phase": "stalled", "rank": rank, "host": socket.gethostname(), "last_step": s.last_step,
-                "stalled_s": round(s.stalled_s, 3), "threshold_s": round(s.threshold_s, 3), "main": main,
-                "python": innermost}
+                "stalled_s": round(s.stalled_s, 3), "threshold_s": round(s.threshold_s, 3),
+                "in_collective": in_collective, "main": main, "python": innermost}
 
     def report_resumed(self, events, rank: int) -> dict[str, Any]:
         s, step = self.stalled, self.resumed
@@ -158,6 +169,24 @@ class StallWatch:
         events.event("stall", phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
         events.flush()
         return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
+
+
+def collective_words(in_collective: Optional[bool]) -> str:
+    """What a stall message says of where the rank stopped relative to its collectives."""
+    if in_collective is None:
+        return ""
+    return ("; inside a collective call (waiting for a peer)" if in_collective
+            else "; outside any collective call (peers waiting in one wait for this rank)")
+
+
+def holds_first(post: dict[str, Any]) -> tuple:
+    """Order of stalled ranks, the likely cause first: outside any collective (the ranks inside
+    one wait for it), then unknown, then inside one; then the lowest last step (the rank that
+    stopped first), then the rank."""
+    inside = post.get("in_collective")
+    last = post.get("last_step")
+    return (0 if inside is False else 2 if inside is True else 1,
+            last if isinstance(last, int) else 1 << 62, post.get("rank") if isinstance(post.get("rank"), int) else 0)
 
 
 def post_line(fields: dict[str, Any]) -> bytes:
@@ -184,8 +213,8 @@ def read_posts(raw: bytes, offset: int) -> tuple[list[dict], int]:
 def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dict[str, Any]:
     """Rank 0's `stall` event fields for a peer's post (reported_by 0, how "posted")."""
     rank = post["rank"]
-    fields = {k: post[k] for k in ("phase", "rank", "host", "last_step", "stalled_s", "threshold_s", "main",
-                                   "python", "resumed_step") if k in post}
+    fields = {k: post[k] for k in ("phase", "rank", "host", "last_step", "stalled_s", "threshold_s",
+                                   "in_collective", "main", "python", "resumed_step") if k in post}
     fields.update(reported_by=0, how="posted")
     if post.get("phase") == "resumed":
         fields["message"] = (f"rank {rank} resumed (its post, read by rank 0): step {post.get('resumed_step')} "
@@ -195,38 +224,41 @@ def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dic
     fields["message"] = (f"rank {rank} stalled (its post, read by rank 0): no step completed for "
                          f"{post.get('stalled_s')} s after step {post.get('last_step')}; main thread "
                          f"{main.get('state') or '?'} waiting in {main.get('wchan') or '?'}"
-                         + (f", Python at {post['python']}" if post.get("python") else ""))
+                         + (f", Python at {post['python']}" if post.get("python") else "")
+                         + collective_words(post.get("in_collective")))
     return fields
 
 
 def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rank 0's events for the posts read in one look. A rank that hangs holds every other rank
     up in the next collective, so at 16,384 ranks one hang is 16,384 posts: up to NAMED_PEERS
-    stalls (lowest last step first: the rank that stopped first) are named one event each, the
-    rest in one event per (last step, state, wait channel, innermost frame) with their ranks in
-    list form; resumes likewise."""
+    stalls (`holds_first`: outside any collective, then the lowest last step) are named one
+    event each, the rest in one event per (last step, in a collective, state, wait channel,
+    innermost frame) with their ranks in list form; resumes likewise."""
     from placement.cpuset import format_cpulist
 
     out = []
     for phase in ("stalled", "resumed"):
-        these = sorted((p for p in posts if p.get("phase", "stalled") == phase),
-                       key=lambda p: (p.get("last_step") if isinstance(p.get("last_step"), int) else 1 << 62, p["rank"]))
+        these = sorted((p for p in posts if p.get("phase", "stalled") == phase), key=holds_first)
         out.extend(peer_event(p) for p in these[:NAMED_PEERS])
         groups: dict[tuple, list[dict]] = {}
         for p in these[NAMED_PEERS:]:
             main = p.get("main") if isinstance(p.get("main"), dict) else {}
             stack = main.get("stack") or []
-            key = (p.get("last_step"), main.get("state"), main.get("wchan"), stack[0] if stack else None)
+            key = (p.get("last_step"), p.get("in_collective"), main.get("state"), main.get("wchan"),
+                   stack[0] if stack else None)
             groups.setdefault(key, []).append(p)
-        for (last_step, state, wchan, frame), group in groups.items():
+        for (last_step, inside, state, wchan, frame), group in groups.items():
             ranks = format_cpulist([p["rank"] for p in group])
             fields = {"phase": phase, "ranks": ranks, "count": len(group), "last_step": last_step,
                       "reported_by": 0, "how": "posted"}
             if phase == "stalled":
+                fields["in_collective"] = inside
                 fields["main"] = {"state": state, "wchan": wchan, "stack": [frame] if frame else []}
                 fields["message"] = (f"{len(group)} more ranks stalled after step {last_step} (their posts, read "
                                      f"by rank 0), main thread {state or '?'} waiting in {wchan or '?'}"
-                                     + (f", Python at {frame}" if frame else "") + f": ranks {ranks}")
+                                     + (f", Python at {frame}" if frame else "") + collective_words(inside)
+                                     + f": ranks {ranks}")
             else:
                 fields["message"] = f"{len(group)} more ranks resumed (their posts, read by rank 0): ranks {ranks}"
             out.append(fields)
