@@ -45,10 +45,14 @@ class SteppingBinder(FakeBinder):
         return super().set_role_cpus(role, cpus, reason)
 
 
-def _spin(ms: float) -> None:
+def _step_work(ms: float) -> None:
+    """A step of `ms` that releases the GIL, as a training step's kernels do. A pure-Python
+    spin would hold it: the monitor thread, whose hand-over does a few dozen reads and
+    writes, then waits a switch interval (5 ms) after each, and the window hand-over landed
+    20 steps late in a full suite run (more threads to read, as more tests had run)."""
     end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        pass
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(left)
 
 
 @pytest.mark.parametrize("early", [True, False], ids=["window-hand-over", "flush-batches"])
@@ -69,7 +73,7 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
     try:
         for _ in range(260):
             moved = binder.moved_at_step is not None and monitor.step >= binder.moved_at_step + 1
-            _spin(FAST_MS if moved else SLOW_MS)
+            _step_work(FAST_MS if moved else SLOW_MS)
             handle.step()
     finally:
         handle.close()
