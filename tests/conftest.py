@@ -1,11 +1,10 @@
 """Shared test hygiene: no launcher a test started outlives it, pass or fail; a one-rank gloo
 world for tests that attach to a real process group."""
-import socket
 
 import pytest
 import torch.distributed as dist
 
-from placerun_helpers import reap_started
+from placerun_helpers import free_port, reap_started
 
 
 @pytest.fixture(autouse=True)
@@ -16,9 +15,6 @@ def _reap_launchers():
 
 @pytest.fixture
 def gloo_world_of_one():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()

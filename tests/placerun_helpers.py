@@ -2,6 +2,7 @@
 (parsed here, not with placement's own readers, so the tests check the binder from outside)."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -12,6 +13,13 @@ from placement.cpuset import parse_cpulist
 REPO = Path(__file__).resolve().parents[1]
 JOBS = REPO / "tests" / "placerun_jobs"
 BIN = Path(sys.executable).parent
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on `host` now (a store or rendezvous a test starts binds it next)."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
 
 
 def launcher(name):

@@ -382,11 +382,12 @@ def test_ring_size_as_torch_reads_it():
 
 
 # ---- through attach(): the step monitor holds steps back until the poll that times them -------------
-def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_world_of_one, monkeypatch, request):
-    """The real CPU recorder, its gloo records relabelled as NCCL ones with a duration (as
-    ProcessGroupNCCL's are with timing on): every step gets its collectives' time, also the
-    steps held back on flushes without a poll (a budget so small that polls are spaced out)."""
-    import placement
+@pytest.fixture
+def relabelled_nccl_timing(monkeypatch, request):
+    """The monitor's comm timing made as NCCL's flight-recorder timing over the real CPU
+    recorder, its gloo records relabelled as NCCL ones with a duration (as ProcessGroupNCCL's
+    are with timing on), and a GIL budget so small that polls are spaced out. Yields the list
+    the timings made are appended to."""
     import placement.monitor.comm as comm_mod
 
     real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "server")
@@ -408,6 +409,15 @@ def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_wo
         return made[-1]
 
     monkeypatch.setattr(comm_mod, "make_comm_timing", make)
+    return made
+
+
+def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_world_of_one, relabelled_nccl_timing):
+    """The real CPU recorder, its gloo records relabelled as NCCL ones with a duration (as
+    ProcessGroupNCCL's are with timing on): every step gets its collectives' time, also the
+    steps held back on flushes without a poll (a budget so small that polls are spaced out)."""
+    import placement
+
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": 5, "summary_every": 0})
     t = torch.ones(16)
@@ -420,38 +430,19 @@ def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_wo
     steps = [l for l in lines if l["type"] == "step"]
     assert [s["step"] for s in steps] == list(range(1, 24))
     assert [s["comm_ms"] for s in steps] == [3.0] * 23
-    assert made[0].cadence.every > 1 and made[0].polls < 23 / 5  # polls were spaced out
+    assert relabelled_nccl_timing[0].cadence.every > 1 and relabelled_nccl_timing[0].polls < 23 / 5  # polls were spaced out
     fr_event = next(l for l in lines if l["type"] == "monitor" and l.get("source") == "comm")
     assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46
 
 
-def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_world_of_one, monkeypatch, request):
+def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_world_of_one, relabelled_nccl_timing):
     """Polls spaced out (a tiny budget): at a build without a poll every step is held back
     (lag_steps reads HOLD_ALL). The steps an exchange sends are still exchange_steps(step,
     every, 2), the same on every rank whatever its polls (not a window cut by HOLD_ALL), and
     all built: an exchange whose steps are not built yet waits for the next build with a poll
     (it used to go out empty)."""
     import placement
-    import placement.monitor.comm as comm_mod
     from placement.monitor.straggler import exchange_steps
-
-    real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "server")
-    request.addfinalizer(real.close)
-
-    def as_nccl():
-        d = json.loads(real.dump())
-        for e in d.get("entries", []):
-            if e["profiling_name"] == "gloo:all_reduce":
-                e.update(profiling_name="nccl:all_reduce", state="completed", duration_ms=1.5)
-        return json.dumps(d, sort_keys=True, separators=(",", ":"))
-
-    made = []
-
-    def make(mode, backend, warn, **kw):
-        made.append(NcclFlightRecorderComm(warn, window=kw.get("window", 20), budget_pct=0.0001,
-                                           sources=[DumpSource("nccl", "server", "dump_nccl_trace_json", as_nccl)],
-                                           timing_on=True))
-        return made[-1]
 
     class SentFigures:  # the exchange as the monitor uses it; a world of one has none
         enabled, pending = True, False
@@ -465,7 +456,6 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
         def close(self, timeout_s=2.0):
             pass
 
-    monkeypatch.setattr(comm_mod, "make_comm_timing", make)
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": 5, "exchange_every": 10, "summary_every": 0})
     h.monitor.exchange = exchange = SentFigures()
@@ -474,7 +464,7 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
         dist.all_reduce(t)
         h.step()
     h.close()
-    assert made[0].cadence.every > 1  # polls were spaced out: some builds held every step back
+    assert relabelled_nccl_timing[0].cadence.every > 1  # polls were spaced out: some builds held every step back
     during = [(first, last, n) for first, last, n, at_exit in exchange.sent if not at_exit]
     assert [(first, last) for first, last, _ in during] == [exchange_steps(s, 10, 2) for s in (10, 20, 30, 40)]
     # every step of them built when sent (the first exchange's window is before step 1)

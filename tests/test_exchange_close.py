@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,23 +17,19 @@ from pathlib import Path
 
 import pytest
 
+from placerun_helpers import free_port
+
 EVERY = 10
 STEPS = 60
 SLOW_FROM = 54  # rank 1 waits SLOW_MS for each batch from this step on
 SLOW_MS = 30.0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_steps_after_the_last_exchange_window_are_judged_at_close(tmp_path):
     from placement.monitor.straggler import exchange_steps
 
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",

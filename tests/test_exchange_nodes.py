@@ -4,23 +4,16 @@ on the second node, waits for its batches: rank 0 names it data-slow on node 1, 
 and `placement report` over both nodes' logs says the same."""
 import json
 import os
-import socket
 
 import pytest
 
 from placement.cli import main as cli
-from placerun_helpers import JOBS, launcher, start, text
+from placerun_helpers import JOBS, free_port, launcher, start, text
 
 pytestmark = pytest.mark.slow
 
 STEPS = 60
 SLOW_RANK = 3
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_four_ranks_on_two_nodes_name_the_straggler_on_its_node(tmp_path, capsys):

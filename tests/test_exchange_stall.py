@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,17 +23,13 @@ from pathlib import Path
 
 import pytest
 
+from placerun_helpers import free_port
+
 WORLD = 3
 EVERY = 10
 STOP_AT = 28  # rank 1 stops after this step
 STALL_MIN_S = 2.0
 STEPS = 60
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _read(path: Path) -> list[dict]:
@@ -62,7 +57,7 @@ def _named_by_rank0(log: list[dict], phase: str = "stalled") -> list[dict]:
 
 
 def _run(tmp_path: Path, scenario: str, on_named=None) -> dict[int, list[dict]]:
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(WORLD):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),

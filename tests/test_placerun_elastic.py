@@ -5,21 +5,14 @@ with the exit codes torchrun gives for the same run."""
 import json
 import os
 import signal
-import socket
 
 import pytest
 
 from placement.cpuset import parse_cpulist
 from placement.plan.model import Plan
-from placerun_helpers import JOBS, launcher, start, text, wait_for
+from placerun_helpers import JOBS, free_port, launcher, start, text, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def two_nodes(tmp_path, name):

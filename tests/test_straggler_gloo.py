@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -18,22 +17,18 @@ from pathlib import Path
 
 import pytest
 
+from placerun_helpers import free_port
+
 STEPS = 80
 HOG_STEPS = range(31, 61)  # the hog runs through these steps (windows 31-40, 41-50, 51-60)
 EVERY = 10
 SKEW_S = 0.050  # rank 1's monitor clock reads this much ahead in the skewed scenarios
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _run_job(tmp_path: Path, scenario: str) -> dict[int, list[dict]]:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: one per rank")
-    port = _free_port()
+    port = free_port()
     procs = []
     for rank in range(2):
         env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",

@@ -11,7 +11,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,7 +22,7 @@ from typing import Optional
 
 import pytest
 
-from placerun_helpers import JOBS, launcher
+from placerun_helpers import JOBS, free_port, launcher
 
 pytestmark = pytest.mark.slow
 
@@ -39,12 +38,6 @@ ALLOWED_ENV = {"OMP_NUM_THREADS",  # sized to the rank's share by the plan (torc
 PER_RUN_ENV = {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "MASTER_PORT", "CONFORM_OUT"}
 CONCURRENT_LAUNCHERS = 4
 TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -110,7 +103,7 @@ def _launch(case: Case, name: str, tmp: Path) -> Run:
     exec_prog = work / "conform_exec"
     exec_prog.write_text(f"#!{sys.executable}\n" + (JOBS / "conform.py").read_text())
     exec_prog.chmod(0o755)
-    flags = [f.format(port=free_port(), logdir=work / "logs") for f in case.flags]
+    flags = [f.format(port=free_port("localhost"), logdir=work / "logs") for f in case.flags]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "PET_", "OMP_NUM_THREADS"))}
     env.update(case.env, CONFORM_OUT=str(out))
     proc = subprocess.Popen([*launcher(name), *flags, *case.program], cwd=work, env=env, text=True,
