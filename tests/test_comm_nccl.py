@@ -503,3 +503,35 @@ def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path
     assert all(l["comm_ms"] is None for l in lines if l["type"] == "step")
     warnings = [l["message"] for l in lines if l["type"] == "warning" and "NCCL comm time is null" in l["message"]]
     assert len(warnings) == 1 and "TORCH_NCCL_ENABLE_TIMING=1" in warnings[0], warnings
+
+
+@pytest.mark.parametrize("last", ["completed", "started", "scheduled", "coalesced-then-completed"])
+def test_a_stall_says_from_the_recorder_whether_the_rank_waits_inside_an_nccl_collective(caplog, last):
+    """NCCL calls return at enqueue, so only the recorder knows whether a stalled rank's GPU waits
+    inside a collective (for a peer): an entry of this rank not completed (scheduled, or started
+    with timing on) and not settled by a later completed entry of its group. A rank whose every
+    collective completed stopped outside them: the one its peers wait for."""
+    t0 = time.time()
+    entries = [fr_entry(i, t0 + i, duration_ms=1.0, started_s=t0 + i, completed_s=t0 + i + 0.5) for i in range(5)]
+    if last == "started":
+        entries.append(fr_entry(5, t0 + 5, started_s=t0 + 5))
+    elif last == "scheduled":
+        entries.append(fr_entry(5, t0 + 5))
+    elif last == "coalesced-then-completed":  # an op inside a coalesced group never completes by itself
+        entries += [fr_entry(5, t0 + 5, name="nccl:all_reduce_coalesced"),
+                    fr_entry(6, t0 + 5.1, completed_s=t0 + 6, duration_ms=1.0)]
+    dump = fr_dump_json(entries)
+    timing = NcclFlightRecorderComm(WarnOnce(), sources=[DumpSource("nccl", "server", "dump_nccl_trace_json",
+                                                                    lambda: dump)],
+                                    timing_on=True, since=t0 - 1)
+    timing.poll()  # what the monitor read before the stall: the settled entries are behind its low mark
+    assert timing.in_collective() is (last in ("started", "scheduled"))
+
+    def broken():
+        raise ConnectionError("worker server gone")
+
+    timing.source = DumpSource("nccl", "server", "dump_nccl_trace_json", broken)
+    with caplog.at_level(logging.WARNING, logger="placement"):
+        assert timing.in_collective() is None and timing.in_collective() is None
+    said = [r.getMessage() for r in caplog.records if "at a stall" in r.getMessage()]
+    assert len(said) == 1 and "worker server gone" in said[0] and "null" in said[0], said

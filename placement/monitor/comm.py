@@ -130,6 +130,11 @@ class CommTiming:
         self._wrappers = CollectiveWrappers(self.clock, original)
         self._wrappers.install()
 
+    def in_collective(self) -> Optional[bool]:
+        """Whether a collective call of this rank is in progress (see CollectiveClock.in_collective;
+        NCCL's flight-recorder timing answers from the recorder)."""
+        return self.clock.in_collective()
+
     @property
     def final_after_steps(self) -> int:
         """How many steps later a step's durations are final, leaving out any poll cadence's
@@ -161,7 +166,9 @@ class NoComm(CommTiming):
     def __init__(self, warn: WarnOnce):
         super().__init__(warn)
         self.take_step = _no_comm
-        self.clock.in_collective = _unknown  # nothing wrapped: the clock sees no call
+
+    def in_collective(self) -> Optional[bool]:
+        return None  # nothing wrapped: no call is seen
 
     def install(self, original: "OriginalCollectives") -> None:
         return None
@@ -169,10 +176,6 @@ class NoComm(CommTiming):
 
 def _no_comm() -> CommStep:
     return NO_COMM
-
-
-def _unknown() -> Optional[bool]:
-    return None
 
 
 class OriginalCollectives:

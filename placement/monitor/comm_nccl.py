@@ -40,7 +40,7 @@ from typing import Optional
 
 from placement.monitor.comm import CommTiming
 from placement.monitor.comm_groups import nccl_groups
-from placement.monitor.flight_recorder import DumpSource, RingReader, dump_sources, ring_size
+from placement.monitor.flight_recorder import DumpSource, RingReader, dump_sources, entries_from, ring_size
 from placement.monitor.warn import WarnOnce, first_line
 
 # Steps a step's collectives get to finish on the GPU before its record is built.
@@ -262,6 +262,33 @@ class NcclFlightRecorderComm(NcclTiming):
         dt = time.perf_counter_ns() - t0
         self.dump_ns += dt
         return dump, (0 if source.gil_free else dt)
+
+    def in_collective(self) -> Optional[bool]:
+        """Whether this rank has an NCCL collective enqueued and not completed, i.e. its GPU
+        waits inside one (at a stall: for a peer). NCCL calls return at enqueue, so the CPU's
+        clock cannot tell (comm.CollectiveClock); the recorder can: a fresh dump's entries from
+        the reader's low-water mark (every older one is settled), an entry's `state` from its
+        end event (FlightRecorderDetail.hpp:567-573: completed once the end event has
+        occurred), unsettled unless a later entry of its group completed (coalesced ops never
+        complete by themselves, as RingReader.read says). Called by the stall watch on the
+        monitor thread, the one that polls, once per stall. None, with one warning, when no
+        dump can be had."""
+        if self.source is None:
+            return None
+        try:
+            raw, _ = entries_from(self.source.dump(), self.reader.low)
+        except Exception as e:
+            self.warn("fr-stall", f"flight-recorder dump at a stall failed ({self.source}: {first_line(e)}); "
+                                  "whether this rank waits inside a collective is null")
+            return None
+        newest_completed: dict[int, int] = {}
+        for e in raw:
+            if e.get("state") == "completed":
+                newest_completed[e.get("pg_id", -1)] = e["record_id"]
+        prefix = self.reader.prefix
+        return any(str(e.get("profiling_name", "")).startswith(prefix) and e.get("state") != "completed"
+                   and not e.get("retired") and newest_completed.get(e.get("pg_id", -1), -1) < e["record_id"]
+                   for e in raw)
 
     def poll(self) -> None:
         if self.source is None:

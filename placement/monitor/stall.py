@@ -42,9 +42,10 @@ Who holds whom: every stall event and post says whether the rank stopped inside 
 call (`in_collective`, from the comm clock: calls entered and not done). When one rank hangs,
 the others wait for it inside the next collective; the hung rank is the one outside any (in
 the hang test, all share the last step, and only this tells them apart). It is known where
-collective calls block until done (gloo, the DDP hook's futures); on NCCL calls return at
-enqueue, so it is null there (the flight recorder's last collective per rank is the way to
-tell them apart on NCCL, not built here).
+collective calls block until done (gloo, the DDP hook's futures); NCCL calls return at
+enqueue, so there the flight recorder answers (comm_nccl.NcclFlightRecorderComm.in_collective:
+an entry enqueued and not completed, one dump at the stall); null where neither can tell (NCCL
+timed another way, comm timing off, a world of one).
 """
 from __future__ import annotations
 
@@ -136,7 +137,7 @@ class StallWatch:
     def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None) -> dict[str, Any]:
         """Write the `stall` event (and flush it); returns what a peer post carries.
         `in_collective` (comm.CollectiveClock.in_collective): whether the rank waits inside a
-        collective call, i.e. for a peer, or stopped outside any (None: cannot tell, NCCL)."""
+        collective call, i.e. for a peer, or stopped outside any (None: cannot tell)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "

@@ -287,7 +287,7 @@ class StepMonitor:
             post = None
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
-                inside = self.comm.clock.in_collective() if self.world_size > 1 else None
+                inside = self.comm.in_collective() if self.world_size > 1 else None
                 post = self.stall.report(stalled, self.events, self.rank, inside)
             elif self.stall.resumed is not None:
                 post = self.stall.report_resumed(self.events, self.rank)
