@@ -273,3 +273,33 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     ex.collect(block=True)
     assert reports[-1]["missing"] == [] and reports[-1]["ranks_judged"] == 2
     assert [(f["phase"], f["rank"]) for f in ex.overdue(0.5)] == [("resumed", 1)]
+
+
+def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_store():
+    """In process, over a real TCPStore: rank 1's row of exchange 10 comes after rank 0 judged
+    10 without it; its append and add re-create 10's keys. Rank 0 removes them at its next
+    judgement: nothing of the job's exchanges stays in the store."""
+    import torch.distributed as dist
+
+    from placement.monitor.exchange import PREFIX, Exchange, StoreTransport, encode_row
+    from placement.monitor.straggler import RankFigures
+
+    def figs(rank, last):
+        comm = tuple(5.0 for _ in range(EVERY))
+        return RankFigures(rank, EVERY, last - EVERY + 1, last, 20.0, 0.5, 5.0, 0.1, 0.05, 10.0, None, comm)
+
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    keys = dist.PrefixStore(PREFIX, store)
+    reports = []
+    ex = Exchange(0, 2, store, lambda key, msg: None, lambda rep, f, extra: reports.append(extra), slots=EVERY)
+    ex.WAIT_S = 0.3
+    ex.submit(figs(0, 10))
+    ex.submit(figs(0, 20))  # judges 10 without rank 1
+    assert reports[-1]["missing"] == [1] and not keys.check(["10/rows"]) and not keys.check(["10/n"])
+    late = StoreTransport(store, 1, 2)
+    late.send(10, encode_row(10, 0, figs(1, 10), EVERY))  # too late: its keys are made anew
+    assert keys.check(["10/rows"]) and keys.check(["10/n"])
+    late.send(20, encode_row(20, 0, figs(1, 20), EVERY))
+    ex.submit(figs(0, 30))  # judges 20 (both rows), then sweeps 10
+    assert reports[-1]["missing"] == [] and reports[-1]["ranks_judged"] == 2
+    assert not keys.check(["10/rows"]) and not keys.check(["10/n"]) and not keys.check(["20/rows"])

@@ -30,7 +30,10 @@ Cost at W ranks, per exchange:
   16,384 ranks as at 2 (benchmarks/exchange_scale.py measures it per W);
 - rank 0: 1 message per poll, then one get of W x 272 bytes (4.3 MiB at 16,384) and the
   judgement, linear in W, all on its monitor thread (placement_mon, never on a hot core);
-- the store server: 2W small requests, W x 272 bytes held until rank 0 takes them.
+- the store server: 2W small requests, W x 272 bytes held until rank 0 takes them. A row that
+  comes after its exchange was judged makes its keys anew; rank 0 removes them for the next
+  LATE_SWEEPS exchanges (`_sweep_late`: one round trip per such exchange), so the store holds
+  only the exchanges in flight, late rows included.
 The old design (an all-gather on a side gloo group) connected a full mesh at attach (W-1
 sockets per rank) and moved W x row bytes to every rank: O(W^2) for a result only rank 0 uses.
 
@@ -65,6 +68,7 @@ PEER_SAMPLE = 256  # punctual ranks classify compares candidates with, at scale
 NAMED = 8  # stragglers an event names in full; the rest are counted by kind
 LISTED = 64  # ranks beyond which an event's rank lists are written in range form
 COSTS_KEPT = 1000
+LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-create (Exchange._sweep_late)
 
 
 def default_store():
@@ -120,6 +124,11 @@ class StoreTransport:
         self.store.delete_key(f"{seq}/rows")
         self.store.delete_key(f"{seq}/n")
         return raw
+
+    def forget(self, seq: int) -> None:
+        """Remove the keys of `seq` (delete_key of a missing key answers False, it never waits)."""
+        self.store.delete_key(f"{seq}/rows")
+        self.store.delete_key(f"{seq}/n")
 
     def peek(self, seq: int) -> bytes:
         """The rows sent so far for `seq`, left in place (call after arrived() > 0)."""
@@ -181,6 +190,7 @@ class Exchange:
         self._peer_events: deque = deque()  # `stall` event fields for the watch to write
         self.peer_threshold_s: Optional[float] = None  # set by rank 0's peer watch (its stall limit)
         self._overdue_seq = 0  # the last exchange checked for overdue rows
+        self._late: dict[int, int] = {}  # exchange judged without every rank -> sweeps left
         self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
         self._posts_seen = 0  # the posts count at the last read
         self._posts_sent = 0
@@ -236,6 +246,10 @@ class Exchange:
             with self._take_lock:
                 self._pending = None
                 raw = self.transport.take(seq) if n > 0 else b""
+                if n < self.world_size:
+                    self._late[seq] = LATE_SWEEPS
+                    if n == 0:
+                        self.transport.forget(seq)  # the count key arrived() made
         except Exception as e:
             self._pending = None
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
@@ -246,13 +260,37 @@ class Exchange:
         got = Received(seq, rows, self.world_size, take_ms)
         self.judge(got, sent)
         self.judge_ms.append((time.perf_counter() - t0) * 1e3)
+        self._sweep_late(seq)
+
+    def _sweep_late(self, judged: int) -> None:
+        """Rank 0, after judging exchange `judged`: remove the keys that rows arriving after
+        their exchange was judged re-created (a late rank's append and add make them anew), for
+        LATE_SWEEPS exchanges after each exchange judged without every rank. Without it each late
+        row (a rank back from a stall, an NCCL rank whose exchange waited for a poll past
+        WAIT_S) would stay in the job's store until the job ends. Cost: one round trip per
+        exchange swept, two more when rows came."""
+        for seq in list(self._late):
+            if seq == judged:
+                continue
+            try:
+                with self._take_lock:
+                    if self.transport.arrived(seq) > 0:
+                        self.transport.take(seq)
+                    else:
+                        self.transport.forget(seq)  # the count key arrived() made
+            except Exception:
+                del self._late[seq]  # the store is failing: the next exchange will say so
+                continue
+            self._late[seq] -= 1
+            if self._late[seq] <= 0:
+                del self._late[seq]
 
     def judge(self, got: Received, sent: Optional[float] = None) -> StragglerReport:
         figures, report, nodes = judge_rows(got.rows, self.slots, self.world_size,
                                             comm_baseline(self.transfer_history, self._th), self._th)
         missing = self._rows_seen(got.rows, got.seq, sent)
         if missing:
-            self._warn(f"exchange-missing:{got.seq}",
+            self._warn(f"exchange-missing:{_rank_list(missing)}",  # once per set of ranks missing
                        f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
                        f"({_rank_list(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
