@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from placerun_helpers import free_port
+from placerun_helpers import exit_without_gloo_teardown, free_port
 
 EVERY = 10
 STEPS = 60
@@ -98,9 +98,7 @@ def worker(log_dir: str) -> None:
         handle.step()
     handle.close()
     dist.barrier()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)  # without gloo's teardown (see tests/test_straggler_gloo.py)
+    exit_without_gloo_teardown()
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from placerun_helpers import free_port
+from placerun_helpers import exit_without_gloo_teardown, free_port
 
 WORLD = 3
 EVERY = 10
@@ -198,10 +198,7 @@ def worker(scenario: str, log_dir: str) -> None:
     handle.close()
     if scenario == "hang":
         dist.barrier()
-    # Leave without gloo's teardown (see tests/test_straggler_gloo.py: its destructors may abort).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_gloo_teardown()
 
 
 if __name__ == "__main__":

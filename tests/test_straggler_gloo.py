@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from placerun_helpers import free_port
+from placerun_helpers import exit_without_gloo_teardown, free_port
 
 STEPS = 80
 HOG_STEPS = range(31, 61)  # the hog runs through these steps (windows 31-40, 41-50, 51-60)
@@ -191,14 +191,7 @@ def worker(scenario: str, log_dir: str) -> None:
         opt.zero_grad()
     handle.close()
     dist.barrier()
-    # Everything this test reads is written and closed by now. Leave without tearing gloo down:
-    # its destructors sometimes abort with "terminate called without an active exception"
-    # (SIGABRT after a correct run, in destroy_process_group or at interpreter exit; seen in two
-    # sessions here, also pytorch/pytorch#190489), which would fail the test for torch's
-    # teardown, not for anything placement does.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    exit_without_gloo_teardown()
 
 
 if __name__ == "__main__":

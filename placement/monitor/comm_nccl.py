@@ -40,7 +40,8 @@ from typing import Optional
 
 from placement.monitor.comm import CommTiming
 from placement.monitor.comm_groups import nccl_groups
-from placement.monitor.flight_recorder import DumpSource, RingReader, dump_sources, entries_from, ring_size
+from placement.monitor.flight_recorder import (DumpSource, RingReader, dump_sources, entries_from, ring_size,
+                                                settled_test)
 from placement.monitor.warn import WarnOnce, first_line
 
 # Steps a step's collectives get to finish on the GPU before its record is built.
@@ -269,10 +270,9 @@ class NcclFlightRecorderComm(NcclTiming):
         clock cannot tell (comm.CollectiveClock); the recorder can: a fresh dump's entries from
         the reader's low-water mark (every older one is settled), an entry's `state` from its
         end event (FlightRecorderDetail.hpp:567-573: completed once the end event has
-        occurred), unsettled unless a later entry of its group completed (coalesced ops never
-        complete by themselves, as RingReader.read says). Called by the stall watch on the
-        monitor thread, the one that polls, once per stall. None, with one warning, when no
-        dump can be had."""
+        occurred), not settled as the reader judges it (flight_recorder.settled_test). Called
+        by the stall watch on the monitor thread, the one that polls, once per stall. None,
+        with one warning, when no dump can be had."""
         if self.source is None:
             return None
         try:
@@ -281,14 +281,8 @@ class NcclFlightRecorderComm(NcclTiming):
             self.warn("fr-stall", f"flight-recorder dump at a stall failed ({self.source}: {first_line(e)}); "
                                   "whether this rank waits inside a collective is null")
             return None
-        newest_completed: dict[int, int] = {}
-        for e in raw:
-            if e.get("state") == "completed":
-                newest_completed[e.get("pg_id", -1)] = e["record_id"]
-        prefix = self.reader.prefix
-        return any(str(e.get("profiling_name", "")).startswith(prefix) and e.get("state") != "completed"
-                   and not e.get("retired") and newest_completed.get(e.get("pg_id", -1), -1) < e["record_id"]
-                   for e in raw)
+        settled, prefix = settled_test(raw), self.reader.prefix
+        return any(str(e.get("profiling_name", "")).startswith(prefix) and not settled(e) for e in raw)
 
     def poll(self) -> None:
         if self.source is None:

@@ -290,9 +290,9 @@ class Exchange:
                                             comm_baseline(self.transfer_history, self._th), self._th)
         missing = self._rows_seen(got.rows, got.seq, sent)
         if missing:
-            self._warn(f"exchange-missing:{_rank_list(missing)}",  # once per set of ranks missing
+            self._warn(f"exchange-missing:{format_cpulist(missing)}",  # once per set of ranks missing
                        f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
-                       f"({_rank_list(missing)}); judged without them")
+                       f"({format_cpulist(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
         self._on_report(report, figures, {"nodes": nodes, "ranks_judged": int(len(got.rows)), "missing": missing})
@@ -406,10 +406,6 @@ class Exchange:
         self.collect(block=True, wait_s=timeout_s)
 
 
-def _rank_list(ranks: list[int]) -> str:
-    return format_cpulist(ranks)
-
-
 def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited: Optional[float],
                  threshold_s: Optional[float], seq: int) -> list[dict]:
     """Rank 0's `stall` event fields for peers whose exchange rows stopped (or came again):
@@ -432,7 +428,7 @@ def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited
     if len(ranks) <= NAMED_PEERS:
         return [one({"rank": r}, last_step.get(r)) for r in ranks]
     lasts = [last_step[r] for r in ranks if r in last_step]
-    return [one({"ranks": _rank_list(ranks), "count": len(ranks)}, max(lasts) if lasts else None)]
+    return [one({"ranks": format_cpulist(ranks), "count": len(ranks)}, max(lasts) if lasts else None)]
 
 
 def _lateness(rows, slots: int):
@@ -508,13 +504,13 @@ def compact(report: StragglerReport) -> StragglerReport:
         m["count"] += len(s.ranks)
         m["ranks"].extend(s.ranks)
     for m in more.values():
-        m["ranks"] = _rank_list(m["ranks"])
+        m["ranks"] = format_cpulist(m["ranks"])
     out.stragglers = singles[:NAMED] + [
-        Straggler(s.kind, _rank_list(s.ranks) if len(s.ranks) > LISTED else s.ranks, s.lateness_ms, s.why)
+        Straggler(s.kind, format_cpulist(s.ranks) if len(s.ranks) > LISTED else s.ranks, s.lateness_ms, s.why)
         for s in report.stragglers if s.kind == "comm-slow"]
     out.more = more
     if len(out.waiting) > LISTED:
-        out.waiting = _rank_list(out.waiting)  # type: ignore[assignment]
+        out.waiting = format_cpulist(out.waiting)  # type: ignore[assignment]
     return out
 
 
@@ -535,5 +531,5 @@ def straggler_event(report: StragglerReport, figures: list[RankFigures], extra: 
         fields["nodes"] = nodes
     fields["ranks_judged"] = extra.get("ranks_judged")
     if extra.get("missing"):
-        fields["missing"] = _rank_list(extra["missing"])
+        fields["missing"] = format_cpulist(extra["missing"])
     return fields

@@ -252,6 +252,22 @@ def entries_from(dump: Union[str, dict], from_id: int) -> tuple[list[dict], Opti
 
 
 # ---- the incremental reader ------------------------------------------------------------------
+def settled_test(raw: list[dict]) -> Callable[[dict], bool]:
+    """Whether a dumped entry of `raw` is settled: completed, retired by the watchdog, or
+    followed by a completed entry of the same group (records made without events, e.g. the
+    ops inside a coalesced group, never complete by themselves)."""
+    newest_completed: dict[int, int] = {}
+    for e in raw:
+        if e.get("state") == "completed":
+            newest_completed[e.get("pg_id", -1)] = e["record_id"]
+
+    def settled(e: dict) -> bool:
+        return (e.get("state") == "completed" or bool(e.get("retired"))
+                or newest_completed.get(e.get("pg_id", -1), -1) > e["record_id"])
+
+    return settled
+
+
 @dataclass
 class RingRead:
     """What one poll found."""
@@ -265,9 +281,7 @@ class RingRead:
 
 @dataclass
 class RingReader:
-    """Hands out each entry once, when it is settled: completed, retired by the watchdog,
-    or followed by a completed entry of the same group (records made without events, e.g.
-    the ops inside a coalesced group, never complete by themselves). Entries of groups that
+    """Hands out each entry once, when it is settled (settled_test). Entries of groups that
     overlap finish out of id order, so the reader keeps a low-water mark (every id below it
     is settled) and the settled ids above it, never just the highest id seen."""
 
@@ -301,10 +315,7 @@ class RingReader:
                 lost_span = (self._last_created, int(raw[0].get("time_created_ns") or 0) / 1e9 if raw else time.time())
             self.done = {i for i in self.done if i >= first}
             self.low = first
-        newest_completed: dict[int, int] = {}
-        for e in raw:
-            if e.get("state") == "completed":
-                newest_completed[e.get("pg_id", -1)] = e["record_id"]
+        settled_entry = settled_test(raw)
         out = []
         seen = settled = 0
         prefix, done = self.prefix, self.done
@@ -318,8 +329,7 @@ class RingReader:
             seen += ours
             if rid in done:
                 continue
-            if (e.get("state") == "completed" or e.get("retired")
-                    or newest_completed.get(e.get("pg_id", -1), -1) > rid):
+            if settled_entry(e):
                 done.add(rid)
                 settled += 1
                 if ours:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.cpuset import parse_cpulist
-from placement.monitor.stall import holds_first
+from placement.monitor.stall import cause_first
 from placement.monitor.steptable import StepTable
 from placement.monitor.straggler import KINDS
 
@@ -172,9 +172,8 @@ def _stalls(events: list[dict]) -> list[Stall]:
             last[r] = Stall(r, step if isinstance(step, int) else None, str(where),
                             e.get("t") if isinstance(e.get("t"), (int, float)) else None,
                             inside if isinstance(inside, bool) else None)
-    # The likely cause first (stall.holds_first): outside any collective, then the lowest last step.
-    return sorted(last.values(), key=lambda s: holds_first({"in_collective": s.in_collective,
-                                                            "last_step": s.last_step, "rank": s.rank}))
+    # The likely cause first: outside any collective, then the lowest last step.
+    return sorted(last.values(), key=lambda s: cause_first(s.in_collective, s.last_step, s.rank))
 
 
 def summarize_cluster(table: StepTable) -> ClusterSummary:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional, TextIO
 
+from placement.cpuset import format_cpulist
 from placement.monitor.logread import LogReadError
 from placement.monitor.record import VERDICTS
 from placement.monitor.report_cluster import stalled_ranks, straggler_ranks
@@ -238,7 +239,7 @@ def write_trace(table: StepTable, out_path: str, keep: TraceFilter = TraceFilter
     if not selected:
         raise LogReadError(f"no step records in {keep.describe()} (the logs hold steps "
                            f"{int(table.step.min())}-{int(table.step.max())} of ranks "
-                           f"{_ranges(table.ranks())}): nothing to trace")
+                           f"{format_cpulist(table.ranks())}): nothing to trace")
     span = None
     if keep.first_step is not None or keep.last_step is not None:
         idx = np.concatenate([np.arange(s.start, s.stop) if isinstance(s, slice) else s for s in selected.values()])
@@ -256,9 +257,3 @@ def write_trace(table: StepTable, out_path: str, keep: TraceFilter = TraceFilter
     except OSError as e:
         raise LogReadError(f"cannot write the trace {out_path!r}: {e.strerror or e}") from None
     return steps, events
-
-
-def _ranges(ranks: list[int]) -> str:
-    from placement.cpuset import format_cpulist
-
-    return format_cpulist(ranks)

@@ -180,14 +180,18 @@ def collective_words(in_collective: Optional[bool]) -> str:
             else "; outside any collective call (peers waiting in one wait for this rank)")
 
 
+def cause_first(in_collective: Optional[bool], last_step: Optional[int], rank: int) -> tuple:
+    """Sort key of stalled ranks, the likely cause first: outside any collective (the ranks
+    inside one wait for it), then unknown, then inside one; then the lowest last step (the
+    rank that stopped first), then the rank."""
+    return (0 if in_collective is False else 2 if in_collective is True else 1,
+            last_step if isinstance(last_step, int) else 1 << 62, rank)
+
+
 def holds_first(post: dict[str, Any]) -> tuple:
-    """Order of stalled ranks, the likely cause first: outside any collective (the ranks inside
-    one wait for it), then unknown, then inside one; then the lowest last step (the rank that
-    stopped first), then the rank."""
-    inside = post.get("in_collective")
-    last = post.get("last_step")
-    return (0 if inside is False else 2 if inside is True else 1,
-            last if isinstance(last, int) else 1 << 62, post.get("rank") if isinstance(post.get("rank"), int) else 0)
+    """cause_first of a post."""
+    rank = post.get("rank")
+    return cause_first(post.get("in_collective"), post.get("last_step"), rank if isinstance(rank, int) else 0)
 
 
 def post_line(fields: dict[str, Any]) -> bytes:
