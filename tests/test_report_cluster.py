@@ -164,8 +164,10 @@ def test_trace_keeps_the_steps_and_ranks_asked_for(tmp_path, capsys):
     assert {e["args"]["step"] for e in events if e["ph"] == "X" and e["cat"] == "step"} == set(range(25, STEPS + 1))
     capsys.readouterr()
     assert cli(["report", str(logs), "--trace", str(tmp_path / "t.json"), "--steps", "1000:2000"]) == 2
-    err = capsys.readouterr().err.strip()
+    said = capsys.readouterr()
+    err = said.err.strip()
     assert len(err.splitlines()) == 1 and "no step records in steps 1000:2000" in err and f"1-{STEPS}" in err, err
+    assert said.out == "", "an empty selection is refused before the report prints anything"
 
 
 def _synthetic_job(tmp_path, ranks: int, steps: int, slow: int):

@@ -49,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
     table = read_table(args.logs)
+    if args.trace:
+        from placement.monitor.report_trace import TraceFilter, select
+
+        first, last = args.steps or (None, None)
+        keep = TraceFilter(first_step=first, last_step=last, ranks=args.ranks)
+        selected = select(table, keep)
     ranks = table.ranks()
     nodes = table.nodes()
     if args.plot and len(ranks) > RANK_TABLE_MAX:
@@ -92,9 +98,8 @@ def run(args: argparse.Namespace) -> int:
         write_heatmap(table, args.heatmap)
         print(f"heatmap: {args.heatmap}")
     if args.trace:
-        from placement.monitor.report_trace import TraceFilter, write_trace
+        from placement.monitor.report_trace import write_trace
 
-        first, last = args.steps or (None, None)
-        steps, events = write_trace(table, args.trace, TraceFilter(first, last, args.ranks))
+        steps, events = write_trace(table, args.trace, keep, selected)
         print(f"trace: {args.trace} ({steps} steps, {events} events; open in https://ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -229,10 +229,9 @@ def _events(out: TextIO, table: StepTable, pid_of: dict[int, int], ranks: set[in
     return written
 
 
-def write_trace(table: StepTable, out_path: str, keep: TraceFilter = TraceFilter()) -> tuple[int, int]:
-    """Write the trace (of the steps and ranks `keep` selects); returns (steps, events) written."""
-    import numpy as np
-
+def select(table: StepTable, keep: TraceFilter) -> dict:
+    """rank -> the indices of its records the trace keeps; LogReadError when none (checked
+    before the report prints anything, so a bad selection is one line and exit 2)."""
     if not len(table):
         raise LogReadError("no step records to trace")
     selected = _selected(table, keep)
@@ -240,6 +239,13 @@ def write_trace(table: StepTable, out_path: str, keep: TraceFilter = TraceFilter
         raise LogReadError(f"no step records in {keep.describe()} (the logs hold steps "
                            f"{int(table.step.min())}-{int(table.step.max())} of ranks "
                            f"{format_cpulist(table.ranks())}): nothing to trace")
+    return selected
+
+
+def write_trace(table: StepTable, out_path: str, keep: TraceFilter, selected: dict) -> tuple[int, int]:
+    """Write the trace of `selected` (select(table, keep)); returns (steps, events) written."""
+    import numpy as np
+
     span = None
     if keep.first_step is not None or keep.last_step is not None:
         idx = np.concatenate([np.arange(s.start, s.stop) if isinstance(s, slice) else s for s in selected.values()])
