@@ -359,10 +359,11 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     from placement.monitor.warn import WarnOnce
 
     warn = WarnOnce(events)
-    # The binder's thread list when its watcher keeps it current (off the training thread);
-    # else ThreadScan, which re-reads the threads only when their count changed.
+    # The binder's thread list, rescanned at each span (on the monitor thread), when its
+    # watcher keeps binding; else ThreadScan, which re-reads the threads only when their
+    # count changed.
     binder = None if session is None else session.binder
-    sampler = RoleSampler(binder.threads if binder is not None and binder.watching else ThreadScan(), warn)
+    sampler = RoleSampler(binder.current_threads if binder is not None and binder.watching else ThreadScan(), warn)
     dist = _dist()
     # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
     backend = None if dist is None else default_backend()

@@ -79,6 +79,18 @@ def test_noise_band_comes_from_quiet_windows_only():
     assert calm.pct() < 1.0 < jittery.pct()
 
 
+def test_one_quiet_window_far_off_does_not_widen_the_noise_band():
+    # Three quiet windows, the last one a co-runner's first window that no rule recognised:
+    # a band as wide as that shift (140%) would keep every later move from being kept.
+    band = NoiseBand()
+    for ms in (3.23, 3.19, 7.79):
+        band.add_quiet(summarize(window(20, step_ms=ms, jitter=0.01)))
+    assert band.pct() < 10.0
+    assert band.baseline_ms() == pytest.approx(3.23, rel=0.02)
+    trigger = summarize(window(20, step_ms=7.28))
+    assert judge(band.baseline_ms(), trigger, summarize(window(20, step_ms=3.66)), band.pct(), 5.0).keep
+
+
 def test_back_off_doubles_per_revert_up_to_the_cap_and_resets_on_keep():
     b = Backoff(cap_windows=6)
     key = ("runqueue", "main")

@@ -83,6 +83,16 @@ class RoleBinder:
                 self.rescan()
             return list(self._threads.values())
 
+    def current_threads(self) -> list[ThreadInfo]:
+        """The threads after a rescan now: what the monitor's span refresh reads, so that a
+        thread or DataLoader worker started since the watcher's last tick is sampled and
+        counted as ours (the tuner's `foreign` excludes it) within monitor.rescan_every steps,
+        not up to two watcher periods later; a step of a few ms makes those hundreds of steps.
+        A rescan of an unchanged rank is a few directory listings."""
+        self.rescan()
+        with self._lock:
+            return list(self._threads.values())
+
     def rescan(self) -> list[BindResult]:
         """Bind threads that are new, renamed or whose role set changed. Never raises."""
         try:

@@ -8,8 +8,8 @@ The deltas and RoleSamples are made later, on the monitor thread (`samples`).
 Every span (monitor.rescan_every steps, on the monitor thread): everything else, as
 per-step means over the span: the hot roles' faults, involuntary switches, migrations,
 CPUs and MHz; all figures of `dataloader` and `other`.
-Which threads exist, and their roles, comes from the binder's thread list (or
-ThreadScan without one), re-read every span.
+Which threads exist, and their roles, comes from the binder (rescanned at every span:
+Binder.current_threads), or from ThreadScan without one.
 
 Two threads use a sampler: the training thread calls `main.step_read` and `read_hot`,
 the monitor thread everything else. The hot probes' table is swapped and their file

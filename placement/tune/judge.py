@@ -23,7 +23,7 @@ from placement.tune.window import WindowStats
 QUIET_WINDOWS_KEPT = 8
 # Between-window noise is estimated once this many quiet windows were seen.
 MIN_QUIET_FOR_BAND = 3
-# The band is this many times the median relative change between consecutive quiet windows
+# The band is this many times the typical relative change between two quiet windows
 # (about two standard deviations for normal noise), and at least BAND_SE standard errors of
 # the difference of two quiet windows' medians.
 BAND_SPREAD = 3.0
@@ -55,8 +55,15 @@ class NoiseBand:
         m = list(self._medians)
         if len(m) < MIN_QUIET_FOR_BAND:
             return within
-        changes = [100.0 * abs(b - a) / a for a, b in zip(m, m[1:]) if a > 0]
-        return max(within, BAND_SPREAD * statistics.median(changes))
+        # The typical change between two windows from their deviations from the baseline:
+        # the median of those ignores one window in three far off (a level shift no rule
+        # recognised, e.g. a co-runner's first window before its threads were seen), where the
+        # median of consecutive changes, with three windows the mean of two, would widen the
+        # band to that shift and keep every later action from being kept. For independent
+        # windows a change between two is sqrt(2) times a deviation from the centre.
+        base = statistics.median(m)
+        deviations = [100.0 * abs(x - base) / base for x in m] if base > 0 else [0.0]
+        return max(within, BAND_SPREAD * math.sqrt(2.0) * statistics.median(deviations))
 
 
 @dataclass(frozen=True)
