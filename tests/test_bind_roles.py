@@ -229,6 +229,28 @@ def _worker_nice(worker):
     return {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{worker}/task")}
 
 
+def test_a_worker_forked_between_watcher_ticks_is_ours_at_the_monitors_next_span():
+    """The monitor's span refresh reads Binder.current_threads: a worker started since the
+    watcher's last tick is bound and listed (so the tuner does not take it for a foreign
+    thread pinned to the dataloader's core) without waiting for the next tick."""
+    binder = RoleBinder(rank_plan(dataloader=B), None)
+    binder.rescan()
+    binder.start_watcher(interval_s=3600.0)  # no tick during this test
+    rehome_forked_children(binder)
+    it = iter(DataLoader(SlowItems(), batch_size=1, num_workers=1))
+    try:
+        worker = int(next(it)[0][0])
+        assert worker not in {t.pid for t in binder.threads()}  # the watcher's list: not yet
+        listed = [t for t in binder.current_threads() if t.pid == worker]
+        assert listed and {t.role for t in listed} == {ThreadRole.DATALOADER}
+        assert worker in {t.pid for t in binder.threads()}
+        for tid in os.listdir(f"/proc/{worker}/task"):
+            assert allowed(worker, int(tid)) == B
+    finally:
+        binder.stop_watcher()
+        del it
+
+
 def test_workers_are_niced_only_while_they_share_a_hot_threads_cpu():
     if os.geteuid() != 0:
         pytest.skip("lowering a nice value back needs CAP_SYS_NICE (root here)")
