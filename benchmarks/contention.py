@@ -262,13 +262,17 @@ def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: 
 
 def combine_runs(runs: list[dict], steps: Steps, window: int) -> dict:
     """Phase figures over the pooled steps of repeated runs; recovery and load as medians
-    over the runs (the first run's details for the rest)."""
+    over the runs; each run's own ratio, recovery and tuner actions in `per_run`."""
     def med(values):
         known = [v for v in values if v is not None]
         return statistics.median(known) if len(known) > len(values) / 2 else None
 
     out = dict(runs[0])
     out.update(phase_figures([r["times_ms"] for r in runs], steps, window))
+    out["per_run"] = [{"main_cpus_at_end": r["main_cpus_at_end"], "hog_cpu": r.get("hog_cpu"),
+                       "actions": r["actions"], "recovery_steps": r["recovery_steps"],
+                       "settled_p99_ratio": phase_figures([r["times_ms"]], steps, window)["during_settled_p99_ratio"]}
+                      for r in runs]
     out["recovery_steps"] = med([r["recovery_steps"] for r in runs])
     out["recovery_windows"] = None if out["recovery_steps"] is None else round(out["recovery_steps"] / window, 2)
     out["other_load_cpus"] = med([r["other_load_cpus"] for r in runs])
@@ -296,10 +300,13 @@ def print_table(scenario: str, results: dict[str, dict], steps: Steps, window: i
               + f"{ph[1]['settled_p99']:>20.2f}{r['during_p50_ratio']:>13.2f}{r['during_settled_p99_ratio']:>25.2f}"
               + f"{fmt(r['recovery_steps'], 0):>16}{r['after_p50_ratio']:>22.2f}{r['other_load_cpus']:>8.2f} CPU")
     for mode, r in results.items():
-        extra = f" (hog pinned to cpu {r['hog_cpu']})" if r.get("hog_cpu") is not None else ""
-        print(f"  {mode} (first run): main thread ends on cpus {r['main_cpus_at_end']}{extra}")
-        for a in r["actions"]:
-            print(f"    {a}")
+        for k, run in enumerate(r["per_run"]):
+            extra = f" (hog pinned to cpu {run['hog_cpu']})" if run["hog_cpu"] is not None else ""
+            print(f"  {mode} run {k + 1}: main thread ends on cpus {run['main_cpus_at_end']}{extra}; "
+                  f"{names[1]} settled p99 x quiet p99 {run['settled_p99_ratio']:.2f}, "
+                  f"recovery steps {fmt(run['recovery_steps'], 0)}")
+            for a in run["actions"]:
+                print(f"    {a}")
 
 
 def main(argv: list[str] | None = None) -> int:
