@@ -359,11 +359,12 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     from placement.monitor.warn import WarnOnce
 
     warn = WarnOnce(events)
-    # The binder's thread list, rescanned at each span (on the monitor thread), when its
-    # watcher keeps binding; else ThreadScan, which re-reads the threads only when their
-    # count changed.
+    # The thread list, looked at each span (on the monitor thread) and re-read when the
+    # threads or children changed: through the binder's rescan when its watcher keeps binding
+    # (so a new DataLoader worker is bound and counted as ours at once, not at the next tick).
     binder = None if session is None else session.binder
-    sampler = RoleSampler(binder.current_threads if binder is not None and binder.watching else ThreadScan(), warn)
+    full = binder.current_threads if binder is not None and binder.watching else None
+    sampler = RoleSampler(ThreadScan(full), warn)
     dist = _dist()
     # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
     backend = None if dist is None else default_backend()

@@ -84,11 +84,11 @@ class RoleBinder:
             return list(self._threads.values())
 
     def current_threads(self) -> list[ThreadInfo]:
-        """The threads after a rescan now: what the monitor's span refresh reads, so that a
+        """The threads after a rescan now: what the monitor's span refresh reads when its
+        look says threads or children changed (monitor/threads.py ThreadScan), so that a
         thread or DataLoader worker started since the watcher's last tick is sampled and
         counted as ours (the tuner's `foreign` excludes it) within monitor.rescan_every steps,
-        not up to two watcher periods later; a step of a few ms makes those hundreds of steps.
-        A rescan of an unchanged rank is a few directory listings."""
+        not up to two watcher periods later; a step of a few ms makes those hundreds of steps."""
         self.rescan()
         with self._lock:
             return list(self._threads.values())
