@@ -19,7 +19,7 @@ per-step collective times. With exchange_every = 20: 264 bytes.
 
 Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
 "stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
-`add("stalls/n", 0)` every stall_min_s / 4 and `get`s "stalls" only when the count moved,
+`add("stalls/n", 0)` every stall_min_s / 8 and `get`s "stalls" only when the count moved,
 and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
 one `add`, and a `get` of its rows without deleting them only when some are missing). That
 `get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
@@ -121,8 +121,7 @@ class StoreTransport:
     def take(self, seq: int) -> bytes:
         """All rows sent so far for `seq` (call after arrived() > 0), and the keys removed."""
         raw = self.peek(seq)
-        self.store.delete_key(f"{seq}/rows")
-        self.store.delete_key(f"{seq}/n")
+        self.forget(seq)
         return raw
 
     def forget(self, seq: int) -> None:

@@ -54,8 +54,8 @@ def _sched_getcpu() -> Optional[Callable[[], int]]:
     return fn
 
 
-current_cpu = _sched_getcpu()
-_get_ident = threading.get_ident  # pthread_self: which thread calls (bound once: it is on the per-step path)  # the CPU the calling thread runs on now, or None without libc support
+current_cpu = _sched_getcpu()  # the CPU the calling thread runs on now, or None without libc support
+_get_ident = threading.get_ident  # pthread_self: which thread calls (bound once: it is on the per-step path)
 
 
 @dataclass

@@ -279,7 +279,7 @@ def write_peer_stall(events, fields: dict[str, Any]) -> None:
 
 class PeerWatch:
     """Rank 0's watch over its peers (see the module docstring): a daemon thread
-    `placement_peers` that every poll_s reads the peers' stall posts and the exchange's overdue
+    `placement_peers` that every poll_s / 2 reads the peers' stall posts and the exchange's overdue
     rows, and hands rank 0's `stall` events (as fields) to `write`."""
 
     def __init__(self, exchange, threshold_s: Callable[[], float], write: Callable[[dict], None],

@@ -19,6 +19,7 @@ never lands on a descriptor the kernel has already given to another file.
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from dataclasses import dataclass
@@ -29,11 +30,10 @@ from placement.monitor.cpufreq import CoreFreq
 from placement.monitor.probes import MainRead, MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
 from placement.monitor.record import RoleSample
 from placement.monitor.warn import WarnOnce, first_line
-from placement.roles import ThreadInfo, ThreadRole
+from placement.roles import ThreadInfo, ThreadRole, scan_threads
 
 MAIN = ThreadRole.MAIN.value
 EVERY_STEP_ROLES = (ThreadRole.BACKWARD.value, ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
-
 
 
 @dataclass(slots=True)
@@ -273,9 +273,8 @@ class ThreadScan:
     FULL_EVERY = 8
 
     def __init__(self, full: Optional[Callable[[], list[ThreadInfo]]] = None, proc: str = "/proc"):
-        self._full = full
-        self._proc = proc
         self._pid = os.getpid()
+        self._full = full if full is not None else functools.partial(scan_threads, self._pid, proc=proc)
         self._fds = {}
         for name, path in (("stat", f"{proc}/{self._pid}/stat"), ("children", f"{proc}/{self._pid}/task/{self._pid}/children")):
             try:
@@ -305,15 +304,13 @@ class ThreadScan:
         return threads, children
 
     def __call__(self) -> list[ThreadInfo]:
-        from placement.roles import scan_threads
-
         key = self._look()
         self._looks += 1
         if key == self._key and self._settled and self._looks % self.FULL_EVERY:
             return self._threads
         self._settled = key == self._key
         self._key = key
-        self._threads = self._full() if self._full is not None else scan_threads(self._pid, proc=self._proc)
+        self._threads = self._full()
         return self._threads
 
     def close(self) -> None:
