@@ -6,7 +6,7 @@ import random
 import numpy as np
 
 from placement.monitor.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, judge_rows, straggler_event
-from placement.monitor.report_cluster import straggler_ranks
+from placement.report.cluster import straggler_ranks
 from placement.monitor.straggler import RankFigures, Thresholds, classify
 
 T = 1_800_000_000.0

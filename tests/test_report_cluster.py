@@ -12,10 +12,9 @@ import placement
 from placement.monitor.stall import peer_event, write_peer_stall
 from placement.cli import main as cli
 from placement.events import EventLog
-from placement.monitor.logread import read_logs
 from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.report_text import summaries
-from placement.monitor.steptable import read_table
+from placement.report.logs import read_logs
+from placement.report.text import summaries
 
 STEPS = 30
 
@@ -73,17 +72,17 @@ def test_cluster_summary_names_holders_stalled_first_and_per_node_figures(tmp_pa
     assert n1[-3] == "3" and n1[-1] == "2" and n0[-1] == "0"  # slowest rank, straggler windows
 
 
-def test_globs_and_directories_read_the_same_and_agree_with_the_record_reader(tmp_path, capsys):
+def test_globs_and_directories_read_the_same_and_the_columns_agree_with_the_records(tmp_path, capsys):
     _node_logs(tmp_path)
-    by_dir = read_table([str(tmp_path)])
-    by_glob = read_table([str(tmp_path / "node*" / "rank*.jsonl")])
+    by_dir = read_logs([str(tmp_path)])
+    by_glob = read_logs([str(tmp_path / "node*" / "rank*.jsonl")])
     assert by_dir.files == by_glob.files and len(by_dir.files) == 4
     assert by_dir.node == by_glob.node and by_dir.node[0] == by_dir.node[1] != by_dir.node[3]
     assert len(by_dir) == 4 * STEPS
-    log = read_logs([str(tmp_path)])
+    log = by_dir  # one reading holds both: the columns and, for a few ranks, the StepRecords
     for s in summaries(log):
         sl = by_dir.rank_slices()[s.rank]
-        recs = log.steps[s.rank]
+        recs = log.records[s.rank]
         assert list(by_dir.step[sl]) == [r.step for r in recs]
         assert list(by_dir.step_ms[sl]) == [r.step_ms for r in recs]
     assert cli(["report", str(tmp_path / "nowhere*" / "*.jsonl")]) == 2
@@ -206,10 +205,10 @@ def test_many_ranks_give_per_node_figures_not_a_row_per_rank(tmp_path, capsys):
 
 def test_heat_grid_colours_a_slow_rank_against_the_window_median(tmp_path):
     pytest.importorskip("numpy")
-    from placement.monitor.report_heatmap import heat_grid
+    from placement.report.heatmap import heat_grid
 
     _synthetic_job(tmp_path, ranks=16, steps=40, slow=5)
-    order, first, width, ratio, stall = heat_grid(read_table([str(tmp_path)]), max_columns=10)
+    order, first, width, ratio, stall = heat_grid(read_logs([str(tmp_path)]), max_columns=10)
     assert order == list(range(16)) and first == 1 and width == 4 and ratio.shape == (16, 10)
     assert abs(ratio[5].min() - 3.0) < 1e-6 and abs(ratio[4].max() - 1.0) < 1e-6
     assert stall[5].min() > 50 and stall[4].max() < 2

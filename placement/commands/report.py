@@ -7,6 +7,13 @@ from __future__ import annotations
 
 import argparse
 
+from placement.report.cluster import cluster_text, event_counts, summarize_cluster
+from placement.report.heatmap import write_heatmap
+from placement.report.logs import RANK_TABLE_MAX, LogReadError, read_logs
+from placement.report.plot import write_plot
+from placement.report.text import report_text
+from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select, write_trace
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("logs", nargs="+", metavar="LOG",
@@ -24,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _steps_arg(text: str):
-    from placement.monitor.report_trace import parse_steps
-
     try:
         return parse_steps(text)
     except ValueError as e:
@@ -33,8 +38,6 @@ def _steps_arg(text: str):
 
 
 def _ranks_arg(text: str):
-    from placement.monitor.report_trace import parse_ranks
-
     try:
         return parse_ranks(text)
     except ValueError as e:
@@ -42,64 +45,48 @@ def _ranks_arg(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.monitor.logread import LogReadError, read_logs
-    from placement.monitor.report_cluster import RANK_TABLE_MAX, cluster_text, event_counts, summarize_cluster
-    from placement.monitor.steptable import read_table
-
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
-    table = read_table(args.logs)
+    log = read_logs(args.logs)  # every line parsed once; StepRecords as well for a few ranks
     if args.trace:
-        from placement.monitor.report_trace import TraceFilter, select
-
         first, last = args.steps or (None, None)
         keep = TraceFilter(first_step=first, last_step=last, ranks=args.ranks)
-        selected = select(table, keep)
-    ranks = table.ranks()
-    nodes = table.nodes()
+        selected = select(log, keep)
+    ranks = log.ranks()
+    nodes = log.nodes()
     if args.plot and len(ranks) > RANK_TABLE_MAX:
         raise LogReadError(f"--plot draws one panel per rank and {len(ranks)} ranks are too many "
                            f"(at most {RANK_TABLE_MAX}); use --heatmap")
-    summary = summarize_cluster(table)
+    summary = summarize_cluster(log)
     if summary.stalled:  # what a hung job's user looks for first
         print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
               + ", ".join(f"rank {s.rank} after step {'?' if s.last_step is None else s.last_step}"
                           + (" outside any collective" if s.in_collective is False else "")
                           for s in summary.stalled[:10]) + (", ..." if len(summary.stalled) > 10 else ""))
         print("")
-    log = None
     if len(ranks) <= RANK_TABLE_MAX:
-        from placement.monitor.report_text import report_text
-
-        log = read_logs(args.logs)
         print(report_text(log))
         if summary.holders or summary.stalled or summary.comm_slow_windows or len(nodes) > 1:
             print("")
-            print(cluster_text(summary, table, with_nodes=len(nodes) > 1))
+            print(cluster_text(summary, log, with_nodes=len(nodes) > 1))
     else:
-        print(f"placement report: {len(table.files)} file(s), {len(nodes)} node(s), {len(ranks)} ranks, "
-              f"{len(table)} step records, {len(table.events)} events")
-        if table.skipped:
-            print(f"skipped {table.skipped} truncated or corrupt line(s)")
-        if table.earlier_runs:
-            print(f"{len(table.earlier_runs)} rank(s) whose log holds several runs: the last one is reported")
+        print(f"placement report: {len(log.files)} file(s), {len(nodes)} node(s), {len(ranks)} ranks, "
+              f"{len(log)} step records, {len(log.events)} events")
+        if log.skipped:
+            print(f"skipped {log.skipped} truncated or corrupt line(s)")
+        if log.earlier_runs:
+            print(f"{len(log.earlier_runs)} rank(s) whose log holds several runs: the last one is reported")
         print("")
-        print(cluster_text(summary, table))
+        print(cluster_text(summary, log))
         print("")
-        print(event_counts(table))
+        print(event_counts(log))
     if args.plot:
-        from placement.monitor.report_plot import write_plot
-
         write_plot(log, args.plot)
         print(f"\nplot: {args.plot}")
     if args.heatmap:
-        from placement.monitor.report_heatmap import write_heatmap
-
-        write_heatmap(table, args.heatmap)
+        write_heatmap(log, args.heatmap)
         print(f"heatmap: {args.heatmap}")
     if args.trace:
-        from placement.monitor.report_trace import write_trace
-
-        steps, events = write_trace(table, args.trace, keep, selected)
+        steps, events = write_trace(log, args.trace, keep, selected)
         print(f"trace: {args.trace} ({steps} steps, {events} events; open in https://ui.perfetto.dev or chrome://tracing)")
     return 0

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from placement.monitor.budget import MAX_EVERY
+from placement.monitor.summary import cpu_stall_ms
 
 KINDS = ("cpu-slow", "data-slow", "compute-slow", "comm-slow")
 
@@ -89,9 +90,7 @@ class RankFigures:
         return cls(**vals)
 
     def stall_ms(self) -> Optional[float]:
-        if self.main_runq_ms is None and self.nccl_runq_ms is None:
-            return None
-        return (self.main_runq_ms or 0.0) + (self.nccl_runq_ms or 0.0)
+        return cpu_stall_ms(self.main_runq_ms, self.nccl_runq_ms)
 
 
 @dataclass

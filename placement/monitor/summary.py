@@ -16,12 +16,19 @@ def percentile(sorted_values: Sequence[float], q: float) -> Optional[float]:
     return sorted_values[k]
 
 
+def cpu_stall_ms(main_runq_ms: Optional[float], nccl_runq_ms: Optional[float]) -> Optional[float]:
+    """CPU stall, the one definition (monitor, straggler figures, report): the runqueue wait of
+    the main thread plus that of the NCCL threads; None when neither is known."""
+    if main_runq_ms is None and nccl_runq_ms is None:
+        return None
+    return (main_runq_ms or 0.0) + (nccl_runq_ms or 0.0)
+
+
 def stall_ms(rec: StepRecord) -> Optional[float]:
-    """CPU stall of a step: runqueue wait of its main thread plus its NCCL threads."""
+    """CPU stall of a step (cpu_stall_ms of its main and NCCL roles)."""
     main = rec.roles.get("main")
     nccl = rec.roles.get("nccl")
-    parts = [s.runq_ms for s in (main, nccl) if s is not None and s.runq_ms is not None]
-    return sum(parts) if parts else None
+    return cpu_stall_ms(None if main is None else main.runq_ms, None if nccl is None else nccl.runq_ms)
 
 
 @dataclass

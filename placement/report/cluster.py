@@ -1,5 +1,5 @@
 """The cluster view of `placement report`: which ranks held the job back (by kind, for how
-many windows), stalled ranks first, and per-node figures, from a StepTable.
+many windows), stalled ranks first, and per-node figures, from the columns of a RunLog.
 
 Who held the job back is what rank 0 judged at run time (its `straggler` events, one per
 window that named someone, and `stall` events); the report counts them, it does not judge
@@ -13,10 +13,9 @@ from typing import Any, Optional
 
 from placement.cpuset import parse_cpulist
 from placement.monitor.stall import cause_first
-from placement.monitor.steptable import StepTable
 from placement.monitor.straggler import KINDS
+from placement.report.logs import RunLog
 
-RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of one row per rank
 NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted
 
 
@@ -176,7 +175,7 @@ def _stalls(events: list[dict]) -> list[Stall]:
     return sorted(last.values(), key=lambda s: cause_first(s.in_collective, s.last_step, s.rank))
 
 
-def summarize_cluster(table: StepTable) -> ClusterSummary:
+def summarize_cluster(table: RunLog) -> ClusterSummary:
     import numpy as np
 
     slices = table.rank_slices()
@@ -227,7 +226,7 @@ def _table(header: tuple, rows: list[tuple], left: int) -> list[str]:
     return [line(header), "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
 
 
-def cluster_text(s: ClusterSummary, table: StepTable, with_nodes: bool = True) -> str:
+def cluster_text(s: ClusterSummary, table: RunLog, with_nodes: bool = True) -> str:
     node = table.node
     lines = []
     if s.stalled:
@@ -262,6 +261,6 @@ def cluster_text(s: ClusterSummary, table: StepTable, with_nodes: bool = True) -
     return "\n".join(lines)
 
 
-def event_counts(table: StepTable) -> str:
+def event_counts(table: RunLog) -> str:
     counts = Counter(str(e.get("type")) for e in table.events)
     return "events: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1])) or "none")

@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from placement.monitor.logread import RunLog
+from placement.cpuset import format_cpulist
 from placement.monitor.summary import RunSummary, summarize
+from placement.report.logs import RunLog
 
 HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
 SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "stall", "warning", "start", "end", "monitor", "lost")
@@ -15,7 +16,8 @@ def _f(v: Optional[float], digits: int = 1) -> str:
 
 
 def summaries(log: RunLog) -> list[RunSummary]:
-    return [s for s in (summarize(rank, recs) for rank, recs in sorted(log.steps.items())) if s is not None]
+    """One RunSummary per rank (the per-rank table: log.records, kept for a few ranks)."""
+    return [s for s in (summarize(rank, recs) for rank, recs in sorted((log.records or {}).items())) if s is not None]
 
 
 def rank_table(rows: list[RunSummary]) -> str:
@@ -33,8 +35,6 @@ def rank_table(rows: list[RunSummary]) -> str:
 
 
 def _cpus(v: Any) -> str:
-    from placement.cpuset import format_cpulist
-
     try:
         return format_cpulist(v) or "-"
     except TypeError:
@@ -136,7 +136,7 @@ def event_lines(log: RunLog) -> list[str]:
 
 def report_text(log: RunLog) -> str:
     rows = summaries(log)
-    parts = [f"placement report: {len(log.files)} file(s), {sum(len(v) for v in log.steps.values())} step records, "
+    parts = [f"placement report: {len(log.files)} file(s), {len(log)} step records, "
              f"{len(log.events)} events"]
     if log.skipped:
         parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")

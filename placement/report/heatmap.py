@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import math
 
-from placement.monitor.logread import LogReadError
-from placement.monitor.report_cluster import stalled_ranks, straggler_ranks
-from placement.monitor.steptable import StepTable
+from placement.report.cluster import stalled_ranks, straggler_ranks
+from placement.report.logs import LogReadError, RunLog
 
 MAX_COLUMNS = 200  # windows across; longer runs put several steps in a window
 KIND_COLOURS = {"cpu-slow": "#D62728", "data-slow": "#1F77B4", "compute-slow": "#FF7F0E", "comm-slow": "#7F7F7F"}
 
 
-def heat_grid(table: StepTable, max_columns: int = MAX_COLUMNS):
+def heat_grid(table: RunLog, max_columns: int = MAX_COLUMNS):
     """(ranks in row order, first step, steps per column, step-time ratio grid, CPU stall % grid);
     grids are rows x columns with NaN where a rank has no step in the window."""
     import numpy as np
@@ -44,7 +43,7 @@ def heat_grid(table: StepTable, max_columns: int = MAX_COLUMNS):
     return order, first, width, ratio, stall_pct
 
 
-def write_heatmap(table: StepTable, out_path: str) -> None:
+def write_heatmap(table: RunLog, out_path: str) -> None:
     if not len(table):
         raise LogReadError("no step records to draw a heatmap of")
     import warnings
@@ -89,7 +88,7 @@ def write_heatmap(table: StepTable, out_path: str) -> None:
         plt.close(fig)
 
 
-def _marks(table: StepTable, axes, row_of: dict[int, int]) -> None:
+def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:
     from matplotlib.patches import Rectangle
 
     labelled = set()
@@ -127,7 +126,7 @@ def _marks(table: StepTable, axes, row_of: dict[int, int]) -> None:
         axes[0].legend(loc="lower left", fontsize=8, framealpha=0.8)
 
 
-def _node_bands(table: StepTable, axes, order: list[int]) -> None:
+def _node_bands(table: RunLog, axes, order: list[int]) -> None:
     """Lines between nodes, node names (or rank numbers for a few ranks) on the y axis."""
     bounds, labels, ticks = [], [], []
     start = 0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from placement.monitor.logread import RunLog
 from placement.monitor.summary import stall_ms
+from placement.report.logs import LogReadError, RunLog
 
 SEGMENTS = (("data wait", "#4C72B0"), ("comm", "#DD8452"), ("CPU stall", "#C44E52"), ("compute", "#8DA0CB"))
 MARKS = {"bind": ("#555555", ":"), "tune": ("#2CA02C", "--"), "rollback": ("#D62728", "--"),
@@ -26,14 +26,13 @@ def write_plot(log: RunLog, out_path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ranks = sorted(r for r, recs in log.steps.items() if recs)
+    records = log.records or {}
+    ranks = sorted(r for r, recs in records.items() if recs)
     if not ranks:
-        from placement.monitor.logread import LogReadError
-
         raise LogReadError("no step records to plot")
     fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.6 * len(ranks) + 0.8), sharex=True, squeeze=False)
     for ax, rank in zip(axes[:, 0], ranks):
-        recs = log.steps[rank]
+        recs = records[rank]
         x = [r.step for r in recs]
         data = [r.data_ms for r in recs]
         comm = [r.comm_ms or 0.0 for r in recs]
@@ -82,8 +81,6 @@ def write_plot(log: RunLog, out_path: str) -> None:
     try:
         fig.savefig(out_path, dpi=110)
     except OSError as e:
-        from placement.monitor.logread import LogReadError
-
         raise LogReadError(f"cannot write the plot {out_path!r}: {e.strerror or e}") from None
     finally:
         plt.close(fig)

@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from typing import Optional, TextIO
 
 from placement.cpuset import format_cpulist
-from placement.monitor.logread import LogReadError
 from placement.monitor.record import VERDICTS
-from placement.monitor.report_cluster import stalled_ranks, straggler_ranks
-from placement.monitor.steptable import StepTable
+from placement.report.cluster import stalled_ranks, straggler_ranks
+from placement.report.logs import LogReadError, RunLog
 
 TRACED_EVENTS = ("bind", "memory", "tune", "rollback", "warning", "straggler", "stall", "monitor")
 _BULKY = ("plan", "figures", "env", "evidence")  # event fields left out of the trace's args
@@ -101,7 +100,7 @@ def parse_ranks(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def _pid_of(table: StepTable) -> dict[int, int]:
+def _pid_of(table: RunLog) -> dict[int, int]:
     node_pid = {node: i + 1 for i, node in enumerate(table.nodes())}
     return {r: node_pid.get(n, 0) for r, n in table.node.items()}
 
@@ -110,7 +109,7 @@ def _us(seconds: float) -> str:
     return f"{seconds * 1e6:.3f}"
 
 
-def _meta(out: TextIO, table: StepTable, pid_of: dict[int, int], ranks: list[int]) -> None:
+def _meta(out: TextIO, table: RunLog, pid_of: dict[int, int], ranks: list[int]) -> None:
     shown = set(ranks)
     for node, pid in sorted({n: pid_of[r] for r, n in table.node.items() if r in shown}.items(),
                             key=lambda kv: kv[1]):
@@ -130,7 +129,7 @@ def _n(v: float) -> str:
     return "null" if v != v else f"{v:.3f}"
 
 
-def _selected(table: StepTable, keep: TraceFilter) -> dict:
+def _selected(table: RunLog, keep: TraceFilter) -> dict:
     """rank -> the indices (a slice, or an index array) of its records the trace keeps."""
     import numpy as np
 
@@ -147,7 +146,7 @@ def _selected(table: StepTable, keep: TraceFilter) -> dict:
     return out
 
 
-def _steps(out: TextIO, table: StepTable, pid_of: dict[int, int], selected: dict) -> int:
+def _steps(out: TextIO, table: RunLog, pid_of: dict[int, int], selected: dict) -> int:
     written = 0
     for rank, sl in selected.items():
         pid = pid_of.get(rank, 0)
@@ -207,7 +206,7 @@ def _event_ranks(e: dict) -> list[int]:
     return [e["rank"]] if isinstance(e.get("rank"), int) else []
 
 
-def _events(out: TextIO, table: StepTable, pid_of: dict[int, int], ranks: set[int],
+def _events(out: TextIO, table: RunLog, pid_of: dict[int, int], ranks: set[int],
             span: Optional[tuple[float, float]]) -> int:
     written = 0
     for e in table.events:
@@ -229,7 +228,7 @@ def _events(out: TextIO, table: StepTable, pid_of: dict[int, int], ranks: set[in
     return written
 
 
-def select(table: StepTable, keep: TraceFilter) -> dict:
+def select(table: RunLog, keep: TraceFilter) -> dict:
     """rank -> the indices of its records the trace keeps; LogReadError when none (checked
     before the report prints anything, so a bad selection is one line and exit 2)."""
     if not len(table):
@@ -242,7 +241,7 @@ def select(table: StepTable, keep: TraceFilter) -> dict:
     return selected
 
 
-def write_trace(table: StepTable, out_path: str, keep: TraceFilter, selected: dict) -> tuple[int, int]:
+def write_trace(table: RunLog, out_path: str, keep: TraceFilter, selected: dict) -> tuple[int, int]:
     """Write the trace of `selected` (select(table, keep)); returns (steps, events) written."""
     import numpy as np
 

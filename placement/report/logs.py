@@ -1,0 +1,358 @@
+"""The one reader of monitor JSONL logs: every file named is read and parsed once, into the
+step records as columns (every view of `placement report`) and, for a run of a few ranks, as
+StepRecords too (the per-rank table and the plot), plus the events in time order.
+
+Columns because `placement report` on a cluster reads a million step records (1,024 ranks x
+1,000 steps): as StepRecord objects with their role dicts that is gigabytes, as columns
+~60 MB. Only what the views use is kept as a column: rank, step, end time, step/data/comm
+ms, CPU stall (summary.cpu_stall_ms of the main and NCCL runqueue waits), first-collective
+entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
+
+Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
+reads of the wrong type: valid_step, valid_event) are skipped and counted, never fatal; one
+rule for the columns and the StepRecords, which come from the same reading. `lost` events (records the writer could not
+write, e.g. a full disk) are totalled per rank. Runs: within one file, a rank whose step
+number does not go up has started a new run (a relaunch appending to the same log); the
+earlier runs of that rank in that file are dropped and counted, so a file that holds several
+runs is reported by its last run.
+
+Which node a rank ran on: the `host` and `node_rank` of its monitor's `start` event
+(node_rank = torch elastic's GROUP_RANK, which tells apart two agents on one host), else
+the directory its log file sits in (logs gathered per node into a tree).
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from placement._procfs import read_bounded
+from placement.errors import PlacementError
+from placement.monitor.record import VERDICTS, StepRecord
+from placement.monitor.summary import cpu_stall_ms
+
+LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
+RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of a row (and a plot panel) per rank
+
+_NAN = float("nan")
+_VERDICT_CODE = {v: i for i, v in enumerate(VERDICTS)}
+# Columns of figures (float64); rank, step and verdict are integer columns of their own.
+FIGURES = ("t", "step_ms", "data_ms", "comm_ms", "stall_ms", "enter_t")
+
+
+class LogReadError(PlacementError):
+    """A log path given to `placement report` cannot be read at all."""
+
+
+@dataclass
+class RunLog:
+    """The logs read: step records as columns (numpy arrays of equal length, sorted by rank
+    then step; NaN = unknown), the same records per rank as StepRecords when there are at
+    most RANK_TABLE_MAX ranks (`records`, None beyond), and the events by time."""
+
+    rank: Any
+    step: Any
+    t: Any  # wall clock at the end of the step (the rank's own host clock)
+    step_ms: Any
+    data_ms: Any
+    comm_ms: Any
+    stall_ms: Any
+    enter_t: Any  # when the rank entered its first collective of the step
+    verdict: Any  # index into record.VERDICTS (-1: a verdict this version does not know)
+    records: Optional[dict[int, list[StepRecord]]] = None  # rank -> records in step order
+    node: dict[int, str] = field(default_factory=dict)  # every rank -> its node's label
+    events: list[dict[str, Any]] = field(default_factory=list)  # everything but step records, by time
+    files: list[str] = field(default_factory=list)
+    skipped: int = 0  # lines that were not a readable record
+    lost: dict[int, int] = field(default_factory=dict)  # rank -> records its writer could not write
+    earlier_runs: dict[int, int] = field(default_factory=dict)  # rank -> runs dropped before the last
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    def ranks(self) -> list[int]:
+        import numpy as np
+
+        return [int(r) for r in np.unique(self.rank)]
+
+    def nodes(self) -> list[str]:
+        """Node labels in the order of their lowest rank."""
+        seen: dict[str, int] = {}
+        for rank, node in sorted(self.node.items()):
+            seen.setdefault(node, rank)
+        return list(seen)
+
+    def rank_slices(self) -> dict[int, slice]:
+        """rank -> the slice of the columns holding its records."""
+        import numpy as np
+
+        if not len(self.rank):
+            return {}
+        cut = np.flatnonzero(np.diff(self.rank)) + 1
+        starts = np.concatenate(([0], cut))
+        ends = np.concatenate((cut, [len(self.rank)]))
+        return {int(self.rank[s]): slice(int(s), int(e)) for s, e in zip(starts, ends)}
+
+    def t0(self) -> float:
+        """When the run began: its first event or the start of its first step."""
+        import numpy as np
+
+        times = [e["t"] for e in self.events if isinstance(e.get("t"), (int, float))]
+        if len(self.t):
+            times.append(float(np.nanmin(self.t - self.step_ms / 1e3)))
+        return min(times) if times else 0.0
+
+
+def expand(paths: list[str]) -> list[str]:
+    """Files named, the *.jsonl files anywhere under directories named (one per node, gathered
+    into a tree), and what glob patterns match (quoted, so the shell left them to us)."""
+    out = []
+    for p in paths:
+        if os.path.isdir(p):
+            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
+            if not found:
+                raise LogReadError(f"{p!r} holds no *.jsonl file; give monitor logs, e.g. placement_logs/rank0.jsonl")
+            out.extend(found)
+        elif not os.path.exists(p) and glob.has_magic(p):
+            found = sorted(f for f in glob.glob(p, recursive=True) if os.path.isfile(f))
+            if not found:
+                raise LogReadError(f"{p!r} matches no file; give monitor logs, e.g. 'logs/*/rank*.jsonl'")
+            out.extend(found)
+        else:
+            out.append(p)
+    return list(dict.fromkeys(out))
+
+
+_I64 = 1 << 63
+
+
+def is_number(v: Any, optional: bool = False) -> bool:
+    """A finite float or an int64, as json.loads gives them (a bool is not a number)."""
+    if v is None:
+        return optional
+    kind = type(v)
+    return (kind is float and v - v == 0.0) or (kind is int and -_I64 <= v < _I64)
+
+
+def is_integer(v: Any) -> bool:
+    return type(v) is int and -_I64 <= v < _I64
+
+
+def _runq(roles: dict, name: str) -> Optional[float]:
+    sample = roles.get(name)
+    return None if sample is None else sample.get("runq_ms")
+
+
+def valid_step(d: dict) -> bool:
+    """The fields of a step line that the report reads have the type the monitor writes
+    (record.StepRecord.to_json): every top-level field, and of the roles (a dict of dicts, so
+    StepRecord.from_dict(d) cannot fail) the runqueue wait of main and NCCL, CPU stall. The
+    roles' other figures are carried as written: no view reads them, and checking them on
+    every line would cost a fifth of the reading."""
+    get = d.get
+    roles = get("roles", {})
+    if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
+            and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
+            and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
+            and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
+            and type(get("verdict", "")) is str and type(roles) is dict):
+        return False
+    for sample in roles.values():
+        if type(sample) is not dict:
+            return False
+    return is_number(_runq(roles, "main"), optional=True) and is_number(_runq(roles, "nccl"), optional=True)
+
+
+def valid_event(d: dict) -> bool:
+    """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
+    if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))):
+        return False
+    if d["type"] == "straggler":
+        return isinstance(d.get("stragglers", []), list) and all(isinstance(x, dict) for x in d.get("stragglers", []))
+    if d["type"] == "lost":
+        return is_integer(d.get("records")) and is_integer(d.get("rank"))
+    return True
+
+
+def judge_line(line: bytes) -> Optional[dict]:
+    """One JSONL line as a record dict (a str `type`; events checked by valid_event, steps by
+    valid_step), or None when the line is corrupt and must be skipped and counted."""
+    try:
+        # Decoded here: json.loads of bytes first guesses among UTF-8/16/32, a tenth of its cost;
+        # the monitor writes UTF-8 (ASCII, in fact).
+        d = json.loads(line.decode())
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested deeper than the parser goes
+        return None
+    if not isinstance(d, dict) or not isinstance(d.get("type"), str):
+        return None
+    if not (valid_step(d) if d["type"] == "step" else valid_event(d)):
+        return None
+    return d
+
+
+def _or_nan(v: Optional[float]) -> float:
+    return _NAN if v is None else v
+
+
+class _Columns:
+    """Growing columns (array.array: 8 bytes a value, not a Python float), one per FIGURES
+    name plus rank, step and verdict."""
+
+    def __init__(self):
+        self.rank = array("q")
+        self.step = array("q")
+        self.verdict = array("b")
+        for name in FIGURES:
+            setattr(self, name, array("d"))
+
+    def append(self, d: dict) -> None:
+        """One valid step line (valid_step)."""
+        roles = d.get("roles") or {}
+        self.rank.append(d["rank"])
+        self.step.append(d["step"])
+        self.verdict.append(_VERDICT_CODE.get(d.get("verdict"), -1))
+        self.t.append(d["t"])
+        self.step_ms.append(d["step_ms"])
+        self.data_ms.append(_or_nan(d.get("data_ms")))
+        self.comm_ms.append(_or_nan(d.get("comm_ms")))
+        self.stall_ms.append(_or_nan(cpu_stall_ms(_runq(roles, "main"), _runq(roles, "nccl"))))
+        self.enter_t.append(_or_nan(d.get("comm_enter_t")))
+
+    def extend(self, other: "_Columns") -> None:
+        for name in ("rank", "step", "verdict") + FIGURES:
+            getattr(self, name).extend(getattr(other, name))
+
+    def numpy(self, name: str, dtype):
+        """The column as a numpy array (a view of the column's memory)."""
+        import numpy as np
+
+        col = getattr(self, name)
+        return np.frombuffer(col, dtype=dtype) if len(col) else np.zeros(0, dtype)
+
+
+@dataclass
+class _Run:
+    """One rank's current run in the file being read."""
+
+    last_step: int
+    columns: _Columns = field(default_factory=_Columns)
+    records: list[StepRecord] = field(default_factory=list)
+
+
+@dataclass
+class _Where:
+    host: Optional[str] = None
+    node_rank: Optional[int] = None
+    directory: str = ""
+
+    def said(self) -> bool:
+        return self.host is not None or self.node_rank is not None
+
+    def label(self) -> str:
+        if self.node_rank is not None:
+            return f"node {self.node_rank}" + (f" ({self.host})" if self.host else "")
+        return self.host or self.directory or "."
+
+
+class _Reader:
+    def __init__(self, records_up_to: Optional[int]):
+        """records_up_to: keep StepRecords while at most that many ranks are seen; None: none."""
+        self.records_up_to = records_up_to
+        self.columns = _Columns()
+        self.records: Optional[dict[int, list[StepRecord]]] = None if records_up_to is None else {}
+        self.where: dict[int, _Where] = {}
+        self.log = RunLog(*([None] * 9))
+
+    def read_file(self, path: str, directory: str) -> None:
+        try:
+            raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
+        except OSError as e:
+            raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
+        log = self.log
+        said: dict[int, _Where] = {}  # rank -> its host/node as this file's start events say
+        runs: dict[int, _Run] = {}
+        for line in raw.split(b"\n"):
+            if not line.strip():
+                continue
+            d = judge_line(line)
+            if d is None:
+                log.skipped += 1
+                continue
+            if d["type"] != "step":
+                log.events.append(d)
+                if d["type"] == "lost":  # cumulative count: the last one written is the total
+                    log.lost[d["rank"]] = max(log.lost.get(d["rank"], 0), d["records"])
+                elif d["type"] == "start" and d.get("rank") is not None and (d.get("host") or d.get("node_rank") is not None):
+                    said[d["rank"]] = _Where(d.get("host"), d.get("node_rank"))
+                continue
+            rank, step = d["rank"], d["step"]
+            run = runs.get(rank)
+            if run is None or step <= run.last_step:
+                if run is not None:  # step numbers start over: a new run in the same file
+                    log.earlier_runs[rank] = log.earlier_runs.get(rank, 0) + 1
+                run = runs[rank] = _Run(step)
+                self._saw(rank)
+            run.last_step = step
+            run.columns.append(d)
+            if self.records is not None:
+                run.records.append(StepRecord.from_dict(d))
+        for rank, run in runs.items():
+            self.columns.extend(run.columns)
+            if self.records is not None:
+                self.records.setdefault(rank, []).extend(run.records)
+            said.setdefault(rank, _Where())
+        for rank, w in said.items():
+            if rank not in self.where or not self.where[rank].said():
+                self.where[rank] = _Where(w.host, w.node_rank, directory)
+
+    def _saw(self, rank: int) -> None:
+        """Drops the StepRecords once the logs hold more ranks than records_up_to."""
+        if self.records is not None and rank not in self.records:
+            self.records[rank] = []
+            if len(self.records) > self.records_up_to:
+                self.records = None
+
+    def finish(self) -> RunLog:
+        import numpy as np
+
+        log, cols = self.log, self.columns
+        log.node = {rank: w.label() for rank, w in self.where.items()}
+        rank, step = cols.numpy("rank", np.int64), cols.numpy("step", np.int64)
+        order = np.lexsort((step, rank))
+        log.rank, log.step = rank[order], step[order]
+        for name in FIGURES:
+            setattr(log, name, cols.numpy(name, np.float64)[order])
+        log.verdict = cols.numpy("verdict", np.int8)[order]
+        if self.records is not None:
+            for recs in self.records.values():
+                recs.sort(key=lambda r: r.step)
+        log.records = self.records
+        log.events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0)
+        return log
+
+
+def _read(files: list[str], records_up_to: Optional[int]) -> RunLog:
+    reader = _Reader(records_up_to)
+    reader.log.files = files
+    common = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
+    for path in files:
+        directory = os.path.relpath(os.path.dirname(os.path.abspath(path)), common) if common else ""
+        reader.read_file(path, directory if directory != "." else os.path.basename(common))
+    return reader.finish()
+
+
+def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX) -> RunLog:
+    """Read every log named (files, directories searched recursively, globs), each line once.
+    StepRecords are kept when the logs hold at most `records_up_to` ranks. Each rank writes
+    one file (events.log_path), so more files than that are taken for more ranks and no
+    StepRecord is built (at 1,024 ranks, building the first 33 ranks' only to drop them would
+    cost 4% more memory); should fewer ranks than files have stepped (files of events alone),
+    the logs are read again for their StepRecords, the one case a line is parsed twice."""
+    files = expand(paths)
+    log = _read(files, records_up_to if len(files) <= records_up_to else None)
+    if log.records is None and len(files) > records_up_to and len(log.ranks()) <= records_up_to:
+        log = _read(files, records_up_to)
+    return log

@@ -1,0 +1,76 @@
+"""The one log reader of `placement report` (placement/report/logs.py): every file is read and
+parsed once, the columns and the StepRecords follow one rule for corrupt lines and for runs,
+and the StepRecords are kept for a few ranks only."""
+import json
+
+import placement.report.logs as logs
+from placement.cli import main as cli
+from placement.events import EventLog
+from placement.monitor.record import RoleSample, StepRecord
+from placement.monitor.summary import stall_ms
+from placement.report.logs import RANK_TABLE_MAX, read_logs
+
+
+def _rank_log(path, rank: int, runs: list[list[float]]):
+    """One rank's log holding `runs` (each a list of step times, steps numbered from 1)."""
+    ev = EventLog(str(path), rank)
+    t = 1_800_000_000.0
+    for run in runs:
+        for step, ms in enumerate(run, 1):
+            t += ms / 1e3
+            ev.write_lines([StepRecord(rank, step, t, ms, 0.5, 2.0, 1,
+                                       {"main": RoleSample(1, 5.0, 0.25 * rank), "nccl": RoleSample(2, 1.0, 0.5)},
+                                       comm_enter_t=t - 0.003).to_json()])
+    ev.close()
+
+
+def test_report_reads_each_file_once(tmp_path, monkeypatch, capsys):
+    for rank in range(3):
+        _rank_log(tmp_path / f"rank{rank}.jsonl", rank, [[10.0] * 5])
+    reads = []
+    real = logs.read_bounded
+
+    def counting(path, limit):
+        reads.append(path)
+        return real(path, limit)
+
+    monkeypatch.setattr(logs, "read_bounded", counting)
+    assert cli(["report", str(tmp_path), "--plot", str(tmp_path / "p.png")]) == 0
+    assert "rank  steps" in capsys.readouterr().out  # the per-rank table, from the same reading
+    assert sorted(reads) == sorted(str(tmp_path / f"rank{r}.jsonl") for r in range(3))
+
+
+def test_columns_and_records_agree_on_runs_corrupt_lines_and_cpu_stall(tmp_path):
+    _rank_log(tmp_path / "rank0.jsonl", 0, [[50.0] * 4, [10.0] * 3])  # a relaunch appended to the log
+    _rank_log(tmp_path / "rank1.jsonl", 1, [[12.0] * 3])
+    line = StepRecord(1, 4, 1_800_000_001.0, 12.0, roles={"main": RoleSample(1, 5.0, 1.0)}).to_json()
+    bad = json.loads(line)
+    bad["roles"]["main"]["runq_ms"] = "1.0"  # CPU stall of the wrong type: the whole line is corrupt
+    with open(tmp_path / "rank1.jsonl", "a") as f:
+        f.write(json.dumps(bad) + "\n")
+    log = read_logs([str(tmp_path)])
+    assert log.skipped == 1 and log.earlier_runs == {0: 1}
+    assert len(log) == 6 and sorted(log.records) == [0, 1]
+    for rank, sl in log.rank_slices().items():
+        recs = log.records[rank]
+        assert list(log.step[sl]) == [r.step for r in recs] == [1, 2, 3]
+        assert list(log.step_ms[sl]) == [r.step_ms for r in recs]
+        assert list(log.stall_ms[sl]) == [stall_ms(r) for r in recs] == [0.25 * rank + 0.5] * 3
+    assert set(log.step_ms[log.rank_slices()[0]]) == {10.0}  # the last run of rank 0
+
+
+def test_records_are_kept_for_a_few_ranks_only(tmp_path):
+    for rank in range(RANK_TABLE_MAX + 1):
+        _rank_log(tmp_path / f"rank{rank}.jsonl", rank, [[10.0] * 2])
+    many = read_logs([str(tmp_path)])
+    assert many.records is None and len(many) == 2 * (RANK_TABLE_MAX + 1)
+    few = read_logs([str(tmp_path / f"rank{r}.jsonl") for r in range(RANK_TABLE_MAX)])
+    assert sorted(few.records) == list(range(RANK_TABLE_MAX))
+    # One file more than ranks that stepped: a rank that wrote its start and died before step 1.
+    (tmp_path / f"rank{RANK_TABLE_MAX}.jsonl").unlink()
+    ev = EventLog(str(tmp_path / f"rank{RANK_TABLE_MAX}.jsonl"), RANK_TABLE_MAX)
+    ev.event("start", source="monitor", host="h0")
+    ev.close()
+    late = read_logs([str(tmp_path)])
+    assert len(late.files) == RANK_TABLE_MAX + 1 and sorted(late.records) == list(range(RANK_TABLE_MAX))
+    assert len(late) == 2 * RANK_TABLE_MAX
