@@ -23,7 +23,7 @@ end because the durations exist on every backend with no extra moment to record 
 NCCL the CPU never sees a collective end; PyTorch's records give its GPU duration, which
 includes the wait for a late peer), need no estimation window, and are exact whatever
 the offsets and their drift. Figures are compared step by step: every rank sends the same
-absolute steps (RankFigures.first_step .. last_step, StepMonitor.exchange_steps),
+absolute steps (RankFigures.first_step .. last_step, chosen by exchange_steps below),
 whatever its probe cadence.
 """
 from __future__ import annotations

@@ -40,33 +40,25 @@ class Cpu:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
 
 
-# NumaNode.kind: what the node is. "cpu": it holds CPUs (their local memory); "gpu": a GPU's
-# memory onlined as a node (Grace Hopper/Blackwell, POWER9+V100); "memory": a CPU-less memory
-# tier (CXL, HBM, persistent memory, or an unknown one).
-NODE_KINDS = ("cpu", "gpu", "memory")
-# NumaNode.locality: how local_cpus were found. "cpus": its own CPUs; "initiators": the HMAT
-# initiators (access1, else access0); "distances": the nodes nearest by the distance table; "gpu":
-# the local CPUs of the GPU whose memory it is; None: unknown (the whole machine reaches it alike).
-LOCALITY_SOURCES = ("cpus", "initiators", "distances", "gpu")
-
-
 @dataclass
 class NumaNode:
     id: int
     cpus: list[int] = field(default_factory=list)  # the CPUs the node holds (empty for a memory-only node)
     memory_bytes: Optional[int] = None
     distances: dict[int, int] = field(default_factory=dict)
+    # What the node is. "cpu": it holds CPUs (their local memory); "gpu": a GPU's memory onlined
+    # as a node (Grace Hopper/Blackwell, POWER9+V100); "memory": a CPU-less memory tier (CXL, HBM,
+    # persistent memory, or an unknown one).
     kind: str = "cpu"
     # The CPUs this node's memory belongs to (hwloc's NUMA node cpuset): its own CPUs, or for a
     # memory-only node those of the CPU nodes that reach it best (local_nodes). Empty: unknown.
     local_cpus: list[int] = field(default_factory=list)
     local_nodes: list[int] = field(default_factory=list)
+    # How local_cpus were found. "cpus": its own CPUs; "initiators": the HMAT initiators (access1,
+    # else access0); "distances": the nodes nearest by the distance table; "gpu": the local CPUs of
+    # the GPU whose memory it is; None: unknown (the whole machine reaches it alike).
     locality: Optional[str] = None
     gpu: Optional[str] = None  # PCI bus id of the GPU whose memory a "gpu" node is
-
-    @property
-    def memory_only(self) -> bool:
-        return not self.cpus
 
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "cpus": sorted(self.cpus), "memory_bytes": self.memory_bytes,
