@@ -403,6 +403,7 @@ def test_attach(monkeypatch, tmp_path, bad, case):
 
 
 # ---- from outside: the real console script and the Hydra app, in parallel ----------------------
+@pytest.mark.slow
 def test_console_script_and_hydra_app_from_outside(tmp_path, bad):
     (tmp_path / "noop.py").write_text("open('worker-ran', 'w').close()\n")
     (tmp_path / "file").write_text("x")
@@ -428,6 +429,7 @@ def test_console_script_and_hydra_app_from_outside(tmp_path, bad):
     assert not (tmp_path / "worker-ran").exists()
 
 
+@pytest.mark.slow
 def test_hydra_app_bad_choice_is_hydras_own_error_with_the_choices(tmp_path):
     app = [sys.executable, str(REPO / "examples" / "hydra_app" / "train.py"), "train.steps=1",
            f"hydra.run.dir={tmp_path}/hydra", "placement.policy=fast"]

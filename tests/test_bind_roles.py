@@ -201,6 +201,7 @@ def test_dataloader_workers_respawn_and_are_rehomed_every_epoch(tmp_path):
     assert all(t.pid != pid for t in dl_threads)
 
 
+@pytest.mark.slow
 def test_spawned_workers_are_found_by_name(tmp_path):
     """Workers started by spawn are not forked from main: the rescan binds them by `pt_data_worker`."""
     binder = RoleBinder(rank_plan(dataloader=B), None)

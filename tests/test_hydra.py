@@ -240,6 +240,7 @@ def _run_app(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow
 def test_app_bad_input_is_hydras_error_without_traceback(tmp_path):
     proc = _run_app(["placement.bogus=1"], tmp_path)
     assert proc.returncode == 1

@@ -178,6 +178,7 @@ def test_example_under_placerun_two_ranks(tmp_path):
         assert all(r["comm_count"] >= 1 and r["comm_ms"] > 0 for r in steps)
 
 
+@pytest.mark.slow
 def test_example_rejects_bad_arguments(tmp_path):
     proc = _run([sys.executable, str(EXAMPLE), "--steps", "0"], tmp_path)
     assert proc.returncode == 2 and "--steps=0 is not valid; valid: an integer >= 1" in proc.stderr

@@ -8,6 +8,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 import placement
 from placement.cli import main as cli
 from placement.monitor.stall import StallWatch
@@ -33,6 +35,7 @@ def _hung_in_a_lock(release: threading.Event) -> None:
     release.wait(timeout=30)  # the main thread waits on a futex, as in a hung collective's wait()
 
 
+@pytest.mark.slow
 def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tmp_path, capsys):
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": str(tmp_path), "flush_every": 10, "summary_every": 0,

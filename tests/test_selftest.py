@@ -17,6 +17,7 @@ from placement.selftest.runner import SelftestResult, evaluate, job_command, tab
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this node has a GPU: selftest runs for real")
 def test_no_gpu_is_one_json_line_and_exit_0():
     out = subprocess.run([sys.executable, "-m", "placement.cli", "selftest"], capture_output=True, text=True,
