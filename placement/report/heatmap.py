@@ -10,6 +10,7 @@ import math
 
 from placement.report.cluster import stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
+from placement.report.plot import pyplot, save_png
 
 MAX_COLUMNS = 200  # windows across; longer runs put several steps in a window
 KIND_COLOURS = {"cpu-slow": "#D62728", "data-slow": "#1F77B4", "compute-slow": "#FF7F0E", "comm-slow": "#7F7F7F"}
@@ -48,16 +49,13 @@ def write_heatmap(table: RunLog, out_path: str) -> None:
         raise LogReadError("no step records to draw a heatmap of")
     import warnings
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
     from matplotlib.colors import LogNorm
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows (a rank that stopped)
         order, first, width, ratio, stall_pct = heat_grid(table)
+    plt = pyplot()
     rows, columns = ratio.shape
     row_of = {r: i for i, r in enumerate(order)}
     height = min(14.0, 3.0 + rows * 0.12)
@@ -80,12 +78,7 @@ def write_heatmap(table: RunLog, out_path: str) -> None:
     fig.suptitle(f"placement: {rows} rank(s) x {columns} window(s); outlines: straggler windows rank 0 named "
                  "(colour = kind); x: stalled rank's last step", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
-    try:
-        fig.savefig(out_path, dpi=100)
-    except OSError as e:
-        raise LogReadError(f"cannot write the heatmap {out_path!r}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
+    save_png(fig, out_path, 100, "heatmap")
 
 
 def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:

@@ -20,12 +20,29 @@ def _step_at(times: list[float], steps: list[int], t: float) -> Optional[int]:
     return steps[i]
 
 
-def write_plot(log: RunLog, out_path: str) -> None:
+def pyplot():
+    """matplotlib.pyplot on the Agg backend: files only, no display (imported when a PNG is
+    asked for: the text report needs none of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def save_png(fig, out_path: str, dpi: int, what: str) -> None:
+    """Write `fig` and close it; a path that cannot be written is LogReadError's one line."""
+    try:
+        fig.savefig(out_path, dpi=dpi)
+    except OSError as e:
+        raise LogReadError(f"cannot write the {what} {out_path!r}: {e.strerror or e}") from None
+    finally:
+        pyplot().close(fig)
+
+
+def write_plot(log: RunLog, out_path: str) -> None:
+    plt = pyplot()
     records = log.records or {}
     ranks = sorted(r for r, recs in records.items() if recs)
     if not ranks:
@@ -78,9 +95,4 @@ def write_plot(log: RunLog, out_path: str) -> None:
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(labels), 8),
                frameon=False, fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, top - 0.02))
-    try:
-        fig.savefig(out_path, dpi=110)
-    except OSError as e:
-        raise LogReadError(f"cannot write the plot {out_path!r}: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
+    save_png(fig, out_path, 110, "plot")
