@@ -26,50 +26,58 @@ MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
 
 
+def _key(default: Any, doc: str) -> Any:
+    """A configuration key with its default and its one-line description: keys_table() makes
+    README's table of keys from these."""
+    if isinstance(default, list):
+        return field(default_factory=functools.partial(list, default), metadata={"doc": doc})
+    return field(default=default, metadata={"doc": doc})
+
+
 @dataclass
 class MonitorConfig:
-    enabled: bool = True
-    log_dir: str = "placement_logs"
-    flush_every: int = 20  # steps between JSONL flushes (always flushed at exit)
-    rescan_every: int = 20  # steps between rescans of the thread list
-    exchange_every: int = 20  # steps between cross-rank exchanges (straggler naming)
-    summary_every: int = 50  # steps between one-line logging summaries; 0 = off
-    tensorboard: bool = False  # write TensorBoard scalars when tensorboard is installed
-    comm_timing: str = "auto"  # auto | wall | flight_recorder | hook | off
-    # Share of step time the step hook may take on the training thread; above it the hot
-    # threads' kernel counters are read every k-th step (monitor/budget.py). 0 = every step.
-    budget_pct: float = 0.3
-    # A rank that completes no step for max(stall_factor x its median step, stall_min_s)
-    # seconds gets a `stall` event naming where its main thread waits (monitor/stall.py).
-    stall_factor: float = 10.0
-    stall_min_s: float = 30.0
+    enabled: bool = _key(True, "the step monitor: per-step records, straggler naming, stall watch")
+    log_dir: str = _key("placement_logs", "where each rank writes `rank<R>.jsonl`")
+    flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
+    rescan_every: int = _key(20, "steps between rescans of the thread list")
+    exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
+    summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
+    tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
+    comm_timing: str = _key("auto", "how collectives are timed (docs/monitor.md)")
+    budget_pct: float = _key(0.3, "share of step time the step hook may take on the training thread; above it "
+                                  "the hot threads' counters are read every k-th step (monitor/budget.py); 0 = every step")
+    stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
+                                     "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
+    stall_min_s: float = _key(30.0, "the floor of that stall limit, in seconds")
 
 
 @dataclass
 class TuneConfig:
-    enabled: bool = True
-    dry_run: bool = False  # log what it would do, change nothing
-    window: int = 20  # steps per evaluation window
-    rules: list[str] = field(default_factory=lambda: list(TUNE_RULES))
-    runq_wait_pct: float = 10.0  # hot thread runqueue wait, % of step time, that triggers a move
-    comm_share_pct: float = 30.0  # comm share of step above which NCCL threads get their own core
-    data_share_pct: float = 20.0  # data wait share of step above which the dataloader set grows
-    min_gain_pct: float = 2.0  # an action must beat the noise band by this much to be kept
-    cooldown_windows: int = 1  # windows to wait after an action before the next
-    max_backoff_windows: int = 16  # cap of the exponential back-off after reverts
-    background_nice: int = 5  # nice value given to background roles (0 = leave alone)
+    enabled: bool = _key(True, "the self-tuner: moves threads when the evidence says a better core exists")
+    dry_run: bool = _key(False, "log what it would do, change nothing")
+    window: int = _key(20, "steps per evaluation window")
+    rules: list[str] = _key(list(TUNE_RULES), "the rules it asks (docs/tuning.md)")
+    runq_wait_pct: float = _key(10.0, "hot thread runqueue wait, % of step time, that triggers a move")
+    comm_share_pct: float = _key(30.0, "comm share of step above which NCCL threads get their own core")
+    data_share_pct: float = _key(20.0, "data wait share of step above which the dataloader set grows")
+    min_gain_pct: float = _key(2.0, "an action must beat the noise band by this much to be kept")
+    cooldown_windows: int = _key(1, "windows to wait after an action before the next")
+    max_backoff_windows: int = _key(16, "cap of the exponential back-off after rollbacks")
+    background_nice: int = _key(5, "nice value given to background roles (0 = leave alone)")
 
 
 @dataclass
 class PlacementConfig:
-    policy: str = "auto"  # auto | node | socket | exclusive | core-complex | none
-    memory: str = "bind"  # bind | preferred | interleave | none
-    reserved_cpus: str = ""  # kernel cpu-list of housekeeping CPUs never used, e.g. "0,1"
-    smt: str = "avoid"  # avoid: hot roles get a whole core, one thread per core used; use: siblings too
-    prefer_fast_cores: bool = True  # hot roles on the lowest perf_rank cores
-    strict: bool = False  # True: refuse a plan that cannot be met; False: run a degraded plan with warnings
-    dataloader_workers: int = 2  # DataLoader workers per rank the plan sizes for
-    nccl_topo_file: str = ""  # NCCL topology XML; empty = $NCCL_TOPO_FILE if set
+    policy: str = _key("auto", "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
+    memory: str = _key("bind", "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
+    reserved_cpus: str = _key("", "kernel cpu list of housekeeping CPUs never used, e.g. `0,1`")
+    smt: str = _key("avoid", "`avoid`: hot roles get a whole core, one thread per core used; `use`: SMT siblings too")
+    prefer_fast_cores: bool = _key(True, "hot roles on the cores of lowest `perf_rank`")
+    strict: bool = _key(False, "`true`: refuse a plan that cannot be met (one line, exit 2) instead of running "
+                               "a degraded plan with warnings")
+    dataloader_workers: int = _key(2, "DataLoader workers per rank the plan sizes for")
+    nccl_topo_file: str = _key("", "NCCL topology XML whose GPU/NIC/NUMA facts win over sysfs (cloud VMs); "
+                                   "empty = `$NCCL_TOPO_FILE` if set")
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     tune: TuneConfig = field(default_factory=TuneConfig)
 
@@ -280,18 +288,25 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
     raise bad("a list of names")
 
 
+def _subconfigs(cls: type) -> dict[str, type]:
+    return {"monitor": MonitorConfig, "tune": TuneConfig} if cls is PlacementConfig else {}
+
+
+# Keys whose values are a closed set (validate() checks each against its tuple).
+CHOICES = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
+           "tune.rules": TUNE_RULES}
+
+
 def valid_values(key: str) -> str:
     """What `key` ("placement.policy" or "policy") takes, in words: its choices, its type, or
     (for an unknown key) the valid keys."""
     key = key.lstrip("+").removeprefix("placement.")
-    choices = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
-               "tune.rules": TUNE_RULES}
-    if key in choices:
-        return "choose one of: " + ", ".join(choices[key])
+    if key in CHOICES:
+        return "choose one of: " + ", ".join(CHOICES[key])
     node: Any = PlacementConfig
     *parents, leaf = key.split(".")
     for name in parents:
-        node = {"monitor": MonitorConfig, "tune": TuneConfig}.get(name) if node is PlacementConfig else None
+        node = _subconfigs(node).get(name)
         if node is None:
             break
     types = _class_field_types(node) if node is not None else {}
@@ -310,9 +325,43 @@ def _unknown(path: tuple[str, ...], where: str) -> None:
 def _all_keys(cls: type, prefix: str = "placement.") -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
-        sub = {"monitor": MonitorConfig, "tune": TuneConfig}.get(f.name) if cls is PlacementConfig else None
+        sub = _subconfigs(cls).get(f.name)
         if sub is not None:
             out.extend(_all_keys(sub, prefix + f.name + "."))
         else:
             out.append(prefix + f.name)
     return out
+
+
+def _default_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, list):
+        return "[" + ",".join(value) + "]"
+    return '""' if value == "" else str(value)
+
+
+def keys_table() -> str:
+    """Every key, its default and its description as a Markdown table (README's, which
+    tests/test_readme.py holds equal to this; `python -m placement.config` prints it)."""
+    rows = ["| key | default | meaning |", "| --- | --- | --- |"]
+
+    def walk(cls: type, prefix: str) -> None:
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            if f.name in _subconfigs(cls):
+                walk(_subconfigs(cls)[f.name], f"{prefix}{f.name}.")
+                continue
+            key = prefix + f.name
+            doc = f.metadata["doc"]
+            choices = CHOICES.get(key)
+            if choices:
+                doc += ("; any of " if f.type == "list[str]" else "; one of ") + ", ".join(f"`{c}`" for c in choices)
+            rows.append(f"| `placement.{key}` | `{_default_text(getattr(instance, f.name))}` | {doc} |")
+
+    walk(PlacementConfig, "")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(keys_table())

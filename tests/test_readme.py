@@ -31,3 +31,45 @@ def test_ci_runs_exactly_the_readme_test_command():
 def test_dev_sh_treats_no_tests_as_failure():
     dev = (ROOT / "dev.sh").read_text()
     assert '"$rc" -eq 5' in dev and "exit 1" in dev
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text()
+
+
+def test_readme_config_table_is_the_one_the_dataclasses_make():
+    from placement.config import PlacementConfig, _all_keys, keys_table
+
+    block = re.search(r"<!-- keys:[^\n]*-->\n(.*?)\n<!-- /keys -->", _readme(), re.S)
+    assert block, "README.md must hold the keys table between its <!-- keys --> markers"
+    assert block.group(1) == keys_table(), "regenerate it: python -m placement.config"
+    keys = [row.split("`")[1] for row in block.group(1).splitlines()[2:]]
+    assert keys == _all_keys(PlacementConfig) and "placement.nccl_topo_file" in keys
+
+
+def test_readme_is_short_and_every_link_stays_inside_the_repository():
+    readme = _readme()
+    assert len(readme.splitlines()) <= 200
+    assert "../" not in readme
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    linked = set()
+    for doc in [ROOT / "README.md", *pages]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", doc.read_text()):
+            if target.startswith(("http://", "https://")):
+                continue
+            path = (doc.parent / target.split("#")[0]).resolve()
+            assert path.is_file() and ROOT in path.parents, (doc.name, target)
+            if doc.name == "README.md":
+                linked.add(path)
+    assert {p.resolve() for p in pages} <= linked, "every docs/ page is linked from README"
+
+
+def test_readme_installs_with_the_extras_pyproject_defines():
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    extras = set(project["project"]["optional-dependencies"])
+    named = set(re.findall(r'pip install "\./placement\[(\w+)\]"', _readme()))
+    assert named == extras
+    markers = project["tool"]["pytest"]["ini_options"]["markers"]
+    assert any(m.startswith("slow:") for m in markers) and '`./dev.sh test -m "not slow"`' in _readme()
