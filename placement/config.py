@@ -21,6 +21,7 @@ POLICIES = ("auto", "node", "socket", "exclusive", "core-complex", "none")
 MEMORY_MODES = ("bind", "preferred", "interleave", "none")
 SMT_MODES = ("avoid", "use")
 COMM_TIMING = ("auto", "wall", "flight_recorder", "hook", "off")
+NCCL_TIMING = ("auto", "on", "off")  # placement.monitor.nccl_env.NcclTimingMode
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
@@ -36,6 +37,9 @@ class MonitorConfig:
     summary_every: int = 50  # steps between one-line logging summaries; 0 = off
     tensorboard: bool = False  # write TensorBoard scalars when tensorboard is installed
     comm_timing: str = "auto"  # auto | wall | flight_recorder | hook | off
+    # TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: auto = on unless
+    # CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute overlap); on; off.
+    nccl_timing: str = "auto"
     # Share of step time the step hook may take on the training thread; above it the hot
     # threads' kernel counters are read every k-th step (monitor/budget.py). 0 = every step.
     budget_pct: float = 0.3
@@ -112,6 +116,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     if "\x00" in cfg.nccl_topo_file:
         raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
     _choices("monitor.comm_timing", m.comm_timing, COMM_TIMING)
+    _choices("monitor.nccl_timing", m.nccl_timing, NCCL_TIMING)
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
@@ -285,7 +290,7 @@ def valid_values(key: str) -> str:
     (for an unknown key) the valid keys."""
     key = key.lstrip("+").removeprefix("placement.")
     choices = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
-               "tune.rules": TUNE_RULES}
+               "monitor.nccl_timing": NCCL_TIMING, "tune.rules": TUNE_RULES}
     if key in choices:
         return "choose one of: " + ", ".join(choices[key])
     node: Any = PlacementConfig

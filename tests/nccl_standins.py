@@ -18,6 +18,7 @@ torch 2.13 makes it (include/torch/csrc/distributed/c10d/ of the installed torch
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import json
 import threading
@@ -97,3 +98,21 @@ class NcclGroup:
         t = threading.Thread(target=run)
         t.start()
         t.join()
+
+
+def settle_steps_late(comm, lag: int) -> None:
+    """Make a monitor's comm source settle each step's figures `lag` steps after the step, as
+    NCCL durations come after it (the monitor then holds those steps: StepMonitor._finalize):
+    settled through the end of the step `lag` steps back. The step hook calls take_step right
+    after stamping the step's end, so the wall time read there is at or after that end."""
+    ends: collections.deque = collections.deque(maxlen=lag + 1)
+    take = comm.take_step
+
+    def take_step():
+        ends.append(time.time())
+        return take()
+
+    comm.take_step = take_step
+    comm.settled_through = lambda: ends[0] if len(ends) > lag else 0.0
+    comm.poll_interval_s = lambda: 0.05
+    comm.settle_max_s = 3600.0

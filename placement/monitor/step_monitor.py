@@ -14,11 +14,12 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   thread list; every monitor.flush_every steps records are built, judged, handed to the
   observers (the tuner), encoded and written in one batch, and the file flushed; as soon
   as a window of an observer that judges whole windows (the tuner: add_observer's
-  window_end) is complete with its comm timing final, that is, comm.final_after_steps
-  after its last step, its records are built and handed over too, flush step or not (a
-  tuner fed only at flush steps would learn of trouble, and judge its move, windows late);
-  every
-  monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
+  window_end) is complete with its comm figures settled, its records are built and handed
+  over too, flush step or not (a tuner fed only at flush steps would learn of trouble, and
+  judge its move, windows late). Steps are built only once their comm figures are settled
+  (comm.settled_through: NCCL durations arrive after the step) or have waited
+  comm.settle_max_s; steps held so are built by the monitor thread as soon as they settle,
+  hand-over or not. Every monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
   c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
   absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
@@ -33,8 +34,10 @@ every measured step is written whichever thread gets there.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import math
 import dataclasses
 import queue
 import statistics
@@ -72,6 +75,7 @@ EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
+HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
 
 
@@ -144,6 +148,7 @@ class StepMonitor:
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
         self._pending_first_step = 1  # step number of _pending[0]
+        self._comm_held = False  # pending steps wait for their comm figures (comm.settled_through)
         # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
         # are built, from an anchor pair re-taken then (one clock read per step, not two).
         self._anchor = (time.perf_counter_ns(), wall_clock())
@@ -240,26 +245,24 @@ class StepMonitor:
                 self._drain(exchange=True)
 
     def _window_due(self, step: int) -> int:
-        """The next step after `step` an observer's window needs: its last step (so that it is
-        a probe step, where records can be cut), then comm.final_after_steps later (its comm
-        timing final: the hand-over that builds it). Windows are predicted on the observer's
-        current grid; one it moves (a tuner action re-starts it) is caught at the next
-        hand-over."""
-        lag = self.comm.final_after_steps
+        """The next step after `step` that ends an observer's window: a hand-over there (a
+        probe step, where records can be cut) builds the window as soon as its comm figures
+        are settled, and the monitor thread builds it on its own when they settle later.
+        Windows are predicted on the observer's current grid; one it moves (a tuner action
+        re-starts it) is caught at the next hand-over."""
         due = NEVER
         for window_end in self._window_ends:
-            end = window_end(step - lag)
+            end = window_end(step)
             if end is not None:
-                due = min(due, end if end > step else end + lag)
+                due = min(due, end)
         return due
 
     def _window_complete(self, step: int) -> bool:
-        """An observer's window ends among the pending steps whose comm timing is final at `step`."""
-        final = step - self.comm.final_after_steps
+        """An observer's window ends among the pending steps (up to `step`)."""
         first = self._pending_first_step
         for window_end in self._window_ends:
             end = window_end(first - 1)
-            if end is not None and end <= final:
+            if end is not None and end <= step:
                 return True
         return False
 
@@ -267,8 +270,13 @@ class StepMonitor:
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
         while True:
+            # Steps held for their comm figures are built as soon as the source may have
+            # settled them, not only at the next hand-over (a 500 ms step's flush is 10 s away).
+            wait_s = self.stall.poll_s
+            if self._comm_held:
+                wait_s = min(wait_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
             try:
-                self._wake.get(timeout=self.stall.poll_s)
+                self._wake.get(timeout=wait_s)
                 woken = True
             except queue.Empty:
                 woken = False
@@ -278,6 +286,21 @@ class StepMonitor:
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
+            elif self._comm_held:
+                with self._holding():
+                    self._build_held()
+
+    def _build_held(self) -> None:
+        """Between hand-overs (the caller holds _lock): build the steps that were waiting for
+        their comm figures, and send the exchanges that waited for them."""
+        try:
+            self._finalize(final=False)
+            ex = self.exchange
+            if ex is not None and ex.enabled and self._exchanges_due:
+                self._send_due_exchanges()
+        except Exception as e:
+            self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
+                                                   f"{first_line(e)}); continuing")
 
     def _watch_stall(self) -> None:
         """Between hand-overs: has the training thread completed a step lately? (Read without
@@ -288,7 +311,8 @@ class StepMonitor:
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
-                post = self.stall.report(stalled, self.events, self.rank, inside)
+                post = self.stall.report(stalled, self.events, self.rank, inside,
+                                         self.comm.null_why if inside is None else None)
             elif self.stall.resumed is not None:
                 post = self.stall.report_resumed(self.events, self.rank)
             if post is not None and self.exchange is not None:
@@ -338,7 +362,7 @@ class StepMonitor:
         exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
         flush_now = exchange_now or step % cfg.flush_every == 0
         if flush_now or (self._window_ends and self._window_complete(step)):
-            self._finalize(keep_lag=True)
+            self._finalize(final=False)
         if flush_now:
             self.events.flush()
         if exchange_now:
@@ -370,16 +394,27 @@ class StepMonitor:
                                 f"the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
-    def _finalize(self, keep_lag: bool) -> None:
-        """Build, write and deliver the records of the pending steps. With keep_lag, the last
-        comm.lag_steps steps wait (their NCCL durations are not in yet), and the cut is made
-        at a probe step so that every step built has its counters."""
+    def _finalize(self, final: bool) -> None:
+        """Build, write and deliver the records of the pending steps whose comm figures are
+        settled (comm.settled_through: NCCL durations arrive after the step, when the source
+        has seen them), or that waited comm.settle_max_s for them (their comm time is then
+        null, and counted); with `final` (exit), every step. The cut is made at a probe step
+        so that every step built has its counters."""
         raw = self._pending
+        if not raw:
+            return
+        comm = self.comm
+        comm.poll_if_due(final)
         cut = len(raw)
-        if keep_lag:
-            cut -= self.comm.lag_steps
+        if not final:
+            through = max(comm.settled_through(), wall_clock() - comm.settle_max_s)
+            if through != math.inf:
+                anchor_ns, anchor_wall = self._anchor
+                through_ns = anchor_ns + int((through - anchor_wall) * 1e9)
+                cut = bisect.bisect_right([r.end_ns for r in raw], through_ns)
             while cut > 0 and raw[cut - 1].main is None:
                 cut -= 1
+        self._comm_held = cut < len(raw) and not final
         if cut <= 0:
             return
         ready, self._pending = raw[:cut], raw[cut:]
@@ -472,7 +507,7 @@ class StepMonitor:
         sent = False
         while self._exchanges_due:
             step = self._exchanges_due[0]
-            last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)[1]
+            last = exchange_steps(step, self.cfg.exchange_every)[1]
             if last > built and len(self._exchanges_due) <= MAX_EXCHANGES_DUE:
                 break
             self._exchanges_due.popleft()
@@ -483,7 +518,7 @@ class StepMonitor:
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
-        first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)
+        first, last = exchange_steps(step, self.cfg.exchange_every)
         figs = figures_from_records(self.rank, self._window, first, last)
         self._window = [r for r in self._window if r.step > last]
         self._exchanged_step = step
@@ -500,7 +535,7 @@ class StepMonitor:
         deadline = time.monotonic() + EXCHANGE_CLOSE_S
         for step in range(self._exchanged_step + every, self.step + 1, every):
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
-        done = exchange_steps(self._exchanged_step, every, self.comm.final_after_steps)[1] if self._exchanged_step else 0
+        done = exchange_steps(self._exchanged_step, every)[1] if self._exchanged_step else 0
         if done < self.step:
             figs = figures_from_records(self.rank, self._window, done + 1, self.step)
             ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
@@ -536,7 +571,7 @@ class StepMonitor:
                 sampler = self.sampler
                 raw[-1].main, raw[-1].hot = sampler.main.step_read(), sampler.read_hot()
             self._pending.extend(raw)
-            self._finalize(keep_lag=False)
+            self._finalize(final=True)
             return True
 
     def emergency_flush(self, reason: str) -> bool:
