@@ -58,6 +58,7 @@ SETTLE_MAX_S = 10.0
 # step's record is built within a few seconds of its settling.
 MIN_POLL_S = 0.1
 MAX_POLL_S = 2.0
+EXIT_SETTLE_S = 0.5  # at exit, how long the last collectives may take to settle
 RING_HEADROOM = 0.5  # the ring may fill to this share between polls before the interval is shortened
 # How long a stall report waits for its flight-recorder dump: the dump queries CUDA events
 # (FlightRecorderDetail.hpp:184-202), and cudaEventQuery can hang while another thread holds
@@ -304,7 +305,13 @@ class NcclFlightRecorderComm(NcclTiming):
         self.timed_entries = 0  # of which with duration_ms
         if self.source is None:
             warn("fr-missing", "this torch has no flight-recorder dump; NCCL comm time is not measured")
-        elif self.source.recorder != "nccl":
+            return
+        if since is None:  # starting now: mark where the ring stands, so records overwritten from here on count as lost
+            try:
+                self.reader.mark_start(self.source.dump())
+            except Exception:
+                pass  # the first poll says it
+        if self.source.recorder != "nccl":
             warn("fr-generic", f"no NCCL flight-recorder dump in this torch build; reading the generic one "
                                f"({self.source}), which holds NCCL records only where upstream merged the two")
 
@@ -361,11 +368,17 @@ class NcclFlightRecorderComm(NcclTiming):
         return any(str(e.get("profiling_name", "")).startswith(prefix) and done(e) is Settled.PENDING for e in raw)
 
     def poll_if_due(self, final: bool = False) -> None:
-        """Poll when the cadence says so, or now when `final` (exit: everything is built)."""
+        """Poll when the cadence says so, or now when `final` (exit: everything is built next);
+        then the last collectives get up to EXIT_SETTLE_S to settle (a watchdog period or
+        two), so the last steps are not null for want of one retire."""
         now = time.time()
         if self.source is None or (not final and now < self._next_poll):
             return
         self._poll(now)
+        deadline = now + EXIT_SETTLE_S
+        while final and self.timing_on and self.ledger.unsettled and time.time() < deadline:
+            time.sleep(MIN_POLL_S)
+            self._poll(time.time())
 
     def _poll(self, now: float) -> None:
         try:

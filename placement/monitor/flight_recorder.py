@@ -353,6 +353,15 @@ class RingReader:
     _last_created: float = 0.0  # created time of the newest entry read so far
     _retired_without_duration: frozenset = frozenset()  # ids seen retired with no duration at the last read
 
+    def mark_start(self, dump: Union[str, dict]) -> None:
+        """Start at the end of the ring as it is now (the monitor's start): a later read that
+        finds the ring wrapped past this point counts what it lost."""
+        raw, first = entries_from(dump, 0)
+        if not self.started:
+            self.started = True  # an empty ring: ids start at 0 (FlightRecorder::record, id_++)
+            if first is not None:
+                self.low = max(self.low, int(raw[-1]["record_id"]) + 1)
+
     def read(self, dump: Union[str, dict]) -> RingRead:
         try:
             raw, first = entries_from(dump, self.low)

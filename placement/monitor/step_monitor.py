@@ -270,11 +270,11 @@ class StepMonitor:
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
         while True:
-            # Steps held for their comm figures are built as soon as the source may have
-            # settled them, not only at the next hand-over (a 500 ms step's flush is 10 s away).
-            wait_s = self.stall.poll_s
-            if self._comm_held:
-                wait_s = min(wait_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
+            # A comm source read by polling (NCCL's flight recorder) is polled on its own
+            # cadence, hand-over or not (a ring of thousands of collectives per step wraps
+            # long before a flush step), and steps held for their comm figures are built as
+            # soon as they settle (a 500 ms step's next flush is 10 s away).
+            wait_s = min(self.stall.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
             try:
                 self._wake.get(timeout=wait_s)
                 woken = True
@@ -286,7 +286,7 @@ class StepMonitor:
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
-            elif self._comm_held:
+            elif self._comm_held or self.comm.poll_interval_s() != math.inf:
                 with self._holding():
                     self._build_held()
 
@@ -400,11 +400,12 @@ class StepMonitor:
         has seen them), or that waited comm.settle_max_s for them (their comm time is then
         null, and counted); with `final` (exit), every step. The cut is made at a probe step
         so that every step built has its counters."""
-        raw = self._pending
-        if not raw:
-            return
         comm = self.comm
         comm.poll_if_due(final)
+        raw = self._pending
+        if not raw:
+            self._comm_held = False
+            return
         cut = len(raw)
         if not final:
             through = max(comm.settled_through(), wall_clock() - comm.settle_max_s)
