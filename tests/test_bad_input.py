@@ -154,11 +154,6 @@ def test_placerun_nproc(monkeypatch, capsys, tmp_path, nproc, needles):
     assert rc == 2 and not started and all(n in line for n in needles), line
 
 
-def test_placerun_numa_binding_with_a_policy(placerun):
-    rc, line = placerun("--numa-binding", "node")
-    assert rc == 2 and "--numa-binding=node" in line and "placement.policy=none" in line
-
-
 CONFIG_FILES = [
     ("binary.yaml", ["binary.yaml", "not UTF-8"]),
     ("latin1.yaml", ["latin1.yaml", "not UTF-8", "byte 11"]),
