@@ -203,13 +203,16 @@ def _current_session():
 # ---- steps ---------------------------------------------------------------------------
 def torch_optimizer(optimizer) -> Optional[Any]:
     """The torch.optim.Optimizer inside `optimizer`: itself, or the one a wrapper holds
-    (Megatron's `.optimizer`, the first of a ChainedOptimizer's `.chained_optimizers`)."""
+    (Megatron's `.optimizer`, the first of a ChainedOptimizer's `.chained_optimizers`, accelerate's
+    AcceleratedOptimizer: an Optimizer subclass that never runs Optimizer.__init__, so it has no
+    hooks of its own, and steps the `.optimizer` it holds)."""
     import torch
 
     seen = set()
     while optimizer is not None and id(optimizer) not in seen:
         seen.add(id(optimizer))
-        if isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(optimizer, torch.optim.Optimizer) \
+                and not isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
             return optimizer
         chained = getattr(optimizer, "chained_optimizers", None)
         if chained:
