@@ -188,9 +188,40 @@ def read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"placement config file {path!r} must hold a mapping of placement keys, "
                           f"not {type(loaded).__name__}")
+    if "defaults" in loaded:
+        raise ConfigError(f"placement config file {path!r} is a Hydra primary config (its `defaults:` list is "
+                          "composed by Hydra); give --placement-config a plain file of placement keys, e.g. a copy "
+                          f"of {EXAMPLE_CONFIG}")
+    package = _hydra_package(text)
+    if package is not None:  # a Hydra group file (configs/placement/tune/off.yaml): its keys sit there
+        if package != "placement" and not package.startswith("placement."):
+            raise ConfigError(f"placement config file {path!r} is a Hydra config of package {package!r}, "
+                              "not of placement; valid: placement or placement.<subtree>")
+        for part in reversed(package.split(".")[1:]):
+            loaded = {part: loaded}
+        return loaded
     if set(loaded) == {"placement"} and isinstance(loaded["placement"], dict):
         loaded = loaded["placement"]
     return loaded
+
+
+EXAMPLE_CONFIG = "configs/placement.example.yaml"  # every key, its default, one comment each
+
+
+def _hydra_package(text: str) -> str | None:
+    """The `# @package X` directive of a Hydra config file's header, read as Hydra reads it
+    (hydra/plugins/config_source.py, ConfigSource._get_header_dict, hydra-core 1.3: leading lines
+    starting `# @`, blank lines skipped, the first other line ends the header)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not line.startswith("#") or not line.lstrip("#").strip().startswith("@"):
+            return None
+        key, _, value = line.lstrip("#").strip().partition(" ")
+        if key == "@package" and value.strip():
+            return value.strip()
+    return None
 
 
 def _merge(node: Any, layer: dict[str, Any], where: str, prefix: tuple[str, ...] = ()) -> None:

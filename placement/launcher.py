@@ -226,6 +226,7 @@ def concise_plan(plan) -> str:
     the plan gave up. `placerun --dry-run` and `placement plan` print the full table with reasons
     and every warning."""
     from placement.cpuset import format_cpulist
+    from placement.plan.table import warnings_summary
     from placement.roles import ThreadRole
 
     lines = [f"placerun: {socket.gethostname()}: policy {plan.policy}, {len(plan.ranks)} local rank(s) "
@@ -236,11 +237,9 @@ def concise_plan(plan) -> str:
         roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
                           for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
         lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
-    if plan.warnings:  # one line per node; --dry-run and `placement plan` list every warning
-        # a shortfall the plan ran through (PlanContext.shortfall: "...; degraded plan: <given up>") first
-        first = next((w for w in plan.warnings if "; degraded plan: " in w), plan.warnings[0])
-        more = len(plan.warnings) - 1
-        lines.append(f"  warning: {first}" + (f" (+{more} more: --dry-run lists them)" if more else ""))
+    summary = warnings_summary(plan.warnings, "--dry-run")  # one line per node
+    if summary:
+        lines.append(f"  warning: {summary}")
     return "\n".join(lines)
 
 

@@ -79,6 +79,8 @@ def _files(tmp_path: Path) -> dict[str, str]:
     (d / "number_log_dir.yaml").write_text("monitor:\n  log_dir: 5\n")
     (d / "deep.yaml").write_text("policy: " + "[" * 50000 + "]" * 50000 + "\n")
     (d / "huge.yaml").write_text("# padding\n" * 200000)
+    (d / "hydra_primary.yaml").write_text((REPO / "configs" / "placement" / "default.yaml").read_text())
+    (d / "foreign_package.yaml").write_text("# @package db\nhost: x\n")
     os.mkfifo(d / "fifo")
     (d / "zero").symlink_to("/dev/zero")
     (d / "a_file").write_text("x")
@@ -171,6 +173,8 @@ CONFIG_FILES = [
     ("number_log_dir.yaml", ["placement.monitor.log_dir", "5 is not a string"]),
     ("deep.yaml", ["deep.yaml"]),
     ("empty_name", ["config file ''", "No such file"]),
+    ("hydra_primary.yaml", ["hydra_primary.yaml", "Hydra primary config", "configs/placement.example.yaml"]),
+    ("foreign_package.yaml", ["foreign_package.yaml", "package 'db'", "valid: placement"]),
 ]
 
 

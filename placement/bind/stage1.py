@@ -16,7 +16,7 @@ from typing import Iterable, MutableMapping, Optional
 from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.binder import RoleBinder
-from placement.bind.env import apply_env
+from placement.bind.env import apply_env, apply_torch_threads
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
@@ -44,8 +44,9 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
     nccl_note = None
     if rank_plan.gpu is not None and cfg.monitor.enabled:
         nccl_note = apply_nccl_timing_env(cfg, environ, env_set, keep, entry)
+    torch_threads = apply_torch_threads(env_set) if environ is os.environ else None
     events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=world_size, restart=restart,
-                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, entry=entry)
+                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry)
     if late:
         warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
                             f"({SET_THREAD_NAME}, NCCL_PROXY_CPUSET) before placement set it, so its threads "
