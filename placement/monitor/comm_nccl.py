@@ -55,9 +55,11 @@ from placement.monitor.warn import WarnOnce, first_line
 SETTLE_MAX_S = 10.0
 # Flight-recorder poll interval bounds: no faster than the watchdog retires (kWatchdogThreadSleepMillis,
 # 100 ms, ProcessGroupNCCL.hpp: durations appear no more often), no slower than MAX_POLL_S so that a
-# step's record is built within a few seconds of its settling.
+# step's record is built within a few seconds of its settling. A full ring of 10,000 records costs
+# ~430 ms of the worker server's own thread and ~12.5 ms of GIL per dump here
+# (benchmarks/comm_flight_recorder.py --ring 10000): 5 s apart that is 0.25% of the time.
 MIN_POLL_S = 0.1
-MAX_POLL_S = 2.0
+MAX_POLL_S = 5.0
 EXIT_SETTLE_S = 0.5  # at exit, how long the last collectives may take to settle
 RING_HEADROOM = 0.5  # the ring may fill to this share between polls before the interval is shortened
 # How long a stall report waits for its flight-recorder dump: the dump queries CUDA events
