@@ -157,7 +157,7 @@ class NcclTiming(CommTiming):
         if unsettled:
             self.warn("nccl-comm-unsettled", f"NCCL comm time is null on {unsettled} step(s) so far: a collective of "
                                              f"each had no duration yet {self.settle_max_s:.0f} s after the step (or "
-                                             "at exit); counted as comm_unsettled in the monitor's end event")
+                                             "at exit); counted as comm_unsettled in the monitor's flight_recorder event")
         if self.steps_measured == 0 and self.steps_resolved >= self.window:
             self.warn("nccl-comm-null", f"NCCL comm time is null for all {self.steps_resolved} steps so far "
                                         f"(monitor.comm_timing={self.name}): {self.why_null()}")

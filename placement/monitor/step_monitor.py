@@ -39,6 +39,7 @@ import collections
 import contextlib
 import math
 import dataclasses
+import enum
 import queue
 import statistics
 import threading
@@ -52,12 +53,12 @@ from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, straggler_event
-from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
-from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
-from placement.monitor.summary import one_line, stall_ms, summarize
-from placement.monitor.tensorboard_sink import open_writer, write_batch
+from placement.monitor.sinks import (ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink, TensorBoardSink,
+                                     close_sinks, write_to_sinks)
+from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps
+from placement.monitor.summary import stall_ms
 from placement.monitor.probes import MainRead
 from placement.monitor.threads import HotRead, RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
@@ -77,6 +78,15 @@ EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
 HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
+
+
+class MonitorState(enum.Enum):
+    """The monitor's life, as torch's elastic agent has WorkerState."""
+
+    CREATED = "created"  # built; its thread not started yet
+    RUNNING = "running"  # its thread runs; the hook takes steps
+    STOPPING = "stopping"  # close() began: no step is taken any more, the thread is asked to end
+    CLOSED = "closed"  # every record written, the end event out
 
 
 @dataclasses.dataclass(slots=True)
@@ -117,11 +127,10 @@ class StepMonitor:
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
-        self.observers: list[Callable[[StepRecord], None]] = []
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
-        self.closed = False
+        self.state = MonitorState.CREATED
 
         # -- training thread ------------------------------------------------------------
         self.step = 0
@@ -143,7 +152,6 @@ class StepMonitor:
         self._lock = threading.Lock()
         self._holder: Optional[int] = None  # thread ident holding _lock
         self._thread: Optional[threading.Thread] = None
-        self._stopping = False
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
@@ -156,11 +164,15 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = 0
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
-        self._window: list[StepRecord] = []  # not yet sent in an exchange
         self._exchanged_step = 0  # the step of the last exchange this rank took part in
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
-        self._summary: list[StepRecord] = []  # since the last summary line
-        self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
+        # Where built records go, in this order (sinks.py).
+        self._observers = ObserverSink(warn)
+        self._exchange_window = ExchangeWindow(rank, lambda: self.exchange is not None and self.exchange.enabled)
+        self.sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._exchange_window,
+                                        SummarySink(rank, self.cfg.summary_every)]
+        if self.cfg.tensorboard:
+            self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
         self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
 
@@ -182,13 +194,18 @@ class StepMonitor:
         -> the last step of the observer's first window ending after that step, or None), the
         records of each such window are handed over as soon as its steps' comm timing is
         final, not only at flush steps. Called on the training thread."""
-        self.observers.append(observe)
+        self._observers.observers.append(observe)
         if window_end is not None:
             self._window_ends.append(window_end)
             self._next_due = min(self._next_due, self._window_due(self.step))
 
+    @property
+    def closed(self) -> bool:
+        return self.state in (MonitorState.STOPPING, MonitorState.CLOSED)
+
     def _start_thread(self) -> None:
-        if self._thread is None and not self.closed:
+        if self._thread is None and self.state is MonitorState.CREATED:
+            self.state = MonitorState.RUNNING
             self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
             self._thread.start()
 
@@ -280,7 +297,7 @@ class StepMonitor:
                 woken = True
             except queue.Empty:
                 woken = False
-            if self._stopping:
+            if self.state is not MonitorState.RUNNING:
                 return
             self._watch_stall()
             if woken:
@@ -447,21 +464,7 @@ class StepMonitor:
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self.stall.step_times(rec.step_ms for rec in batch)
-        write_records(self.events, batch)
-        for rec in batch:
-            self._deliver(rec)
-        if self.exchange is not None and self.exchange.enabled:
-            self._window.extend(batch)  # trimmed at each exchange (nothing kept without one)
-        self._summary.extend(batch)
-        try:
-            write_batch(self._tb, batch)
-        except Exception as e:
-            self.warn("tensorboard-write", f"TensorBoard write failed ({first_line(e)})")
-        if self.cfg.summary_every and len(self._summary) >= self.cfg.summary_every:
-            s = summarize(self.rank, self._summary)
-            self._summary = []
-            if s is not None:
-                log.info(one_line(s))
+        write_to_sinks(self.sinks, batch, self.warn)
 
     def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
         """Per-step role samples: a probe step's counter deltas are spread evenly over it and
@@ -485,15 +488,6 @@ class StepMonitor:
             roles_of.append(self.sampler.unread())
             probe_steps.append(0)
         return roles_of, probe_steps
-
-    def _deliver(self, rec: StepRecord) -> None:
-        for fn in list(self.observers):
-            try:
-                fn(rec)
-            except Exception as e:
-                self.observers.remove(fn)
-                self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
-                                                f"({type(e).__name__}: {first_line(e)}); it is removed")
 
     # ---- cross-rank ------------------------------------------------------------------
     def _send_due_exchanges(self) -> bool:
@@ -520,8 +514,7 @@ class StepMonitor:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
         first, last = exchange_steps(step, self.cfg.exchange_every)
-        figs = figures_from_records(self.rank, self._window, first, last)
-        self._window = [r for r in self._window if r.step > last]
+        figs = self._exchange_window.take(first, last)
         self._exchanged_step = step
         self.exchange.submit(figs, wait_s=wait_s)
 
@@ -538,7 +531,7 @@ class StepMonitor:
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
         done = exchange_steps(self._exchanged_step, every)[1] if self._exchanged_step else 0
         if done < self.step:
-            figs = figures_from_records(self.rank, self._window, done + 1, self.step)
+            figs = self._exchange_window.take(done + 1, self.step)
             ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
         ex.close(timeout_s=max(0.0, deadline - time.monotonic()))
 
@@ -593,10 +586,9 @@ class StepMonitor:
     def close(self) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.state = MonitorState.STOPPING
         thread = self._thread
         if thread is not None:
-            self._stopping = True
             self._wake.put(None)
             thread.join(timeout=EXIT_WAIT_S)
         self._write_everything(exchange=False)
@@ -607,16 +599,13 @@ class StepMonitor:
             self._exchange_the_rest()
         self.comm.close()
         self.sampler.close()
-        if self._tb is not None:
-            try:
-                self._tb.close()
-            except Exception:
-                pass
+        close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
         self.events.event("end", source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           probe_every=self.budget.every)
         self.events.flush()
+        self.state = MonitorState.CLOSED
 
 
 def _next_multiple(step: int, every: int) -> int:
