@@ -461,7 +461,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
             warn("exchange", f"no c10d store to exchange straggler figures through ({type(e).__name__}: {e}); "
                              "straggler naming is off")
         if store is not None:
-            monitor.exchange = Exchange(rank, world_size, store, warn, monitor.write_straggler_event,
+            monitor.exchange = Exchange(rank, world_size, store, warn,
                                         slots=cfg.monitor.exchange_every, node_rank=node_rank_from_env())
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell

@@ -52,12 +52,12 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommStep, CommTiming
-from placement.monitor.exchange import NAMED, Exchange, straggler_event
+from placement.monitor.exchange import NAMED, Exchange, Verdict, straggler_event
 from placement.monitor.record import StepRecord
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
 from placement.monitor.sinks import (ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink, TensorBoardSink,
                                      close_sinks, write_to_sinks)
-from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps
+from placement.monitor.straggler import exchange_steps
 from placement.monitor.summary import stall_ms
 from placement.monitor.probes import MainRead
 from placement.monitor.threads import HotRead, RoleSampler, merge_span
@@ -386,7 +386,7 @@ class StepMonitor:
             self._exchanges_due.append(step)
         sent = ex is not None and bool(self._exchanges_due) and self._send_due_exchanges()
         if not sent and ex is not None and ex.pending:
-            ex.collect()
+            self._publish(ex.collect())
 
     def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int) -> None:
         """Read the kernel counters every k-th step when every step costs more than the budget."""
@@ -516,7 +516,7 @@ class StepMonitor:
         first, last = exchange_steps(step, self.cfg.exchange_every)
         figs = self._exchange_window.take(first, last)
         self._exchanged_step = step
-        self.exchange.submit(figs, wait_s=wait_s)
+        self._publish(self.exchange.submit(figs, wait_s=wait_s))
 
     def _exchange_the_rest(self) -> None:
         """At close, every record built: the windows not exchanged yet (an exchange step whose
@@ -532,19 +532,19 @@ class StepMonitor:
         done = exchange_steps(self._exchanged_step, every)[1] if self._exchanged_step else 0
         if done < self.step:
             figs = self._exchange_window.take(done + 1, self.step)
-            ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
-        ex.close(timeout_s=max(0.0, deadline - time.monotonic()))
+            self._publish(ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True))
+        self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
-    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
-        """Rank 0: one `straggler` event per window that names someone."""
-        if not report.stragglers:
+    def _publish(self, verdict: Optional[Verdict]) -> None:
+        """Rank 0: one `straggler` event, and its log lines, per judged window that names someone."""
+        if verdict is None or not verdict.report.stragglers:
             return
-        fields = straggler_event(report, figures, extra)
+        fields = straggler_event(verdict)
         self.events.event("straggler", **fields)
         first, last = fields["steps"]
-        for s in report.stragglers[:NAMED]:
+        for s in verdict.report.stragglers[:NAMED]:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
-        for kind, more in report.more.items():
+        for kind, more in verdict.report.more.items():
             log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
                         more["ranks"])
 
