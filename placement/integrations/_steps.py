@@ -7,9 +7,12 @@ saving and evaluation) and the hook that starts the next: the callback marks the
 the time up to the second to the step's data wait, the counter a watched iterator adds to
 (placement.monitor.watch.DataWaitSink). Steps end where the optimizer steps (its post-step hook,
 as attach() installs it): with gradient accumulation a record is an optimizer step, not a batch.
+Environment a callback sets for attach() (Lightning's LOCAL_WORLD_SIZE) is put back at close: the
+process outlives the fit (a second fit, a test run, the user's own code after it).
 """
 from __future__ import annotations
 
+import os
 from time import perf_counter_ns
 from typing import Any, Optional
 
@@ -20,12 +23,20 @@ class FrameworkSteps:
         self.overrides = dict(overrides or {})
         self.handle: Any = None
         self._mark: Optional[int] = None
+        self._env_set: list[str] = []  # keys start() added to os.environ, removed again by close()
 
-    def start(self, model: Any, optimizer: Any, default_log_dir: Optional[str] = None) -> Any:
+    def start(self, model: Any, optimizer: Any, default_log_dir: Optional[str] = None,
+              env_defaults: Optional[dict[str, str]] = None) -> Any:
         """placement.attach(model, optimizer) with the callback's settings; `default_log_dir` (where
-        the framework keeps its own output) when no monitor.log_dir was given and placerun's is not there."""
+        the framework keeps its own output) when no monitor.log_dir was given and placerun's is not there;
+        `env_defaults` set in os.environ where missing (attach() reads them), until close()."""
         import placement
         from placement.attach_api import _current_session
+
+        for key, value in (env_defaults or {}).items():
+            if key not in os.environ:
+                os.environ[key] = value
+                self._env_set.append(key)
 
         overrides = dict(self.overrides)
         given = overrides.get("monitor", {}).get("log_dir") if isinstance(overrides.get("monitor"), dict) else None
@@ -53,3 +64,6 @@ class FrameworkSteps:
         if self.handle is not None:
             self.handle.close()
             self.handle = None
+        for key in self._env_set:
+            os.environ.pop(key, None)
+        self._env_set.clear()

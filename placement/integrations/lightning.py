@@ -7,17 +7,16 @@ At fit start (after Lightning set up the process group, wrapped the model in DDP
 optimizers) it calls placement.attach(trainer.strategy.model, the first optimizer): under placerun
 it joins the rank's Session; under Lightning's own launcher, which starts the other processes
 itself, each process plans its share of the node (LOCAL_WORLD_SIZE from trainer.num_devices when
-the launcher did not set it) and binds itself. A step record ends at each optimizer step: with
-accumulate_grad_batches=k, one record per k batches. The data wait is the time from the end of
-one batch (or the start of an epoch, or the end of a validation run) to Lightning's
-on_train_batch_start, where it has fetched the next batch. Callbacks Lightning runs after this one
-at a batch's end (ModelCheckpoint saving) count in that wait. close() at fit end.
+the launcher did not set it, removed again at close) and binds itself. A step record ends at each
+optimizer step: with accumulate_grad_batches=k, one record per k batches. The data wait is the
+time from the end of one batch (or the start of an epoch, or the end of a validation run) to
+Lightning's on_train_batch_start, where it has fetched the next batch. Callbacks Lightning runs
+after this one at a batch's end (ModelCheckpoint saving) count in that wait. close() at fit end.
 
 Keyword arguments are placement.attach's (`PlacementCallback(monitor={"log_dir": "runs/x"})`).
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 try:
@@ -42,9 +41,8 @@ class PlacementCallback(Callback):
         return self.steps.handle
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        os.environ.setdefault("LOCAL_WORLD_SIZE", str(trainer.num_devices))
         optimizer = trainer.optimizers[0] if trainer.optimizers else None
-        self.steps.start(trainer.strategy.model, optimizer)
+        self.steps.start(trainer.strategy.model, optimizer, env_defaults={"LOCAL_WORLD_SIZE": str(trainer.num_devices)})
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
         self.steps.mark()
