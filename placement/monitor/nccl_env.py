@@ -44,15 +44,41 @@ class NcclTimingMode(enum.Enum):
     OFF = "off"
 
 
-def _truthy(value: Optional[str]) -> bool:
-    # c10d's getCvarBool: "1", "true" (any case) and "y"/"yes"/"on" read as on.
-    return value is not None and value.strip().lower() in ("1", "true", "yes", "on", "y")
+# c10d's getCvarBool (torch/csrc/distributed/c10d/Utils.hpp:151-189, the same in torch 2.11.0
+# and 2.13): the value lower-cased, not stripped, must be one of these words; any other value of
+# any variable of the list makes it raise "Invalid value for environment variable".
+CVAR_TRUE = ("y", "yes", "1", "t", "true")
+CVAR_FALSE = ("n", "no", "0", "f", "false")
+
+
+def cvar_bool(environ: Mapping[str, str], names: tuple[str, ...], default: bool = False) -> bool:
+    """What c10d's getCvarBool reads from `names` (one setting and its older aliases): it parses
+    the list in reverse, each variable set overwriting, so the first one set wins. ValueError,
+    naming the variable, for a value it refuses (torch then raises where it reads it: a
+    ProcessGroupNCCL constructor, which makes no group)."""
+    value = default
+    for name in reversed(names):
+        raw = environ.get(name)
+        if raw is None:
+            continue
+        word = raw.lower()
+        if word not in CVAR_TRUE + CVAR_FALSE:
+            raise ValueError(f"{name}={raw!r}: c10d reads only {'/'.join(CVAR_TRUE)} or {'/'.join(CVAR_FALSE)}")
+        value = word in CVAR_TRUE
+    return value
 
 
 def timing_enabled_by_env(environ: Mapping[str, str] = os.environ) -> bool:
-    """Whether ProcessGroupNCCL turns collective timing on from this environment."""
-    return (any(_truthy(environ.get(k)) for k in TIMING_VARS + DESYNC_VARS)
-            or environ.get("TORCH_DISTRIBUTED_DEBUG", "").strip().upper() == "DETAIL")
+    """Whether ProcessGroupNCCL turns collective timing on from this environment (its
+    constructor: enableTiming_ = getCvarBool(TORCH_NCCL_ENABLE_TIMING) || desyncDebug, desyncDebug
+    = getCvarBool(TORCH_NCCL_DESYNC_DEBUG) || TORCH_DISTRIBUTED_DEBUG=DETAIL). False where
+    torch would refuse a value: then it makes no NCCL group at all."""
+    try:
+        desync, timing = cvar_bool(environ, DESYNC_VARS), cvar_bool(environ, TIMING_VARS)
+    except ValueError:
+        return False
+    # c10d/debug.cpp loadDebugLevelFromEnvironment: upper-cased, not stripped.
+    return timing or desync or environ.get("TORCH_DISTRIBUTED_DEBUG", "").upper() == "DETAIL"
 
 
 @dataclass(frozen=True)
@@ -66,11 +92,15 @@ class NcclEnvDecision:
 
 def decide_nccl_env(mode: NcclTimingMode, environ: Mapping[str, str], *, process_group_exists: bool = False
                     ) -> NcclEnvDecision:
-    """A user's explicit setting always wins: any timing variable set (to anything) is left as
-    it is, and so is either ring variable."""
+    """A user's explicit setting always wins: any timing variable set (to anything, even a value
+    torch refuses) is left as it is, and so is either ring variable."""
     env: dict = {}
     if not any(k in environ for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")):
         env[RING_VAR] = str(PLACEMENT_RING)
+    try:
+        cvar_bool(environ, TIMING_VARS), cvar_bool(environ, DESYNC_VARS)
+    except ValueError as e:  # left as it is: the user's to fix
+        return NcclEnvDecision(env, False, f"{e}; ProcessGroupNCCL refuses it and makes no NCCL group")
     if any(k in environ for k in TIMING_VARS):
         on = timing_enabled_by_env(environ)
         return NcclEnvDecision(env, on, None if on else f"{TIMING_VAR} is set off by the user: NCCL comm time is null")
