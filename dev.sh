@@ -15,7 +15,7 @@ py="$venv/bin/python"
 stamp="$venv/.placement-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$py" -m pip install -q -e '.[dev,megatron]'
+    "$py" -m pip install -q -e '.[dev,megatron,lightning,transformers,accelerate]'
     echo "$want" > "$stamp"
 fi
 export PATH="$PWD/$venv/bin:$PATH"

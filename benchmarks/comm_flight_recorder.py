@@ -106,8 +106,43 @@ def main() -> int:
               f"{per_step_us:>8.1f} {pct:>9.3f}%")
         summary[route] = dict(r, gil_ms_per_poll=round(gil, 2), us_per_step=round(per_step_us, 1),
                               pct_of_step=round(pct, 3), within_budget=gil / args.flush_every <= budget_ms)
+    summary["settle"] = settle_cases(args.quick)
+    for case, r in summary["settle"].items():
+        print(f"against the stand-in's truth, {case}: short {r['short_pct']}%, null {r['null_pct']}% "
+              f"(steady state, the last steps at exit left out), dump {r['dump_ms']} ms")
+    summary["settle_met"] = all(r["short_pct"] == 0 and r["null_pct"] <= 1 for r in summary["settle"].values())
     print(json.dumps(summary))
     return 0
+
+
+# (step ms, steps, GPU queue steps behind the CPU): --quick, full
+SETTLE_CASES = {"2ms": (2.0, (500, 2000), 0), "20ms": (20.0, (100, 300), 0), "500ms": (500.0, (8, 20), 0),
+                "20ms-gpu-3-behind": (20.0, (100, 300), 3)}
+
+
+def settle_cases(quick: bool) -> dict:
+    """Comm time through the real monitor against the truth of tests/nccl_standins.StandInRecorder
+    (upstream's cadence: durations written by a watchdog every 100 ms, dumps of copies showing
+    completed before that, a GPU queue behind the CPU). short_pct: steps whose comm time is below
+    the truth; null_pct: null steps, leaving out those the exit cut (the GPU's lag and one
+    watchdog period plus EXIT_SETTLE_S); dump_ms: the stand-in's dump per poll."""
+    import tempfile
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+    from nccl_standins import run_standin_job
+
+    out = {}
+    for case, (step_ms, (quick_steps, full_steps), lag) in SETTLE_CASES.items():
+        steps = quick_steps if quick else full_steps
+        with tempfile.TemporaryDirectory() as d:
+            job = run_standin_job(d, step_ms=step_ms, steps=steps, gpu_lag_steps=lag)
+        steady = steps - (lag + 1 + int(100 / step_ms) + 1)
+        out[case] = {"steps": steps, "short_pct": round(100 * len(job.short()) / steps, 2),
+                     "wrong_pct": round(100 * len(job.wrong()) / steps, 2),
+                     "null_pct": round(100 * len(job.nulls(last=steady)) / max(1, steady), 2),
+                     "null_at_exit": len(job.nulls()) - len(job.nulls(last=steady)),
+                     "dump_ms": job.stats.get("dump_ms_per_poll"), "polls": job.stats.get("polls")}
+    return out
 
 
 if __name__ == "__main__":

@@ -95,9 +95,9 @@ def allowed_cpus(tid: int) -> str:
     return ""
 
 
-# --nccl-lag: records reach the tuner as under NCCL timing: each step's comm durations known
-# LAG_STEPS steps later (comm_nccl.py: lag_steps = 2), so the monitor holds the last 2 steps
-# of every batch back, and batches every 2 windows (flush_every 40 > window 20).
+# --nccl-lag: records reach the tuner as under NCCL timing: each step's comm durations settled
+# LAG_STEPS steps later (tests/nccl_standins.settle_steps_late), so the monitor holds the last
+# steps back until they settle, and batches every 2 windows (flush_every 40 > window 20).
 LAG_STEPS = 2
 
 
@@ -128,7 +128,10 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
                       + ([f"monitor.flush_every={2 * window}"] if lag else []))
     handle = placement.attach(config=cfg)
     if lag and handle.monitor is not None:
-        handle.monitor.comm.lag_steps = LAG_STEPS  # the stand-in for NCCL's late durations
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+        from nccl_standins import settle_steps_late
+
+        settle_steps_late(handle.monitor.comm, LAG_STEPS)  # the stand-in for NCCL's late durations
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Batches(), batch_size=None, num_workers=WORKERS, prefetch_factor=4, persistent_workers=False)

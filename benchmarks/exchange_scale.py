@@ -83,13 +83,16 @@ def _rank(rank: int, world: int, port: int, exchanges: int, out) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     reports = []
-    ex = Exchange(rank, world, default_store(), _Warn(), lambda rep, figs, extra: reports.append(rep),
-                  slots=SLOTS, node_rank=rank // 8)
+    ex = Exchange(rank, world, default_store(), _Warn(), slots=SLOTS, node_rank=rank // 8)
     dist.barrier()
     for seq in range(1, exchanges + 1):
         time.sleep(0.02)  # the steps of a window
-        ex.submit(figures(rank, seq, "cpu-slow" if rank == 1 else ""))
-    ex.close(timeout_s=10.0)
+        verdict = ex.submit(figures(rank, seq, "cpu-slow" if rank == 1 else ""))
+        if verdict is not None:
+            reports.append(verdict.report)
+    verdict = ex.close(timeout_s=10.0)
+    if verdict is not None:
+        reports.append(verdict.report)
     dist.barrier()
     named = [r.names() for r in reports]
     out.put({"rank": rank, "send_us": list(ex.send_us), "send_cpu_us": list(ex.send_cpu_us),
@@ -187,14 +190,15 @@ def judging_side(world: int, exchanges: int, senders: Senders) -> dict:
     server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
     events = []
     warn = _Warn()
-    ex = Exchange(0, world, server, warn, lambda rep, figs, extra: events.append(straggler_event(rep, figs, extra)),
-                  slots=SLOTS)
+    ex = Exchange(0, world, server, warn, slots=SLOTS)
     send_us = []
     for seq in range(1, exchanges + 1):
         send_us.extend(senders.send(port, world, seq))
         ex._seq = seq
         ex._pending = (seq, time.monotonic())
-        ex.collect(block=True)
+        verdict = ex.collect(block=True)
+        if verdict is not None:
+            events.append(straggler_event(verdict))
     last = events[-1] if events else {}
     return {"world": world, "rank0_ms": statistics.median(ex.judge_ms), "take_ms": statistics.median(ex.take_ms),
             "sender_us_per_rank": statistics.median(send_us), "bytes_to_rank0": world * ROW_BYTES,

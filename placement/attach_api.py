@@ -15,6 +15,13 @@ Then it starts the step monitor and returns a Handle.
         optimizer.step()                 # a step ends here (post-step hook)
     handle.close()
 
+What attach() does is said on stderr, one line each, as placerun says it: the plan's warnings
+(once per rank), settings placerun already decided (its plan wins; the dropped keys are named).
+Without placerun, close() puts back the CPU affinity (every thread of the process), the calling
+thread's memory policy and torch's thread count that attach() found. The memory policy is per
+thread: threads started while attached keep the one they inherited (the kernel sets a policy for
+the calling thread only), as DataLoader worker processes keep their CPU masks.
+
 Keyword overrides are config keys (`policy="none"`, `monitor={"flush_every": 5}`,
 `**{"monitor.log_dir": "runs/x"}`); `config` may be a PlacementConfig, a dict, a YAML
 path, or a list of "key=value" strings.
@@ -26,11 +33,15 @@ import dataclasses
 import logging
 import os
 import socket
-from typing import Any, Callable, Iterable, Optional, Union
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
 from placement.events import LogDirError  # noqa: F401  (raised by attach(); importable from here)
+
+if TYPE_CHECKING:
+    from placement._procfs import Mempolicy
 
 log = logging.getLogger("placement")
 
@@ -122,18 +133,58 @@ def _identity(environ=os.environ) -> tuple[int, int, int, int]:
 
 
 # ---- binding without placerun ------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class FoundPlacement:
+    """What this process ran with before attach() bound it, for close() to put back."""
+    cpus: frozenset[int]  # the calling thread's affinity
+    memory: Optional["Mempolicy"]  # the calling thread's memory policy; None: unreadable here
+    torch_threads: Optional[int]  # torch.get_num_threads() when torch was imported, else None
+
+    @classmethod
+    def read(cls) -> "FoundPlacement":
+        from placement import _procfs
+
+        torch = sys.modules.get("torch")
+        threads = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
+        return cls(frozenset(os.sched_getaffinity(0)), _procfs.get_mempolicy(), threads)
+
+    def restore(self, events, rank: int) -> None:
+        """Every thread of the process back on the CPUs found, the calling thread's memory policy
+        and torch's thread count as found; one `restore` event says what the kernel reports."""
+        from placement import _procfs
+        from placement.bind.affinity import apply_process_mask
+
+        mask = apply_process_mask(self.cpus)
+        memory_errno = None if self.memory is None else _procfs.set_mempolicy(self.memory.mode, self.memory.nodes)
+        torch = sys.modules.get("torch")
+        if self.torch_threads is not None and torch is not None:
+            torch.set_num_threads(self.torch_threads)
+        events.event("restore", cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
+                     memory=None if self.memory is None else {"mode": self.memory.mode, "nodes": list(self.memory.nodes),
+                                                              "errno": memory_errno},
+                     torch_threads=self.torch_threads)
+        if not mask.ok:
+            from placement.bind.stage1 import warn_rank
+
+            warn_rank(events, rank, f"close() could not put back the CPU affinity attach() found: {mask.error}")
+
+
 def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_size: int, local_world: int):
     """Plan this rank and run the same stage 1 as placerun's workers, then stage 2; None when
-    binding is unavailable."""
+    binding is unavailable. The plan's warnings: every one in the event log, one line on stderr."""
     try:
         from placement.bind.stage1 import run_stage1, start_stage2
         from placement.plan import plan_for_node
+        from placement.plan.table import warnings_summary
     except ImportError as e:
         log.warning("placement: binding is not available (%s); monitoring only", e)
         return None
     topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
     for w in plan.warnings:
         events.event("warning", source="plan", message=w)
+    summary = warnings_summary(plan.warnings, f"the event log {events.path or ''}".rstrip())
+    if summary:
+        print(f"placement: rank {rank}: plan warning: {summary}", file=sys.stderr, flush=True)
     s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank, world_size=world_size,
                    entry="attach")
     start_stage2(s)
@@ -152,13 +203,16 @@ def _current_session():
 # ---- steps ---------------------------------------------------------------------------
 def torch_optimizer(optimizer) -> Optional[Any]:
     """The torch.optim.Optimizer inside `optimizer`: itself, or the one a wrapper holds
-    (Megatron's `.optimizer`, the first of a ChainedOptimizer's `.chained_optimizers`)."""
+    (Megatron's `.optimizer`, the first of a ChainedOptimizer's `.chained_optimizers`, accelerate's
+    AcceleratedOptimizer: an Optimizer subclass that never runs Optimizer.__init__, so it has no
+    hooks of its own, and steps the `.optimizer` it holds)."""
     import torch
 
     seen = set()
     while optimizer is not None and id(optimizer) not in seen:
         seen.add(id(optimizer))
-        if isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(optimizer, torch.optim.Optimizer) \
+                and not isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
             return optimizer
         chained = getattr(optimizer, "chained_optimizers", None)
         if chained:
@@ -173,7 +227,7 @@ class Handle:
     from the monitor's own failures."""
 
     def __init__(self, cfg: PlacementConfig, session, events, monitor, comm, tuner, owns_session: bool,
-                 owns_events: bool):
+                 owns_events: bool, found: Optional[FoundPlacement] = None):
         self.config = cfg
         self.session = session
         self.events = events
@@ -182,6 +236,7 @@ class Handle:
         self._tuner = tuner
         self._owns_session = owns_session
         self._owns_events = owns_events
+        self._found = found  # what attach() found, put back by close() when attach() bound this process
         self._optimizer_hook = None
         self.closed = False
 
@@ -253,7 +308,9 @@ class Handle:
             self.monitor.add_observer(fn, window_end)
 
     def close(self) -> None:
-        """Write every pending record, remove the hooks, restore torch.distributed. Idempotent."""
+        """Write every pending record, remove the hooks, restore torch.distributed and, where
+        attach() bound this process itself, the affinity, memory policy and torch thread count it
+        found. Idempotent."""
         global _current_handle
         if self.closed:
             return
@@ -274,6 +331,12 @@ class Handle:
         if self._owns_session and self.session is not None:
             from placement.bind import session as session_mod
 
+            self.session.binder.stop_watcher()  # before the restore: it would bind the threads again
+            if self._found is not None:
+                try:
+                    self._found.restore(self.session.events, self.session.rank)
+                except Exception as e:
+                    log.warning("placement: restoring the affinity found at attach() failed: %s", e)
             self.session.close()
             if session_mod.current() is self.session:
                 session_mod.set_current(None)
@@ -310,14 +373,16 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
                               "(DDP-wrapped or not) or leave it out")
     session = _current_session()
     cfg = build_config(config, overrides, base=None if session is None else session.config)
+    dropped: list[str] = []
     if session is not None:
-        changed = [k for k in BINDING_KEYS if getattr(cfg, k) != getattr(session.config, k)]
-        if changed:
-            log.warning("placement: %s decided by placerun; attach() cannot change %s",
-                        ", ".join(f"placement.{k}" for k in changed), "them" if len(changed) > 1 else "it")
-            cfg = dataclasses.replace(cfg, **{k: getattr(session.config, k) for k in BINDING_KEYS})
+        # Stage 1 bound this process before the program ran, from a plan made for the whole node:
+        # one rank cannot re-plan it, so placerun's plan wins and the line names what is dropped.
+        dropped = [f"placement.{k}={getattr(cfg, k)!r}" for k in BINDING_KEYS
+                   if getattr(cfg, k) != getattr(session.config, k)]
+        cfg = dataclasses.replace(cfg, **{k: getattr(session.config, k) for k in BINDING_KEYS})
     rank, local_rank, world_size, local_world = _identity()
     owns_session = owns_events = False
+    found = None
     if session is not None:
         rank, local_rank, world_size = session.rank, session.local_rank, session.world_size
         if os.path.abspath(cfg.monitor.log_dir) == os.path.abspath(session.config.monitor.log_dir) \
@@ -325,11 +390,17 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
             events = session.events
         else:
             events, owns_events = _open_event_log(cfg.monitor.log_dir, rank), True
+        if dropped:
+            from placement.bind.stage1 import warn_rank
+
+            warn_rank(events, rank, f"placerun's plan wins: attach() settings dropped: {', '.join(dropped)} "
+                               "(placerun bound this rank before the program started; give them to placerun)")
         session.binder.rescan()
     else:
         events = _open_event_log(cfg.monitor.log_dir, rank)
         owns_events = True
         if cfg.policy != "none":
+            found = FoundPlacement.read()
             try:
                 session = _bind_here(cfg, events, rank, local_rank, world_size, local_world)
             except BaseException:
@@ -340,7 +411,8 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     if cfg.monitor.enabled:
         monitor, comm = _start_monitor(cfg, events, session, model, rank, local_rank, world_size)
         tuner = _start_tuner(cfg, session, events, monitor)
-    handle = Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events)
+    handle = Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events,
+                    found if owns_session else None)
     if monitor is not None and optimizer is not None:
         handle.hook_optimizer(optimizer)
     if monitor is not None:
@@ -389,7 +461,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
             warn("exchange", f"no c10d store to exchange straggler figures through ({type(e).__name__}: {e}); "
                              "straggler naming is off")
         if store is not None:
-            monitor.exchange = Exchange(rank, world_size, store, warn, monitor.write_straggler_event,
+            monitor.exchange = Exchange(rank, world_size, store, warn,
                                         slots=cfg.monitor.exchange_every, node_rank=node_rank_from_env())
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell

@@ -21,6 +21,7 @@ POLICIES = ("auto", "node", "socket", "exclusive", "core-complex", "none")
 MEMORY_MODES = ("bind", "preferred", "interleave", "none")
 SMT_MODES = ("avoid", "use")
 COMM_TIMING = ("auto", "wall", "flight_recorder", "hook", "off")
+NCCL_TIMING = ("auto", "on", "off")  # placement.monitor.nccl_env.NcclTimingMode
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
@@ -44,6 +45,9 @@ class MonitorConfig:
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
     comm_timing: str = _key("auto", "how collectives are timed (docs/monitor.md)")
+    nccl_timing: str = _key("auto", "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
+                                    "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
+                                    "overlap) (docs/nccl_timing.md)")
     budget_pct: float = _key(0.3, "share of step time the step hook may take on the training thread; above it "
                                   "the hot threads' counters are read every k-th step (monitor/budget.py); 0 = every step")
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
@@ -120,6 +124,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     if "\x00" in cfg.nccl_topo_file:
         raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
     _choices("monitor.comm_timing", m.comm_timing, COMM_TIMING)
+    _choices("monitor.nccl_timing", m.nccl_timing, NCCL_TIMING)
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
@@ -191,9 +196,40 @@ def read_config_file(path: str) -> dict[str, Any]:
     if not isinstance(loaded, dict):
         raise ConfigError(f"placement config file {path!r} must hold a mapping of placement keys, "
                           f"not {type(loaded).__name__}")
+    if "defaults" in loaded:
+        raise ConfigError(f"placement config file {path!r} is a Hydra primary config (its `defaults:` list is "
+                          "composed by Hydra); give --placement-config a plain file of placement keys, e.g. a copy "
+                          f"of {EXAMPLE_CONFIG}")
+    package = _hydra_package(text)
+    if package is not None:  # a Hydra group file (configs/placement/tune/off.yaml): its keys sit there
+        if package != "placement" and not package.startswith("placement."):
+            raise ConfigError(f"placement config file {path!r} is a Hydra config of package {package!r}, "
+                              "not of placement; valid: placement or placement.<subtree>")
+        for part in reversed(package.split(".")[1:]):
+            loaded = {part: loaded}
+        return loaded
     if set(loaded) == {"placement"} and isinstance(loaded["placement"], dict):
         loaded = loaded["placement"]
     return loaded
+
+
+EXAMPLE_CONFIG = "configs/placement.example.yaml"  # every key, its default, one comment each
+
+
+def _hydra_package(text: str) -> str | None:
+    """The `# @package X` directive of a Hydra config file's header, read as Hydra reads it
+    (hydra/plugins/config_source.py, ConfigSource._get_header_dict, hydra-core 1.3: leading lines
+    starting `# @`, blank lines skipped, the first other line ends the header)."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        if not line.startswith("#") or not line.lstrip("#").strip().startswith("@"):
+            return None
+        key, _, value = line.lstrip("#").strip().partition(" ")
+        if key == "@package" and value.strip():
+            return value.strip()
+    return None
 
 
 def _merge(node: Any, layer: dict[str, Any], where: str, prefix: tuple[str, ...] = ()) -> None:
@@ -294,7 +330,7 @@ def _subconfigs(cls: type) -> dict[str, type]:
 
 # Keys whose values are a closed set (validate() checks each against its tuple).
 CHOICES = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
-           "tune.rules": TUNE_RULES}
+           "monitor.nccl_timing": NCCL_TIMING, "tune.rules": TUNE_RULES}
 
 
 def valid_values(key: str) -> str:

@@ -144,14 +144,49 @@ def main(argv: Optional[list[str]] = None) -> int:
     return record(_main)(sys.argv[1:] if argv is None else list(argv))
 
 
+@dataclass
+class NumaBindingChoice:
+    """What placerun does with torchrun's --numa-binding MODE, and the one line that says so."""
+    mode: str
+    torch_binds: bool  # True: torch's own binding runs (placement.policy=none); else placement binds
+    within: Optional[str]  # the mode the per-role plan is made inside (policy auto), else None
+    line: str
+
+
+def numa_binding_choice(mode: Optional[str], policy: str) -> Optional[NumaBindingChoice]:
+    """torchrun's --numa-binding is run, never refused (placerun is a drop-in). policy auto: the
+    mode's CPU sets, computed as torch computes them, bound by placement with each rank's roles
+    placed inside; an explicit process-level placement.policy wins over the flag; policy none:
+    torch binds and placement monitors. Where placement binds, torch's own binding (a numactl
+    wrapper around the worker) is left out: the same sets are applied by stage 1."""
+    if not mode:
+        return None
+    if policy == "none":
+        return NumaBindingChoice(mode, True, None, f"placerun: --numa-binding={mode} with placement.policy=none: "
+                                 "torch binds the workers, placement only monitors")
+    if policy == "auto":
+        return NumaBindingChoice(mode, False, mode, (
+            f"placerun: --numa-binding={mode}: placement binds each rank inside the CPU set torch's {mode} "
+            "binding gives it (the same sets), with its thread roles placed within; "
+            "placement.policy=none lets torch bind instead"))
+    verb = "agrees with" if policy == mode else "wins over"
+    return NumaBindingChoice(mode, False, None, (
+        f"placerun: placement.policy={policy} {verb} --numa-binding={mode}: placement binds each rank to "
+        f"policy {policy}'s CPU set (as torchrun --numa-binding={policy} would), one set for all its threads"))
+
+
 def _main(argv: list[str]) -> int:
     try:
         pa = parse_placerun_args(argv)
         launch = worker_launch(pa.torch_args)
-        topo, plan, cfg = _plan(pa)
+        topo, plan, cfg, numa = _plan(pa)
     except PlacementError as e:
         print(f"placerun: {e}", file=sys.stderr)
         return e.exit_code
+    if numa is not None:
+        print(numa.line, file=sys.stderr, flush=True)
+        if not numa.torch_binds:
+            launch.torch_args.numa_binding = None
     if pa.dry_run:
         from placement.plan import format_plan_table
 
@@ -180,14 +215,10 @@ def _plan(pa: PlacerunArgs):
 
     cfg = load_config(pa.overrides, pa.config_file)
     check_log_dir(cfg.monitor.log_dir)  # every rank writes its event log there: fail here, not in a worker
-    numa_binding = getattr(pa.torch_args, "numa_binding", None)
-    if numa_binding and cfg.policy != "none":
-        raise ConfigError(f"--numa-binding={numa_binding} and placement.policy={cfg.policy} would both bind the "
-                          f"workers; choose one: placement.policy={numa_binding} (the same CPU sets, by "
-                          "placement) or placement.policy=none (torch binds, placement monitors)")
+    numa = numa_binding_choice(getattr(pa.torch_args, "numa_binding", None), cfg.policy)
     nproc = _local_world_size(pa.torch_args.nproc_per_node)
-    topo, plan = plan_for_node(cfg, nproc)
-    return topo, plan, cfg
+    topo, plan = plan_for_node(cfg, nproc, within=None if numa is None else numa.within)
+    return topo, plan, cfg, numa
 
 
 def concise_plan(plan) -> str:
@@ -195,6 +226,7 @@ def concise_plan(plan) -> str:
     the plan gave up. `placerun --dry-run` and `placement plan` print the full table with reasons
     and every warning."""
     from placement.cpuset import format_cpulist
+    from placement.plan.table import warnings_summary
     from placement.roles import ThreadRole
 
     lines = [f"placerun: {socket.gethostname()}: policy {plan.policy}, {len(plan.ranks)} local rank(s) "
@@ -205,11 +237,9 @@ def concise_plan(plan) -> str:
         roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
                           for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
         lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
-    if plan.warnings:  # one line per node; --dry-run and `placement plan` list every warning
-        # a shortfall the plan ran through (PlanContext.shortfall: "...; degraded plan: <given up>") first
-        first = next((w for w in plan.warnings if "; degraded plan: " in w), plan.warnings[0])
-        more = len(plan.warnings) - 1
-        lines.append(f"  warning: {first}" + (f" (+{more} more: --dry-run lists them)" if more else ""))
+    summary = warnings_summary(plan.warnings, "--dry-run")  # one line per node
+    if summary:
+        lines.append(f"  warning: {summary}")
     return "\n".join(lines)
 
 

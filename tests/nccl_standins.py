@@ -18,8 +18,10 @@ torch 2.13 makes it (include/torch/csrc/distributed/c10d/ of the installed torch
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import json
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -97,3 +99,156 @@ class NcclGroup:
         t = threading.Thread(target=run)
         t.start()
         t.join()
+
+
+def settle_steps_late(comm, lag: int) -> None:
+    """Make a monitor's comm source settle each step's figures `lag` steps after the step, as
+    NCCL durations come after it (the monitor then holds those steps: StepMonitor._finalize):
+    settled through the end of the step `lag` steps back. The step hook calls take_step right
+    after stamping the step's end, so the wall time read there is at or after that end."""
+    ends: collections.deque = collections.deque(maxlen=lag + 1)
+    take = comm.take_step
+
+    def take_step():
+        ends.append(time.time())
+        return take()
+
+    comm.take_step = take_step
+    comm.settled_through = lambda: ends[0] if len(ends) > lag else 0.0
+    comm.poll_interval_s = lambda: 0.05
+    comm.settle_max_s = 3600.0
+
+
+class StandInRecorder:
+    """ProcessGroupNCCL's flight recorder and its watchdog, with upstream's timing (torch 2.13,
+    include/torch/csrc/distributed/c10d/), for a job whose GPU runs its collectives:
+
+    - record() on the calling thread at enqueue (ProcessGroupNCCL::collective -> FlightRecorder::
+      record, FlightRecorderDetail.hpp:60-140): `time_created_ns` = now; the collective runs on
+      one NCCL stream in order, starting `gpu_lag_s` after its enqueue at the earliest (a GPU
+      queue behind the CPU) and when the stream is free, for `gpu_ms`.
+    - the watchdog thread (Watchdog::runLoop, ProcessGroupNCCL.cpp; kWatchdogThreadSleepMillis
+      = 100 ms, ProcessGroupNCCL.hpp) wakes every `watchdog_s`, and for each work whose end event
+      has occurred calls retire_id (FlightRecorderDetail.hpp:270-317): `retired_` set under the
+      lock, then the duration computed with the lock released and written after. Only then
+      does the entry carry `duration_ms`.
+    - dump_json() copies the ring under the lock and queries the events on the copies
+      (dump_entries, :204-231), so `state` is "completed" as soon as the end event occurred,
+      before any retire; JSON as FlightRecorder::dump_json writes it (fr_dump_json).
+    - the ring keeps the last `ring` records (FlightRecorder.hpp:110-111), ids ascending.
+    timing=False: no start event, so retire_id writes no duration (:300-304)."""
+
+    def __init__(self, *, gpu_lag_s: float = 0.0, watchdog_s: float = 0.1, ring: int = 2000, timing: bool = True):
+        self.gpu_lag_s, self.watchdog_s, self.timing = gpu_lag_s, watchdog_s, timing
+        self._lock = threading.Lock()
+        self._ring: collections.deque = collections.deque(maxlen=ring)
+        self._next_id = 0
+        self._stream_free_at = 0.0
+        self._stop = threading.Event()
+        self._watchdog = threading.Thread(target=self._run_watchdog, name="pt_nccl_watchdg", daemon=True)
+        self._watchdog.start()
+
+    def record(self, gpu_ms: float, name: str = "nccl:all_reduce", pg_id: int = 0) -> None:
+        now = time.time()
+        with self._lock:
+            start = max(now + self.gpu_lag_s, self._stream_free_at)
+            end = start + gpu_ms / 1e3
+            self._stream_free_at = end
+            self._ring.append({"id": self._next_id, "created": now, "start": start, "end": end, "ms": gpu_ms, "pg": pg_id,
+                               "name": name, "retired": False, "duration_ms": None})
+            self._next_id += 1
+
+    def _run_watchdog(self) -> None:
+        while not self._stop.wait(self.watchdog_s):
+            now = time.time()
+            with self._lock:
+                done = [e for e in self._ring if not e["retired"] and e["end"] <= now]
+                for e in done:
+                    e["retired"] = True  # retire_id: under the lock
+            for e in done:  # the duration, computed with the lock released, then written
+                if self.timing:
+                    with self._lock:
+                        e["duration_ms"] = e["ms"]  # getDurationFromEvent: start to end event
+
+    def dump_json(self) -> str:
+        with self._lock:
+            copies = [dict(e) for e in self._ring]
+        now = time.time()  # update_state on the copies: the events queried now
+        return fr_dump_json([fr_entry(e["id"], e["created"], pg_id=e["pg"], name=e["name"],
+                                      duration_ms=e["duration_ms"],
+                                      started_s=e["start"] if e["start"] <= now else None,
+                                      completed_s=e["end"] if e["end"] <= now else None, retired=e["retired"])
+                             for e in copies])
+
+    def close(self) -> None:
+        self._stop.set()
+        self._watchdog.join(timeout=5)
+
+
+@dataclass
+class StandInJob:
+    """What run_standin_job measured: per step, the true GPU time of its collectives and the
+    comm_ms the monitor wrote (None: null)."""
+
+    truth: list
+    got: list
+    stats: dict
+
+    def short(self, tol_ms: float = 1e-3) -> list[int]:
+        return [i + 1 for i, (t, g) in enumerate(zip(self.truth, self.got)) if g is not None and g < t - tol_ms]
+
+    def wrong(self, tol_ms: float = 1e-3) -> list[int]:
+        return [i + 1 for i, (t, g) in enumerate(zip(self.truth, self.got)) if g is not None and abs(g - t) > tol_ms]
+
+    def nulls(self, last: Optional[int] = None) -> list[int]:
+        steps = range(len(self.got)) if last is None else range(min(last, len(self.got)))
+        return [i + 1 for i in steps if self.got[i] is None]
+
+
+def run_standin_job(log_dir: str, *, step_ms: float, steps: int, per_step: int = 4, gpu_ms: float = 0.2,
+                    gpu_lag_steps: int = 0, ring: int = 2000, flush_every: int = 20, budget_pct: float = 0.3,
+                    recorder_cls=None) -> StandInJob:
+    """A training loop under placement.attach() whose NCCL comm source is the flight recorder
+    read through StandInRecorder's dump (the monitor's own code from the dump on): each step
+    enqueues `per_step` collectives of `gpu_ms` on the GPU, which runs `gpu_lag_steps` steps
+    behind the CPU, then the rest of the step passes (sleeping: a step's kernels release the GIL)."""
+    import placement
+    import placement.monitor.comm as comm_mod
+    from placement.monitor.comm_nccl import NcclFlightRecorderComm
+    from placement.monitor.flight_recorder import DumpSource
+
+    rec = (recorder_cls or StandInRecorder)(gpu_lag_s=gpu_lag_steps * step_ms / 1e3, ring=ring)
+    made = []
+    original = comm_mod.make_comm_timing
+
+    def make(mode, backend, warn, **kw):
+        made.append(NcclFlightRecorderComm(warn, window=kw.get("window", 20), budget_pct=budget_pct,
+                                           sources=[DumpSource("nccl", "server", "dump_nccl_trace_json",
+                                                               rec.dump_json)],
+                                           timing_on=True, environ={"TORCH_FR_BUFFER_SIZE": str(ring)}))
+        return made[-1]
+
+    comm_mod.make_comm_timing = make
+    try:
+        handle = placement.attach(policy="none", tune={"enabled": False},
+                                  monitor={"log_dir": log_dir, "flush_every": flush_every, "summary_every": 0})
+    finally:
+        comm_mod.make_comm_timing = original
+    truth = []
+    clock = handle.monitor.comm.clock  # what the collective wrappers call at each enqueue (comm.CollectiveWrappers)
+    try:
+        for _ in range(steps):
+            end = time.perf_counter() + step_ms / 1e3
+            for _ in range(per_step):
+                clock.enter()
+                rec.record(gpu_ms)
+            truth.append(per_step * gpu_ms)
+            while (left := end - time.perf_counter()) > 0:
+                time.sleep(left)
+            handle.step()
+    finally:
+        handle.close()
+        rec.close()
+    records = [json.loads(line) for line in open(os.path.join(log_dir, "rank0.jsonl"))]
+    got = {r["step"]: r["comm_ms"] for r in records if r["type"] == "step"}
+    return StandInJob(truth, [got.get(i + 1) for i in range(steps)], made[0].stats() if made else {})

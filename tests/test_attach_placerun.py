@@ -1,6 +1,7 @@
 """Under placerun, attach() joins the Session stage 1 made: one log per rank holding the
 bootstrap's bind events and the monitor's records, the plan's `main` core read back from
-/proc, and keyword overrides of binding keys refused (placerun decided them).
+/proc, and keyword overrides of binding keys dropped with one stderr line per rank naming them
+(placerun decided them).
 
 The file is also the training script placerun runs.
 """
@@ -25,6 +26,9 @@ def test_placerun_two_ranks_attach_joins_the_session(tmp_path):
                         "placement.strict=false", __file__, str(tmp_path)],
                        capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    for rank in (0, 1):  # attach(policy="none") under placerun: one line per rank, the key named
+        said = [line for line in p.stderr.splitlines() if f"placement: rank {rank}: placerun's plan wins" in line]
+        assert len(said) == 1 and "attach() settings dropped: placement.policy='none'" in said[0], p.stderr[-4000:]
     for rank in (0, 1):
         facts = json.loads((tmp_path / f"facts{rank}.json").read_text())
         assert facts["used_session"] and facts["policy_kept"] == "auto"

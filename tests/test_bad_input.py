@@ -79,6 +79,8 @@ def _files(tmp_path: Path) -> dict[str, str]:
     (d / "number_log_dir.yaml").write_text("monitor:\n  log_dir: 5\n")
     (d / "deep.yaml").write_text("policy: " + "[" * 50000 + "]" * 50000 + "\n")
     (d / "huge.yaml").write_text("# padding\n" * 200000)
+    (d / "hydra_primary.yaml").write_text((REPO / "configs" / "placement" / "default.yaml").read_text())
+    (d / "foreign_package.yaml").write_text("# @package db\nhost: x\n")
     os.mkfifo(d / "fifo")
     (d / "zero").symlink_to("/dev/zero")
     (d / "a_file").write_text("x")
@@ -154,11 +156,6 @@ def test_placerun_nproc(monkeypatch, capsys, tmp_path, nproc, needles):
     assert rc == 2 and not started and all(n in line for n in needles), line
 
 
-def test_placerun_numa_binding_with_a_policy(placerun):
-    rc, line = placerun("--numa-binding", "node")
-    assert rc == 2 and "--numa-binding=node" in line and "placement.policy=none" in line
-
-
 CONFIG_FILES = [
     ("binary.yaml", ["binary.yaml", "not UTF-8"]),
     ("latin1.yaml", ["latin1.yaml", "not UTF-8", "byte 11"]),
@@ -176,6 +173,8 @@ CONFIG_FILES = [
     ("number_log_dir.yaml", ["placement.monitor.log_dir", "5 is not a string"]),
     ("deep.yaml", ["deep.yaml"]),
     ("empty_name", ["config file ''", "No such file"]),
+    ("hydra_primary.yaml", ["hydra_primary.yaml", "Hydra primary config", "configs/placement.example.yaml"]),
+    ("foreign_package.yaml", ["foreign_package.yaml", "package 'db'", "valid: placement"]),
 ]
 
 

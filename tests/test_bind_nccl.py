@@ -18,7 +18,7 @@ from placement.events import EventLog
 from placement.plan.model import GpuRef, MemoryPolicy, Plan, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
 from nccl_standin import StandInComm
-from placerun_helpers import allowed
+from placerun_helpers import allowed, wait_thread_gone
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="role sets that differ need 2 allowed CPUs")
@@ -59,6 +59,10 @@ def comms():
     yield lambda *a, **k: made.append(StandInComm(*a, **k)) or made[-1]
     for c in made:
         c.close()
+    # An NCCL-named thread still listed would tell the next test's attach() that NCCL has started
+    # (placement.bind.nccl.nccl_threads_present): closed is not gone yet (wait_thread_gone).
+    lingering = [tid for c in made for tid in c.tids().values() if not wait_thread_gone(tid)]
+    assert not lingering, f"stand-in NCCL threads {lingering} still alive 5 s after close"
 
 
 class Autograd:

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from nccl_standins import NcclGroup, fr_dump_json, fr_entry, work_info
 from placement.monitor.comm import make_comm_timing
 from placement.monitor.comm_groups import describe_group, group_backends, nccl_groups, parse_backend_config
-from placement.monitor.comm_nccl import (FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
+from placement.monitor.comm_nccl import (MAX_POLL_S, MIN_POLL_S, FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
                                          choose_nccl_timing, workinfo_start_wall)
-from placement.monitor.flight_recorder import DumpSource, RingReader, dump_sources, entries_from, ring_size
+from placement.monitor.flight_recorder import DumpSource, RingReader, RingSetting, dump_sources, entries_from, ring_setting
 from placement.monitor.warn import WarnOnce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -41,23 +41,44 @@ def _init(**kw):
 def test_reader_reads_torch_own_cpu_dump_once_each_in_real_time(gloo_world_of_one):
     sources = [s for s in dump_sources() if s.recorder == "generic"]
     assert sources, "torch 2.13 has _dump_fr_trace_json in every build"
+
+    def retired_by_torch(source, since_s):
+        """Wait, bounded, until torch has retired every record created since `since_s`.
+        ProcessGroupGloo::runLoop (ProcessGroupGloo.cpp) calls retire_id only after
+        AsyncWork::execute has completed the work's future, so all_reduce can return while its
+        record is still unretired, and the reader rightly holds such a record back until a
+        later read: a read straight after all_reduce then misses it (seen 1 in ~300 runs)."""
+        deadline = time.monotonic() + 10.0
+        while True:
+            ours = [e for e in json.loads(source.dump()).get("entries", [])
+                    if e["time_created_ns"] >= since_s * 1e9]
+            if all(e["retired"] for e in ours):
+                return
+            assert time.monotonic() < deadline, f"torch left records unretired for 10 s: {ours}"
+            time.sleep(0.001)
+
     t = torch.ones(8)
     t_before = time.time()
     for _ in range(7):
         dist.all_reduce(t)
     t_after = time.time()
     for source in sources:  # the worker server and the binding give the same records
-        reader = RingReader(prefix="gloo:")
-        first = reader.read(source.dump()).entries
-        ours = [e for e in first if t_before <= e.created_s <= t_after]
-        assert len(ours) == 7 and all(e.name == "gloo:all_reduce" for e in ours)  # CLOCK_REALTIME, as time.time()
-        ids = [e.record_id for e in first]
-        assert ids == sorted(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
-        dist.all_reduce(t)
-        again = reader.read(source.dump()).entries
-        assert [e.record_id for e in again] == [ids[-1] + 1]  # only the new one
-        assert reader.read(source.dump()).entries == []
-        source.close()
+        try:
+            retired_by_torch(source, t_before)
+            reader = RingReader(prefix="gloo:")
+            first = reader.read(source.dump()).entries
+            ours = [e for e in first if t_before <= e.created_s <= t_after]
+            assert len(ours) == 7 and all(e.name == "gloo:all_reduce" for e in ours)  # CLOCK_REALTIME, as time.time()
+            ids = [e.record_id for e in first]
+            assert ids == sorted(ids) and ids == list(range(ids[0], ids[0] + len(ids)))
+            t_new = time.time()
+            dist.all_reduce(t)
+            retired_by_torch(source, t_new)
+            again = reader.read(source.dump()).entries
+            assert [e.record_id for e in again] == [ids[-1] + 1]  # only the new one
+            assert reader.read(source.dump()).entries == []
+        finally:  # a worker server left running keeps its socket file
+            source.close()
 
 
 def test_worker_server_route_leaves_the_gil_free_while_torch_formats(gloo_world_of_one):
@@ -139,7 +160,7 @@ RING_SCRIPT = textwrap.dedent("""
     import json, os, socket, sys
     sys.path.insert(0, {root!r})
     import torch, torch.distributed as dist
-    from placement.monitor.flight_recorder import RingReader, dump_sources, ring_size
+    from placement.monitor.flight_recorder import RingReader, dump_sources, ring_setting
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
     t = torch.ones(4)
@@ -149,7 +170,7 @@ RING_SCRIPT = textwrap.dedent("""
     a = reader.read(source.dump())
     for _ in range(100): dist.all_reduce(t)
     b = reader.read(source.dump())
-    print(json.dumps({{"ring": ring_size(), "first": len(a.entries), "second": len(b.entries), "lost": b.lost,
+    print(json.dumps({{"ring": ring_setting().size, "first": len(a.entries), "second": len(b.entries), "lost": b.lost,
                       "overflow": reader.overflow, "span": b.lost_span is not None}}))
     dist.destroy_process_group()
 """)
@@ -211,6 +232,12 @@ def test_entries_from_parses_only_the_new_tail_and_detects_a_reset():
     assert len(got.entries) == 10 and got.lost == 0 and late.overflow == 0
 
 
+def _poll_resolve(comm, spans):
+    """What the monitor does at a build: a poll (now: the exit's final one), then the figures."""
+    comm.poll_if_due(final=True)
+    return comm.resolve(spans)
+
+
 def _standin_source(dumps: list[str]) -> DumpSource:
     it = iter(dumps)
     return DumpSource("nccl", "server", "dump_nccl_trace_json", lambda: next(it))
@@ -225,7 +252,7 @@ def test_flight_recorder_comm_time_per_step_with_timing_on():
                fr_entry(3, t + 0.16, name="gloo:all_reduce", completed_s=t + 0.17, retired=True)]
     comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(entries)])], timing_on=True,
                                   since=0)
-    assert comm.resolve(spans) == [4.0, 8.0, None]  # the third step's collectives: not in the ring
+    assert _poll_resolve(comm, spans) == [4.0, 8.0, None]  # the third step's collectives: not in the ring
 
 
 def test_timing_off_leaves_comm_null_and_says_what_to_set(caplog):
@@ -236,11 +263,11 @@ def test_timing_off_leaves_comm_null_and_says_what_to_set(caplog):
     dumps = [fr_dump_json([fr_entry(i, t + 0.01 * i, completed_s=t + 0.01 * i + 0.005, retired=True)
                            for i in range(n)]) for n in (10, 20, 30)]
     comm = NcclFlightRecorderComm(WarnOnce(), window=15, sources=[_standin_source(dumps)], timing_on=False, since=0)
-    assert comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10)]) == [None] * 10
+    assert _poll_resolve(comm, [(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10)]) == [None] * 10
     assert "NCCL comm time is null" not in caplog.text
-    comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10, 20)])
+    _poll_resolve(comm, [(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(10, 20)])
     assert caplog.text.count("NCCL comm time is null") == 1 and "TORCH_NCCL_ENABLE_TIMING=1" in caplog.text
-    comm.resolve([(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(20, 30)])
+    _poll_resolve(comm, [(t + 0.01 * i, t + 0.01 * (i + 1)) for i in range(20, 30)])
     assert caplog.text.count("NCCL comm time is null") == 1
 
 
@@ -253,8 +280,8 @@ def test_overflow_nulls_the_steps_whose_records_were_lost(caplog):
                for i in range(25, 35)]  # 10..24 overwritten
     comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(ring), fr_dump_json(wrapped)])],
                                   timing_on=True, environ={"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, since=0)
-    assert comm.resolve([(t, t + 0.1)]) == [10.0]
-    got = comm.resolve([(t + 0.1, t + 0.2), (t + 0.2, t + 0.3), (t + 0.3, t + 0.4)])
+    assert _poll_resolve(comm, [(t, t + 0.1)]) == [10.0]
+    got = _poll_resolve(comm, [(t + 0.1, t + 0.2), (t + 0.2, t + 0.3), (t + 0.3, t + 0.4)])
     assert got[0] is None and got[1] is None and got[2] == 5.0  # 30..34 read whole; 10..24 gone
     assert comm.reader.overflow == 15 and "wrapped between two polls" in caplog.text
     assert comm.stats()["overflow"] == 15 and comm.ring == 10
@@ -268,26 +295,39 @@ def test_no_nccl_record_in_the_nccl_recorder_probes_the_generic_one_once(caplog)
     merged = DumpSource("generic", "server", "fr_trace_json",
                         lambda: fr_dump_json([fr_entry(0, t + 0.01, duration_ms=3.0, completed_s=t + 0.02)]))
     comm = NcclFlightRecorderComm(WarnOnce(), sources=[nccl, merged], timing_on=True, since=0)
-    comm.resolve([(t, t + 0.005)])
+    _poll_resolve(comm, [(t, t + 0.005)])
     assert comm.source is merged and "NCCL records are in server fr_trace_json" in caplog.text
-    assert comm.resolve([(t + 0.005, t + 0.1)]) == [3.0]
+    assert _poll_resolve(comm, [(t + 0.005, t + 0.1)]) == [3.0]
 
 
 def test_cadence_holds_the_gil_time_inside_the_budget_unless_the_ring_would_wrap():
     c = FrCadence(budget_pct=0.3, ring=2000)
-    # 5 ms of GIL per poll over 20 steps of 100 ms: 0.25 ms per step against 0.3 ms allowed.
-    assert c.update(5.0, 20, 100.0, records=200) == 1 and not c.over_budget
-    # 20 ms per poll: polled every 4th flush (80 steps): 0.25 ms per step.
-    assert c.update(20.0, 20, 100.0, records=200) == 4 and not c.over_budget
-    # 300 records per flush: the ring holds 1000 of them at half-full, so 3 flushes at most.
+    # 3 ms of GIL per poll: 1 s between polls keeps it to 0.3%.
+    assert c.update(0.003, records=200, since_last_s=1.0) == pytest.approx(1.0) and not c.over_budget
+    # 30 ms per poll would want 10 s: polls are at most MAX_POLL_S apart (a step is built soon after it settles).
+    assert c.update(0.030, records=200, since_last_s=1.0) == MAX_POLL_S and c.over_budget
+    # 2,000 records a second: the ring holds 1,000 at half-full, so polls 0.5 s apart at most.
     c = FrCadence(budget_pct=0.3, ring=2000)
-    assert c.update(40.0, 20, 100.0, records=300) == 3 and c.over_budget
+    assert c.update(0.003, records=2000, since_last_s=1.0) == pytest.approx(0.5) and c.over_budget
+    # Never faster than the watchdog retires (100 ms).
+    assert FrCadence(budget_pct=0.3, ring=2000).update(0.0001, records=1, since_last_s=1.0) == MIN_POLL_S
 
 
-def test_lag_holds_steps_back_on_flushes_without_a_poll():
-    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json([])] * 3)], timing_on=True)
-    comm._skip = 2
-    assert comm.lag_steps > 10 ** 6 and comm.lag_steps > 10 ** 6 and comm.lag_steps == 2
+def test_settled_through_is_the_oldest_collective_still_owed_its_duration():
+    """Completed on the GPU but not retired by the watchdog yet (no duration_ms): the steps from
+    its enqueue on wait; once retired with its duration they are settled through the dump."""
+    t = time.time() - 10
+    done = fr_entry(0, t + 0.01, duration_ms=2.0, completed_s=t + 0.02, retired=True)
+    completed = fr_entry(1, t + 0.11, completed_s=t + 0.12)  # the dump's copy queried the end event: no retire yet
+    retired = fr_entry(1, t + 0.11, duration_ms=3.0, completed_s=t + 0.12, retired=True)
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json([done, completed]),
+                                                                          fr_dump_json([done, retired])])],
+                                  timing_on=True, since=0)
+    comm.poll_if_due()
+    assert comm.settled_through() == pytest.approx(t + 0.11)
+    assert comm.resolve([(t, t + 0.1)]) == [2.0]
+    comm.poll_if_due(final=True)
+    assert comm.settled_through() > t + 9 and comm.resolve([(t + 0.1, t + 0.2)]) == [3.0]
 
 
 # ---- the completion hook: WorkInfo as pybind11 hands it over ----------------------------------------
@@ -297,10 +337,10 @@ def test_hook_enables_timing_and_converts_steady_clock_start_times():
     assert group.timing is True and group.hook is not None and comm.groups == 1
     t = time.time() - 5
     group.fire([work_info(t + 0.01, 2.0), work_info(t + 0.02, 3.0), work_info(t + 0.12, 7.5)])
-    assert comm.resolve([(t, t + 0.1), (t + 0.1, t + 0.2)]) == [pytest.approx(5.0), pytest.approx(7.5)]
+    assert _poll_resolve(comm, [(t, t + 0.1), (t + 0.1, t + 0.2)]) == [pytest.approx(5.0), pytest.approx(7.5)]
     comm.close()
     group.fire([work_info(t + 0.3, 1.0)])  # a hook cannot be removed: it goes quiet
-    assert comm.resolve([(t + 0.2, t + 0.4)]) == [None]
+    assert _poll_resolve(comm, [(t + 0.2, t + 0.4)]) == [None]
 
 
 def test_workinfo_start_times_of_both_clock_types():
@@ -325,8 +365,8 @@ def test_ledger_sums_per_span_and_consumes():
     led = Ledger()
     for t, d in [(0.5, 1.0), (0.1, 2.0), (1.5, None), (2.5, 4.0)]:
         led.add(t, d)
-    assert led.take([(0.0, 1.0), (1.0, 2.0)]) == [3.0, None]
-    assert led.take([(2.0, 3.0)]) == [4.0]
+    assert [f.ms for f in led.take([(0.0, 1.0), (1.0, 2.0)])] == [3.0, None]
+    assert [f.ms for f in led.take([(2.0, 3.0)])] == [4.0]
 
 
 # ---- backend detection -------------------------------------------------------------------------------
@@ -376,9 +416,10 @@ def test_nccl_timing_chosen_when_a_group_runs_nccl(monkeypatch):
 
 
 def test_ring_size_as_torch_reads_it():
-    assert ring_size({}) == 2000
-    assert ring_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 500
-    assert ring_size({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == 64
+    assert ring_setting({}) == RingSetting(2000, None)
+    assert ring_setting({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == RingSetting(500, "TORCH_NCCL_TRACE_BUFFER_SIZE")
+    both = ring_setting({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"})
+    assert both == RingSetting(64, "TORCH_FR_BUFFER_SIZE") and str(both) == "TORCH_FR_BUFFER_SIZE=64"
 
 
 # ---- through attach(): the step monitor holds steps back until the poll that times them -------------
@@ -430,17 +471,16 @@ def test_flight_recorder_timing_end_to_end_through_the_monitor(tmp_path, gloo_wo
     steps = [l for l in lines if l["type"] == "step"]
     assert [s["step"] for s in steps] == list(range(1, 24))
     assert [s["comm_ms"] for s in steps] == [3.0] * 23
-    assert relabelled_nccl_timing[0].cadence.every > 1 and relabelled_nccl_timing[0].polls < 23 / 5  # polls were spaced out
+    assert relabelled_nccl_timing[0].polls < 23 / 5  # polls were spaced out: steps waited for the next one
     fr_event = next(l for l in lines if l["type"] == "monitor" and l.get("source") == "comm")
     assert fr_event["flight_recorder"]["overflow"] == 0 and fr_event["flight_recorder"]["entries"] == 46
 
 
 def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_world_of_one, relabelled_nccl_timing):
-    """Polls spaced out (a tiny budget): at a build without a poll every step is held back
-    (lag_steps reads HOLD_ALL). The steps an exchange sends are still exchange_steps(step,
-    every, 2), the same on every rank whatever its polls (not a window cut by HOLD_ALL), and
-    all built: an exchange whose steps are not built yet waits for the next build with a poll
-    (it used to go out empty)."""
+    """Polls spaced out (a tiny budget): at a build without a poll the steps after the last
+    settled point are held back. The steps an exchange sends are still exchange_steps(step,
+    every), the same on every rank whatever its polls, and all built: an exchange whose steps
+    are not built yet waits until they are (it used to go out empty)."""
     import placement
     from placement.monitor.straggler import exchange_steps
 
@@ -464,9 +504,9 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
         dist.all_reduce(t)
         h.step()
     h.close()
-    assert relabelled_nccl_timing[0].cadence.every > 1  # polls were spaced out: some builds held every step back
+    assert relabelled_nccl_timing[0].polls < 43 / 5  # polls were spaced out: some builds held steps back
     during = [(first, last, n) for first, last, n, at_exit in exchange.sent if not at_exit]
-    assert [(first, last) for first, last, _ in during] == [exchange_steps(s, 10, 2) for s in (10, 20, 30, 40)]
+    assert [(first, last) for first, last, _ in during] == [exchange_steps(s, 10) for s in (10, 20, 30, 40)]
     # every step of them built when sent (the first exchange's window is before step 1)
     assert all(n == last - first + 1 for first, last, n in during[1:]), during
 
@@ -524,7 +564,7 @@ def test_a_stall_says_from_the_recorder_whether_the_rank_waits_inside_an_nccl_co
     timing = NcclFlightRecorderComm(WarnOnce(), sources=[DumpSource("nccl", "server", "dump_nccl_trace_json",
                                                                     lambda: dump)],
                                     timing_on=True, since=t0 - 1)
-    timing.poll()  # what the monitor read before the stall: the settled entries are behind its low mark
+    timing.poll_if_due(final=True)  # what the monitor read before the stall: the settled entries are behind its low mark
     assert timing.in_collective() is (last in ("started", "scheduled"))
 
     def broken():

@@ -1,5 +1,8 @@
 """One config tree: defaults, YAML file, dict and dotted overrides; bad input is one line."""
+from pathlib import Path
+
 import pytest
+import yaml
 
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError
@@ -8,6 +11,23 @@ from placement.errors import ConfigError
 def test_defaults_are_valid():
     cfg = load_config()
     assert cfg == PlacementConfig()
+
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "configs" / "placement.example.yaml"
+
+
+def test_the_example_config_holds_every_key_with_its_default_and_a_comment(capsys):
+    """configs/placement.example.yaml, the file to copy: every key with its default (so it stays in
+    step with PlacementConfig), a comment on every line, and taken by placerun --placement-config."""
+    from placement import launcher
+
+    text = EXAMPLE.read_text()
+    assert yaml.safe_load(text) == PlacementConfig().to_dict()
+    assert load_config(config_file=str(EXAMPLE)) == PlacementConfig()
+    uncommented = [line for line in text.splitlines() if line.strip() and " # " not in line and not line.startswith("#")]
+    assert not uncommented
+    assert launcher.main(["--nproc-per-node", "1", "--placement-config", str(EXAMPLE), "--dry-run", "t.py"]) == 0
+    assert "plan: policy auto" in capsys.readouterr().out
 
 
 def test_layers_apply_in_order(tmp_path):

@@ -46,7 +46,7 @@ def test_the_steps_after_the_last_exchange_window_are_judged_at_close(tmp_path):
         assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
     log = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     events = [e for e in log if e["type"] == "straggler"]
-    last_regular = exchange_steps(STEPS, EVERY, 0)[1]
+    last_regular = exchange_steps(STEPS, EVERY)[1]
     assert last_regular < SLOW_FROM  # the slow steps are in no regular window
     final = [e for e in events if e["steps"] == [last_regular + 1, STEPS]]
     assert final, [e["steps"] for e in events]

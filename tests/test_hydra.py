@@ -66,6 +66,26 @@ def test_preset_yaml_equals_configstore(group, option):
     assert yaml.safe_load(text) == PRESETS[group][option]
 
 
+@pytest.mark.parametrize("group, option", [(g, o) for g, opts in PRESETS.items() for o in opts])
+def test_preset_yaml_works_with_placement_config_too(group, option):
+    """A Hydra group file given to placerun --placement-config (or attach(config=path)): its keys
+    land under its `# @package`, as Hydra puts them; its second line says what the file is."""
+    path = CONFIGS / "placement" / group / f"{option}.yaml"
+    assert path.read_text().splitlines()[1].startswith(f"# Hydra config group file: placement/{group}={option}")
+    keys: dict = PRESETS[group][option]
+    for part in reversed(PRESET_PACKAGES[group].split(".")[1:]):
+        keys = {part: keys}
+    assert load_config(config_file=str(path)) == load_config(base=keys)
+
+
+def test_the_hydra_primary_config_says_what_it_is_and_names_the_plain_one():
+    path = CONFIGS / "placement" / "default.yaml"
+    assert "Hydra primary config" in path.read_text().splitlines()[0]
+    assert "configs/placement.example.yaml" in path.read_text().splitlines()[0]
+    with pytest.raises(ConfigError, match=r"Hydra primary config .* e\.g\. a copy of configs/placement\.example\.yaml"):
+        load_config(config_file=str(path))
+
+
 def test_preset_files_are_exactly_the_registered_options():
     for group, options in PRESETS.items():
         assert sorted(p.stem for p in (CONFIGS / "placement" / group).glob("*.yaml")) == sorted(options)

@@ -1,5 +1,6 @@
 """placerun's argument handling against torch's own torchrun parser and config_from_args; bad
 input ends before any worker with one line and exit 2. No workers are started here."""
+import json
 import os
 import sys
 
@@ -161,6 +162,34 @@ def test_a_shortfall_runs_degraded_by_default_and_the_banner_says_so_in_one_line
     assert len(plan.warnings) > 1 and len(warnings) == 1 and f"nproc_per_node={n}" in warnings[0]
 
 
-def test_torch_numa_binding_and_a_placement_policy_conflict(capsys):
-    one_line_exit_2(capsys, ["--numa-binding", "node", "t.py"], "--numa-binding=node", "placement.policy=none")
-    assert main(["--numa-binding", "node", "placement.policy=none", "--dry-run", "t.py"]) == 0
+@pytest.mark.parametrize("overrides,torch_binds,plan_policy,words", [
+    ([], False, "auto within node", "--numa-binding=node: placement binds each rank inside the CPU set torch's node"),
+    (["placement.policy=auto"], False, "auto within node", "with its thread roles placed within"),
+    (["placement.policy=none"], True, "none", "with placement.policy=none: torch binds the workers"),
+    (["placement.policy=node"], False, "node", "placement.policy=node agrees with --numa-binding=node"),
+    (["placement.policy=socket"], False, "socket", "placement.policy=socket wins over --numa-binding=node"),
+])
+def test_torch_numa_binding_runs_and_one_line_says_who_binds(monkeypatch, capsys, tmp_path, overrides, torch_binds,
+                                                             plan_policy, words):
+    """torchrun runs `--numa-binding node`, so placerun does: never exit 2. Where placement binds,
+    torch's own binding (a numactl wrapper) is taken out of torch's args and the plan is the one
+    handed to the workers; with policy none torch keeps its flag."""
+    from placement import bootstrap
+    from placement.plan import Plan
+
+    started = []
+
+    def record(launch):
+        with open(os.environ[bootstrap.PLAN_FILE_ENV]) as f:
+            started.append((launch.torch_args.numa_binding, Plan.from_dict(json.load(f))))
+
+    monkeypatch.setattr(launcher, "_run", record)
+    argv = ["--standalone", "--nproc-per-node", "2", "--numa-binding", "node", *overrides,
+            f"placement.monitor.log_dir={tmp_path}", "t.py"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "--numa-binding" in line]
+    assert len(lines) == 1 and words in lines[0] and lines[0].startswith("placerun: "), err
+    ((numa_binding, plan),) = started
+    assert numa_binding == ("node" if torch_binds else None)
+    assert plan.policy == plan_policy

@@ -140,6 +140,118 @@ def test_data_iterator_shapes(megatron_world, tmp_path):
         assert next(watch_data_iterator(handle, iter([7]))) == 7
 
 
+@pytest.fixture
+def rerun_machine(megatron_world, monkeypatch):
+    """megatron-core's RerunStateMachine in validate_results mode (Megatron-LM's default), installed
+    as the global that RerunDataIterator.__next__ and Megatron-LM's train_step read.
+
+    megatron-core 0.16.1's machine touches CUDA in three places only (rerun_state_machine.py):
+    `_reduce_any` builds its flag tensor on 'cuda' (258, 265), `_save_state` / `_restore_state`
+    keep the CUDA RNG (958, 969), and the failure log names torch.cuda.current_device() (566, 612).
+    On this CPU torch, the flags are all-reduced over gloo, the CUDA RNG is empty and the device
+    is 0; every other line (the iterator check at 921-923, the states, the replay) is its own."""
+    from megatron.core import rerun_state_machine as rsm
+
+    class CpuRerunStateMachine(rsm.RerunStateMachine):
+        def _reduce_any(self, value):  # rerun_state_machine.py:251-267 with device="cpu"
+            flags = torch.tensor(value if isinstance(value, list) else [value], dtype=torch.int32)
+            dist.all_reduce(flags)
+            return tuple(x > 0 for x in flags.tolist()) if isinstance(value, list) else flags.item() > 0
+
+    if not torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a, **k: torch.empty(0, dtype=torch.uint8))
+        monkeypatch.setattr(torch.cuda, "set_rng_state", lambda *a, **k: None)
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    rsm.destroy_rerun_state_machine()
+    machine = CpuRerunStateMachine(mode=rsm.RerunMode.VALIDATE_RESULTS)
+    rsm._set_rerun_state_machine(machine)
+    yield machine
+    rsm.destroy_rerun_state_machine()
+
+
+class CountingBatches:
+    """The inner iterator Megatron-LM's RerunDataIterator wraps: counts the batches fetched."""
+
+    def __init__(self, width: int):
+        self.width = width
+        self.fetched = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> torch.Tensor:
+        self.fetched += 1
+        return torch.full((2, self.width), float(self.fetched))
+
+
+def megatron_lm_train_step(machine, data_iterator, model, optimizer, microbatches: int, reject: bool) -> list:
+    """Megatron-LM's train_step (megatron/training/training.py:3010-3200 at NVIDIA/Megatron-LM
+    d98e8a64): `while rerun_state_machine.should_run_forward_backward(data_iterator)` around the
+    forward-backward of every microbatch of every virtual-pipeline chunk, pretrain_gpt.py's loss_func
+    validating each loss, then should_checkpoint_and_exit and optimizer.step. The batches taken
+    are returned (a rerun takes them again)."""
+    from megatron.core.rerun_state_machine import RerunDataIterator
+
+    chunks = data_iterator if isinstance(data_iterator, list) else [data_iterator]
+    taken = []
+    while machine.should_run_forward_backward(data_iterator):
+        optimizer.zero_grad()
+        for _ in range(microbatches):
+            for chunk in chunks:
+                assert isinstance(chunk, RerunDataIterator)
+                batch = next(chunk)
+                taken.append(batch)
+                loss = model(batch).pow(2).mean()
+                machine.validate_result(result=loss, rejection_func=lambda _: reject, message="spiky loss",
+                                        tolerance=0.0, fatal=False)
+                loss.backward()
+    should_checkpoint, should_exit, _ = machine.should_checkpoint_and_exit()
+    assert not should_checkpoint and not should_exit
+    optimizer.step()
+    return taken
+
+
+@pytest.mark.parametrize("chunks", [1, 2], ids=["one-iterator", "virtual-pipeline-list"])
+def test_attach_megatron_under_megatron_lm_rerun_state_machine(rerun_machine, tmp_path, chunks):
+    """Megatron-LM passes RerunDataIterators (one, or one per virtual pipeline chunk) to train_step;
+    megatron-core's state machine asserts they are RerunDataIterators unless its mode is DISABLED.
+    attach_megatron hands back the same objects with their inner iterators watched: the machine
+    accepts them, a rejected loss reruns the step on the replayed microbatches (no new fetch), every
+    optimizer step is one record with its data wait, and close() puts the inner iterators back."""
+    from megatron.core.rerun_state_machine import RerunDataIterator, RerunState
+
+    sources = [CountingBatches(4) for _ in range(chunks)]
+    given = [RerunDataIterator(src) for src in sources]
+    given_arg = given if chunks > 1 else given[0]
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    log_dir = tmp_path / "logs"
+    chunk_list = [model] * chunks  # Megatron-LM's `model`: a list of chunks, several with a virtual pipeline
+    pm = attach_megatron(optimizer, given_arg, model=chunk_list, policy="none",
+                         monitor={"log_dir": str(log_dir), "flush_every": 1})
+    microbatches, steps, rejected_step = 2, 4, 2
+    per_step = []
+    for step in range(1, steps + 1):
+        per_step.append(megatron_lm_train_step(rerun_machine, pm.data_iterator, model, optimizer, microbatches,
+                                               reject=step == rejected_step))
+    handed_back = pm.data_iterator if chunks > 1 else [pm.data_iterator]
+    assert all(a is b for a, b in zip(handed_back, given, strict=True)), \
+        "the RerunDataIterator(s) Megatron-LM built come back as they were"
+    assert all(d.iterable is not src for d, src in zip(given, sources)), "their inner iterators are watched"
+    pm.close()
+
+    per_run = microbatches * chunks
+    assert [len(t) for t in per_step] == [per_run * (2 if s == rejected_step else 1) for s in range(1, steps + 1)]
+    rerun = per_step[rejected_step - 1]
+    assert all(a is b for a, b in zip(rerun[:per_run], rerun[per_run:])), "the rerun replayed the same microbatches"
+    assert [src.fetched for src in sources] == [microbatches * steps] * chunks, "a replay fetches nothing new"
+    assert rerun_machine.current_iteration == steps - 1 and rerun_machine.state == RerunState.NOT_RUNNING_YET
+    assert [d.iterable for d in given] == sources, "close() puts the inner iterators back"
+    records = _step_records(log_dir / "rank0.jsonl")
+    assert [r["step"] for r in records] == list(range(1, steps + 1)), "one record per optimizer step, reruns included"
+    assert all(r["data_ms"] > 0 for r in records)
+
+
 def _run(cmd: list[str], cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PATH=f"{VENV_BIN}:{os.environ.get('PATH', '')}", PYTHONWARNINGS="ignore")
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)

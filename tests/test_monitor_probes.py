@@ -10,6 +10,7 @@ from placement.monitor.cpufreq import CoreFreq
 from placement._procfs import nonvoluntary_switches_at, schedstat_at, stat_at
 from placement.monitor.probes import MainRead, MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
 from placement.monitor.warn import WarnOnce
+from placerun_helpers import wait_thread_gone
 
 
 def _spin(seconds: float) -> None:
@@ -17,13 +18,6 @@ def _spin(seconds: float) -> None:
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         pass
-
-
-def _wait_gone(tid: int) -> None:
-    """Python's join() returns before the kernel has reaped the thread: wait for that too."""
-    deadline = time.monotonic() + 5
-    while os.path.exists(f"/proc/self/task/{tid}") and time.monotonic() < deadline:
-        time.sleep(0.005)
 
 
 def _fd(path) -> int:
@@ -96,7 +90,7 @@ def test_probe_of_a_thread_that_exits_says_thread_gone():
     t = threading.Thread(target=lambda: box.setdefault("tid", threading.get_native_id()))
     t.start()
     t.join()
-    _wait_gone(box["tid"])
+    assert wait_thread_gone(box["tid"])
     with pytest.raises(ThreadGone):
         probe = ThreadProbe(os.getpid(), box["tid"], lambda *_: None)
         probe.schedstat()
@@ -115,7 +109,7 @@ def test_probe_of_a_thread_that_exits_says_thread_gone():
     assert probe.counters().cpu_ns is not None
     stop.set()
     t2.join()
-    _wait_gone(box["tid2"])
+    assert wait_thread_gone(box["tid2"])
     with pytest.raises(ThreadGone):
         probe.counters()
     probe.close()

@@ -57,20 +57,35 @@ def test_nccl_threads_and_main_on_their_own_cores(tmp_path):
         assert "nccl" in {v[1] for v in threads.values()}
 
 
-def run_and_check(tmp_path, nproc, backend):
+def test_numa_binding_node_runs_with_each_rank_inside_torchs_set(tmp_path):
+    """`placerun --numa-binding node`, a flag torchrun takes: it runs, one line says placement binds
+    inside torch's node sets, and every thread read from /proc sits inside the set policy `node`
+    gives its rank (the sets test_plan_torch checks against torch's own function)."""
+    seen = run_and_check(tmp_path, nproc=2, backend="gloo", numa_binding="node")
+    _, node_plan = plan_for_node(load_config(["policy=node"]), 2)
+    for rank, (rank_plan, threads) in seen.items():
+        envelope = node_plan.for_local_rank(rank_plan.local_rank).share()
+        assert rank_plan.share() <= envelope
+        assert all(v[2] <= envelope for v in threads.values()), threads
+    err = text(tmp_path / "placerun", "err")
+    assert [line for line in err.splitlines() if "--numa-binding=node: placement binds each rank inside" in line]
+
+
+def run_and_check(tmp_path, nproc, backend, numa_binding=None):
     """Launch hold.py under placerun, check every thread from /proc while it runs; returns
     {rank: (rank_plan, observed threads)}."""
     out, logs = tmp_path / "out", tmp_path / "logs"
     out.mkdir()
     override = f"placement.monitor.log_dir={logs}"
-    cmd = [*launcher("placerun"), "--standalone", "--nproc-per-node", str(nproc), override, str(JOBS / "hold.py"),
-           str(out), backend]
+    torch_flags = [] if numa_binding is None else ["--numa-binding", numa_binding]
+    cmd = [*launcher("placerun"), "--standalone", "--nproc-per-node", str(nproc), *torch_flags, override,
+           str(JOBS / "hold.py"), str(out), backend]
     proc = start(cmd, tmp_path / "placerun")
     ranks = range(nproc)
     try:
         wait_for([out / f"rank{r}.json" for r in ranks], [(proc, tmp_path / "placerun")])
         reports = [json.loads((out / f"rank{r}.json").read_text()) for r in ranks]
-        _, plan = plan_for_node(load_config([override]), nproc)
+        _, plan = plan_for_node(load_config([override]), nproc, within=numa_binding)
         for report in reports:
             assert report["plan"] == plan.to_dict()  # what workers got is what `placement plan` prints
         applied = {}

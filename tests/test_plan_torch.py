@@ -17,6 +17,7 @@ import pytest
 
 from placement.config import load_config
 from placement.plan import JobSpec, make_plan
+from placement.plan.cores import physical_cores
 from placement.roles import ThreadRole
 from placement.topology import discover
 from placement.topology.model import Gpu
@@ -97,7 +98,29 @@ def _compare(monkeypatch, root: str, topo, injected: dict[str, str]) -> int:
             assert got == want, f"{root} {mode} GPU {rank.gpu.index}: placement {sorted(got)} torch {sorted(want)}"
             assert all(set(a.cpus) == got for a in rank.roles.values()), "process-level: one set for every role"
             compared += 1
+        _check_within(topo, visible, mode, expected)
     return compared
+
+
+def _check_within(topo, visible: list[Gpu], mode: str, expected: list[set[int] | None]) -> None:
+    """placerun --numa-binding=MODE with policy auto (JobSpec.within): every thread role of every
+    rank inside the set torch gives that rank, and per-role placement within it: main on one CPU
+    of its own wherever torch's set has a core for each rank that shares it."""
+    cfg = load_config(["strict=false"])
+    plan = make_plan(topo, JobSpec(len(visible), within=mode), cfg)
+    check_common(topo, plan, cfg)
+    assert plan.policy == f"auto within {mode}"
+    sharing: dict[frozenset[int], list] = {}
+    for rank, want in zip(plan.ranks, expected):
+        if not want:
+            continue
+        assert rank.share() <= want, f"{mode} GPU {rank.gpu.index}: {sorted(rank.share())} outside torch's {sorted(want)}"
+        assert len(rank.cpus(ThreadRole.MAIN)) == 1 and rank.cpus(ThreadRole.OTHER) <= want
+        sharing.setdefault(frozenset(want), []).append(rank)
+    for want, ranks in sharing.items():
+        if len(physical_cores(topo, want)) >= len(ranks):
+            mains = [r.cpus(ThreadRole.MAIN) for r in ranks]
+            assert len(set(mains)) == len(mains), f"{mode}: ranks sharing torch's set {sorted(want)} share a main core"
 
 
 def _inject_gpus(topo, per_node: dict[int, int]) -> dict[str, str]:

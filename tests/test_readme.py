@@ -71,5 +71,7 @@ def test_readme_installs_with_the_extras_pyproject_defines():
     extras = set(project["project"]["optional-dependencies"])
     named = set(re.findall(r'pip install "\./placement\[(\w+)\]"', _readme()))
     assert named == extras
+    torch_floor = next(d for d in project["project"]["dependencies"] if d.startswith("torch"))
+    assert torch_floor in _readme()
     markers = project["tool"]["pytest"]["ini_options"]["markers"]
     assert any(m.startswith("slow:") for m in markers) and '`./dev.sh test -m "not slow"`' in _readme()

@@ -62,10 +62,12 @@ def _evidence(cpus):
     main = _main_cpus()
     return {"rank": 0, "local_rank": 0, "gpu_pci": "0000:18:00.0", "gpu_numa": 0,
             "main_cpus_before_nccl": main, "main_cpus_after_nccl": main, "main_cpus_after_steps": main,
-            "threads_after_init": threads, "threads_after_steps": threads,
+            "threads_after_init": threads, "threads_during_steps": threads, "threads_after_steps": threads,
             "nvml_gpus": ["00000000:18:00.0", "00000000:2A:00.0"], "torch_gpus": ["0000:18:00.0"],
             "comm_timing": "flight_recorder", "comm_ms_monitor": [None] * 5 + [10.2] * 95,
-            "comm_ms_reference": [10.0] * 100, "step_ms_median": 100.0, "monitor_us_per_step": 40.0}
+            "comm_ms_reference": [10.0] * 100, "comm_ms_monitor_short": [None] * 5 + [0.05] * 95,
+            "comm_ms_reference_short": [0.08] * 100, "step_ms_median": 100.0, "step_ms_median_short": 3.0,
+            "monitor_us_per_step": 40.0}
 
 
 def _plan(cpus):
@@ -80,7 +82,7 @@ def test_every_check_passes_on_a_rank_as_planned(named_threads):
     got = evaluate([dict(ev, plan=_plan(cpus))], 1, budget_pct=0.3)
     assert [c.name for c in got] == ["gpus_match", "rank_placement", "nccl_threads_after_init",
                                      "nccl_threads_after_steps", "main_mask_after_nccl_init", "comm_time",
-                                     "pin_memory_threads", "backward_threads", "monitor_cost"]
+                                     "comm_time_short_steps", "pin_memory_threads", "backward_threads", "monitor_cost"]
     assert all(c.passed is True for c in got), [(c.name, c.why) for c in got]
     nccl = next(c for c in got if c.name == "nccl_threads_after_init")
     assert sorted(t["name"] for t in nccl.evidence["threads"]) == ["NCCL Progress 0", "NCCL Service 0"]
@@ -103,7 +105,8 @@ def test_threads_off_their_planned_cpus_fail(named_threads):
 
 
 @pytest.mark.parametrize("change, name, why", [
-    ({"main_cpus_after_nccl": [0]}, "main_mask_after_nccl_init", "changed by NCCL init"),
+    ({"main_cpus_after_nccl": [1]}, "main_mask_after_nccl_init", "changed by NCCL init"),
+    ({"comm_ms_monitor_short": [None] * 100}, "comm_time_short_steps", "null on 95 of 95 short steps"),
     ({"comm_ms_monitor": [None] * 100}, "comm_time", "comm time null"),
     ({"comm_ms_monitor": [13.0] * 100}, "comm_time", "outside 20%"),
     ({"monitor_us_per_step": 400.0}, "monitor_cost", "0.400%"),
@@ -129,3 +132,67 @@ def test_a_rank_without_evidence_fails_and_the_job_runs_under_placerun():
     cmd = job_command(2, "/tmp/x", 100)
     assert cmd[1:3] == ["-m", "placement.launcher"] and "--nproc-per-node" in cmd
     assert cmd[cmd.index("-m", 3) + 1] == "placement.selftest.job"
+
+
+def test_main_narrowed_by_placement_after_nccl_init_passes_and_a_change_nccl_left_fails():
+    """The binder narrows main to its planned CPUs when NCCL's threads appear (bind/binder.py);
+    NCCL restores the mask it saved (src/init.cc). The old check compared with the mask before
+    init, so placement's own narrowing failed it; a mask NCCL left narrowed to the GPU's CPUs
+    (neither the share nor main's set) is what must fail."""
+    plan = _plan([0, 1])
+    plan["roles"]["main"] = {"cpus": [0], "reason": "test"}
+    plan["roles"]["nccl"] = {"cpus": [1], "reason": "test"}
+    share = [0, 1]
+    narrowed_by_us = {"main_cpus_before_nccl": share, "main_cpus_after_nccl": [0]}
+    assert C.main_mask_after_nccl_init(narrowed_by_us, plan).passed is True
+    assert C.main_mask_after_nccl_init({"main_cpus_before_nccl": share, "main_cpus_after_nccl": share}, plan).passed
+    plan_wide = _plan([0, 1, 2, 3])
+    left_by_nccl = {"main_cpus_before_nccl": [0, 1, 2, 3], "main_cpus_after_nccl": [2, 3]}
+    c = C.main_mask_after_nccl_init(left_by_nccl, plan_wide)
+    assert c.passed is False and "not restored" in c.why
+
+
+class _PinningLoaderIter:
+    """A non-persistent DataLoader iterator's pin-memory thread as torch runs it: started with
+    the iterator (torch/utils/data/dataloader.py ~1195-1210, named pt_data_pin by
+    _utils/pin_memory.py), joined when the iterator is exhausted (_shutdown_workers, called at
+    StopIteration unless persistent, ~1489-1491; the join ~1627-1636)."""
+
+    def __init__(self, n):
+        self.n, self.done = n, threading.Event()
+        started = threading.Event()
+
+        def pin_loop():
+            name_this_thread(b"pt_data_pin")
+            started.set()
+            self.done.wait(30)
+
+        self.thread = threading.Thread(target=pin_loop, daemon=True)
+        self.thread.start()
+        started.wait(10)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self.n == 0:
+            self.done.set()
+            self.thread.join()
+            raise StopIteration
+        self.n -= 1
+        return self.n
+
+
+def test_the_pin_memory_thread_is_looked_for_while_the_loader_runs():
+    cpus = sorted(os.sched_getaffinity(0))
+    plan = _plan(cpus)
+    during = None
+    for i in _PinningLoaderIter(6):
+        if i == 3:
+            during = _threads()
+    after = _threads()
+    pin = dict(kind=ThreadRole.PIN_MEMORY, name="pin_memory_threads")
+    # Today's job looked after the loop: the thread was joined, the check always failed.
+    assert C.threads_on_plan({"threads_after_steps": after}, plan, when="after_steps", **pin).passed is False
+    c = C.threads_on_plan({"threads_during_steps": during}, plan, when="during_steps", **pin)
+    assert c.passed is True and [t["name"] for t in c.evidence["threads"]] == ["pt_data_pin"]

@@ -1,5 +1,5 @@
-"""The tuner behind the real step monitor, with NCCL's comm lag (a step's durations known
-2 steps later, comm_nccl.py) and flush steps every 40 steps while windows are 20: a move is
+"""The tuner behind the real step monitor, with NCCL's comm lag (a step's durations settled
+2 steps later: nccl_standins.settle_steps_late) and flush steps every 40 steps while windows are 20: a move is
 judged on steps that ran after it, never on steps measured before it, whether the records
 come in batches at flush steps (an observer without window_end) or, as placement.attach
 wires the tuner, each window as soon as its comm timing is final."""
@@ -14,6 +14,7 @@ import placement
 from placement.roles import ThreadRole
 from placement.tune.rules.base import Proposal, Rule, RuleContext
 from placement.tune.tuner import Tuner
+from nccl_standins import settle_steps_late
 from tune_fakes import FakeBinder, FakeFacts, ListEvents, rank_plan, topology, tune_cfg
 
 SLOW_MS, FAST_MS = 6.0, 2.0  # step time on the first core and after the move
@@ -62,7 +63,7 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
                                        "exchange_every": FLUSH_EVERY, "rescan_every": FLUSH_EVERY,
                                        "summary_every": 0, "budget_pct": 0})
     monitor = handle.monitor
-    monitor.comm.lag_steps = LAG_STEPS  # NCCL's lag (comm_nccl.py): the last 2 steps wait for the next batch
+    settle_steps_late(monitor.comm, LAG_STEPS)  # NCCL's durations come after the step: the last 2 steps wait
     binder = SteppingBinder()
     binder.monitor = monitor
     events = ListEvents()

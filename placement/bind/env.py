@@ -1,7 +1,8 @@
 """Stage-1 environment of a rank, set before torch (and so OpenMP, NCCL, CUDA) reads it."""
 from __future__ import annotations
 
-from typing import Iterable, MutableMapping
+import sys
+from typing import Iterable, MutableMapping, Optional
 
 from placement.bind.nccl import PROXY_CPUSET, SET_THREAD_NAME, proxy_cpuset_value
 from placement.plan.model import RankPlan
@@ -31,3 +32,16 @@ def apply_env(rank_plan: RankPlan, environ: MutableMapping[str, str], *, keep: I
         if k not in environ and k not in keep:
             environ[k] = applied[k] = v
     return applied
+
+
+def apply_torch_threads(env_set: dict[str, str]) -> Optional[int]:
+    """The plan's OMP_NUM_THREADS also through torch.set_num_threads when torch is already imported
+    (attach() from inside a program): torch sized its intra-op pool from the env it saw then, so the
+    env alone changes nothing. Returns the count set through torch, None when torch was not touched
+    (not imported yet: it reads the env itself; or the plan sets no count)."""
+    torch = sys.modules.get("torch")
+    count = env_set.get("OMP_NUM_THREADS")
+    if torch is None or count is None or not hasattr(torch, "set_num_threads"):
+        return None
+    torch.set_num_threads(int(count))
+    return int(count)

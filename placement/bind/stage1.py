@@ -16,10 +16,11 @@ from typing import Iterable, MutableMapping, Optional
 from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.binder import RoleBinder
-from placement.bind.env import apply_env
+from placement.bind.env import apply_env, apply_torch_threads
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
+from placement.monitor.nccl_env import NcclTimingMode, decide_nccl_env
 from placement.plan.model import Plan
 from placement.topology.model import Topology
 
@@ -40,8 +41,12 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
     binding = plan.policy != "none" and bool(rank_plan.roles)
     late = entry == "attach" and rank_plan.gpu is not None and nccl_communicator_started()
     env_set = apply_env(rank_plan, environ, keep=keep, binding=binding)
+    nccl_note = None
+    if rank_plan.gpu is not None and cfg.monitor.enabled:
+        nccl_note = apply_nccl_timing_env(cfg, environ, env_set, keep, entry)
+    torch_threads = apply_torch_threads(env_set) if environ is os.environ else None
     events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=world_size, restart=restart,
-                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, entry=entry)
+                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry)
     if late:
         warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
                             f"({SET_THREAD_NAME}, NCCL_PROXY_CPUSET) before placement set it, so its threads "
@@ -50,6 +55,8 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
     elif environ.get(SET_THREAD_NAME) != "1":
         events.event("warning", message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
                                         "NCCL threads are not named, so they are bound as `other`")
+    if nccl_note is not None:
+        warn_rank(events, rank, nccl_note)
     binder = RoleBinder(rank_plan, events, background_nice=cfg.tune.background_nice)
     memory = None
     if binding:
@@ -78,6 +85,21 @@ def start_stage2(s) -> None:
     rehome_forked_children(s.binder)
     s.binder.rescan()
     s.binder.start_watcher(WATCH_INTERVAL_S)
+
+
+def apply_nccl_timing_env(cfg: PlacementConfig, environ: MutableMapping[str, str], env_set: dict,
+                          keep: Iterable[str], entry: str) -> Optional[str]:
+    """NCCL collective timing and the flight recorder's ring (placement.monitor.nccl_timing,
+    decided in monitor/nccl_env.py): set into `environ` (and noted in `env_set`) unless the user
+    set them; returns the one line to say when timing stays off."""
+    dist = sys.modules.get("torch.distributed")
+    pg_exists = entry == "attach" and dist is not None and dist.is_available() and dist.is_initialized()
+    decision = decide_nccl_env(NcclTimingMode(cfg.monitor.nccl_timing), environ, process_group_exists=pg_exists)
+    keep = set(keep)
+    for k, v in decision.env.items():
+        if k not in keep:
+            environ[k] = env_set[k] = v
+    return decision.note
 
 
 def warn_rank(events, rank: int, message: str, *, event: bool = True) -> None:

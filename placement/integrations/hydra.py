@@ -25,7 +25,7 @@ import sys
 import typing
 from typing import Any
 
-from placement.config import (COMM_TIMING, MEMORY_MODES, POLICIES, SMT_MODES, TUNE_RULES,
+from placement.config import (COMM_TIMING, NCCL_TIMING, MEMORY_MODES, POLICIES, SMT_MODES, TUNE_RULES,
                               MonitorConfig, PlacementConfig, TuneConfig, load_config)
 
 GROUP = "placement"
@@ -71,6 +71,7 @@ _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     ("PlacementConfig", "memory"): MEMORY_MODES,
     ("PlacementConfig", "smt"): SMT_MODES,
     ("MonitorConfig", "comm_timing"): COMM_TIMING,
+    ("MonitorConfig", "nccl_timing"): NCCL_TIMING,
     ("TuneConfig", "rules"): TUNE_RULES,
 }
 

@@ -16,6 +16,7 @@ tells a late rank from the ranks that waited for it (placement.monitor.straggler
 from __future__ import annotations
 
 import inspect
+import math
 import threading
 import time
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ class CollectiveClock:
         self._lock = threading.Lock()
         self._intervals: list[tuple[int, int]] = []
         self._count = 0
+        self.entered = 0  # collectives entered in all (the NCCL hook route compares it with those reported)
         self._enter_t: Optional[float] = None
         # Collectives entered and not done (timed clocks only: an untimed call returns at enqueue).
         # What a stall report says of a hung rank: a rank outside any collective is the one the
@@ -81,6 +83,7 @@ class CollectiveClock:
     def enter(self) -> int:
         with self._lock:
             self._count += 1
+            self.entered += 1
             self._open += 1
             if self._enter_t is None:
                 self._enter_t = wall_clock()
@@ -112,11 +115,14 @@ class CollectiveClock:
 
 class CommTiming:
     """Base: entry times and counts from the wrappers and the DDP hook; subclasses say how
-    durations are measured. `lag_steps`: how many steps later a step's durations are known."""
+    durations are measured. A source whose durations arrive after the step (NCCL) says through
+    which wall time they are settled (settled_through); the monitor builds steps up to there,
+    and a step still unsettled settle_max_s after it ended is built with comm time null."""
 
     name = "off"
-    lag_steps = 0
     timed_calls = True  # whether call wall time is the comm time (blocking backends)
+    settle_max_s = 0.0
+    null_why: Optional[str] = None  # why the last in_collective() was None, when the source can say
 
     def __init__(self, warn: WarnOnce):
         self.warn = warn
@@ -135,11 +141,16 @@ class CommTiming:
         NCCL's flight-recorder timing answers from the recorder)."""
         return self.clock.in_collective()
 
-    @property
-    def final_after_steps(self) -> int:
-        """How many steps later a step's durations are final, leaving out any poll cadence's
-        holds: reading it changes nothing (reading lag_steps may advance that cadence)."""
-        return self.lag_steps
+    def poll_if_due(self, final: bool = False) -> None:
+        """Look for late durations when due (`final`: now, at exit). Monitor thread."""
+
+    def settled_through(self) -> float:
+        """Wall time through which every step's comm figures are final (inf: at its end)."""
+        return math.inf
+
+    def poll_interval_s(self) -> float:
+        """How soon settled_through() may move on (for a monitor holding steps)."""
+        return math.inf
 
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""

@@ -31,78 +31,110 @@ duration is null, never 0.
 from __future__ import annotations
 
 import bisect
+import collections
+import dataclasses
 import datetime
+import enum
 import math
 import os
-import statistics
+import threading
 import time
 from typing import Optional
 
 from placement.monitor.comm import CommTiming
 from placement.monitor.comm_groups import nccl_groups
-from placement.monitor.flight_recorder import (DumpSource, RingReader, dump_sources, entries_from, ring_size,
+from placement.monitor.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
                                                 settled_test)
+from placement.monitor.nccl_env import TIMING_VAR, timing_enabled_by_env
 from placement.monitor.warn import WarnOnce, first_line
 
-# Steps a step's collectives get to finish on the GPU before its record is built.
-LAG_STEPS = 2
-# Hold back every pending step (the record is built at the next poll).
-HOLD_ALL = 1 << 30
-MAX_POLL_EVERY = 8  # at most this many flushes between polls
-RING_HEADROOM = 0.5  # the ring may fill to this share between polls before a poll is forced
+# How long a step may wait for its collectives to settle before it is built with comm time
+# null (counted as comm_unsettled). Far above the watchdog's 100 ms retire period and a GPU
+# queue several steps behind; a collective that takes longer is a hang, which the stall
+# watch names.
+SETTLE_MAX_S = 10.0
+# Flight-recorder poll interval bounds: no faster than the watchdog retires (kWatchdogThreadSleepMillis,
+# 100 ms, ProcessGroupNCCL.hpp: durations appear no more often), no slower than MAX_POLL_S so that a
+# step's record is built within a few seconds of its settling. A full ring of 10,000 records costs
+# ~430 ms of the worker server's own thread and ~12.5 ms of GIL per dump here
+# (benchmarks/comm_flight_recorder.py --ring 10000): 5 s apart that is 0.25% of the time.
+MIN_POLL_S = 0.1
+MAX_POLL_S = 5.0
+EXIT_SETTLE_S = 0.5  # at exit, how long the last collectives may take to settle
+RING_HEADROOM = 0.5  # the ring may fill to this share between polls before the interval is shortened
+# How long a stall report waits for its flight-recorder dump: the dump queries CUDA events
+# (FlightRecorderDetail.hpp:184-202), and cudaEventQuery can hang while another thread holds
+# the context in cudaStreamSynchronize (the warning in ProcessGroupNCCL.cpp's watchdog), which
+# is where a rank hung at loss.item() sits.
+STALL_DUMP_WAIT_S = 2.0
 
 
-def timing_enabled_by_env(environ=os.environ) -> bool:
-    """Whether ProcessGroupNCCL turns collective timing on by itself: TORCH_NCCL_ENABLE_TIMING
-    (or NCCL_ENABLE_TIMING, ProcessGroupNCCL.hpp:92-94), or desync debug, which forces it
-    (ProcessGroupNCCL.hpp:1453-1456)."""
-    def on(key: str) -> bool:
-        return environ.get(key, "0").strip().lower() in ("1", "true", "yes", "on", "y")
+class NullCause(enum.Enum):
+    """Why a step's NCCL comm time is null."""
 
-    return any(on(k) for k in ("TORCH_NCCL_ENABLE_TIMING", "NCCL_ENABLE_TIMING",
-                               "TORCH_NCCL_DESYNC_DEBUG", "NCCL_DESYNC_DEBUG"))
+    UNTIMED = "untimed"  # no collective of the step carries a duration (timing off, or no collective)
+    UNSETTLED = "unsettled"  # a collective had not settled within SETTLE_MAX_S (or at exit)
+    LOST = "lost"  # the ring wrapped over records of the step
+    MISSING = "missing"  # timing on, and a collective's duration never came
+
+
+@dataclasses.dataclass(frozen=True)
+class CommFigure:
+    ms: Optional[float]
+    null: Optional[NullCause] = None
 
 
 class Ledger:
-    """(enqueue wall time s, duration ms or None) of settled collectives, sorted by time,
-    plus the wall-time spans in which records were lost (the ring wrapped)."""
+    """Settled collectives (enqueue wall time s, duration ms or None, owed) sorted by time, the
+    wall-time spans in which records were lost (the ring wrapped), and the enqueue times of the
+    collectives not settled at the last look (a span holding one is null if built now)."""
 
     def __init__(self):
         self._times: list[float] = []
         self._durs: list[Optional[float]] = []
+        self._owed: list[bool] = []  # timing on and the duration never came: the span is null
         self._gaps: list[tuple[float, float]] = []
+        self.unsettled: list[float] = []  # sorted
 
-    def add(self, t: float, dur_ms: Optional[float]) -> None:
+    def add(self, t: float, dur_ms: Optional[float], owed: bool = False) -> None:
         i = bisect.bisect_right(self._times, t)
         self._times.insert(i, t)
         self._durs.insert(i, dur_ms)
+        self._owed.insert(i, owed)
 
     def lost_between(self, t0: float, t1: float) -> None:
         self._gaps.append((t0, t1))
 
-    def take(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
-        """Per [start, end) span: the sum of the durations inside, None when no entry inside
-        has one or when records of the span were lost. Entries before the last span's end
-        are consumed."""
-        out: list[Optional[float]] = []
+    def take(self, spans: list[tuple[float, float]]) -> list[CommFigure]:
+        """Per [start, end) span: the sum of the durations inside; None when no entry inside has
+        one, when one inside is owed its duration or not settled, or when records of the span
+        were lost. Never a partial sum. Entries before the last span's end are consumed."""
+        out: list[CommFigure] = []
         for s, e in spans:
             lo, hi = bisect.bisect_left(self._times, s), bisect.bisect_left(self._times, e)
+            u0, u1 = bisect.bisect_left(self.unsettled, s), bisect.bisect_left(self.unsettled, e)
             durs = [d for d in self._durs[lo:hi] if d is not None]
-            lost = any(g0 < e and g1 > s for g0, g1 in self._gaps)
-            out.append(None if lost or not durs else sum(durs))
+            if u1 > u0:
+                out.append(CommFigure(None, NullCause.UNSETTLED))
+            elif any(g0 < e and g1 > s for g0, g1 in self._gaps):
+                out.append(CommFigure(None, NullCause.LOST))
+            elif any(self._owed[lo:hi]):
+                out.append(CommFigure(None, NullCause.MISSING))
+            else:
+                out.append(CommFigure(sum(durs) if durs else None, None if durs else NullCause.UNTIMED))
         if spans:
             cut = bisect.bisect_left(self._times, spans[-1][1])
-            del self._times[:cut], self._durs[:cut]
+            del self._times[:cut], self._durs[:cut], self._owed[:cut]
             self._gaps = [g for g in self._gaps if g[1] > spans[-1][1]]
         return out
 
 
 class NcclTiming(CommTiming):
-    """What both NCCL routes share: the ledger, and one warning when NCCL groups exist but
-    comm time stays null past the first exchange window."""
+    """What both NCCL routes share: the ledger, counts of null steps by cause, and one warning
+    when NCCL groups exist but comm time stays null past the first exchange window."""
 
     timed_calls = False
-    lag_steps = LAG_STEPS
+    settle_max_s = SETTLE_MAX_S
 
     def __init__(self, warn: WarnOnce, window: int):
         super().__init__(warn)
@@ -110,21 +142,35 @@ class NcclTiming(CommTiming):
         self.window = window
         self.steps_resolved = 0
         self.steps_measured = 0
+        self.null_steps: collections.Counter = collections.Counter()  # NullCause -> steps
 
     def why_null(self) -> str:
         raise NotImplementedError
 
-    def _judge_nulls(self, got: list[Optional[float]]) -> list[Optional[float]]:
+    def _judge_nulls(self, got: list[CommFigure]) -> list[Optional[float]]:
         self.steps_resolved += len(got)
-        self.steps_measured += sum(1 for g in got if g is not None)
+        self.steps_measured += sum(1 for g in got if g.ms is not None)
+        for g in got:
+            if g.null is not None and g.null is not NullCause.UNTIMED:
+                self.null_steps[g.null] += 1
+        unsettled = self.null_steps[NullCause.UNSETTLED]
+        if unsettled:
+            self.warn("nccl-comm-unsettled", f"NCCL comm time is null on {unsettled} step(s) so far: a collective of "
+                                             f"each had no duration yet {self.settle_max_s:.0f} s after the step (or "
+                                             "at exit); counted as comm_unsettled in the monitor's flight_recorder event")
         if self.steps_measured == 0 and self.steps_resolved >= self.window:
             self.warn("nccl-comm-null", f"NCCL comm time is null for all {self.steps_resolved} steps so far "
                                         f"(monitor.comm_timing={self.name}): {self.why_null()}")
-        return got
+        return [g.ms for g in got]
+
+    def null_counts(self) -> dict:
+        return {f"comm_{cause.value}": n for cause, n in self.null_steps.items()}
 
 
 class NcclHookComm(NcclTiming):
-    """ProcessGroupNCCL's completion hook on every NCCL group (timing turned on for each)."""
+    """ProcessGroupNCCL's completion hook on every NCCL group (timing turned on for each).
+    Settled through the last look at which every collective entered through the wrappers or
+    the DDP hook had been reported by the hook (runHookLoop reports each once it completed)."""
 
     name = "hook"
 
@@ -134,6 +180,8 @@ class NcclHookComm(NcclTiming):
         self.active = True
         self.groups = 0
         self.errors = 0
+        self.reported = 0
+        self._through = time.time()
         for pg in nccl_groups() if groups is None else groups:
             try:
                 pg._enable_collectives_timing()  # ProcessGroupNCCL::enableCollectivesTiming: enableTiming_ = true
@@ -147,8 +195,12 @@ class NcclHookComm(NcclTiming):
         if self.active:
             self._infos.append(info)
 
-    def _drain(self) -> None:
+    def poll_if_due(self, final: bool = False) -> None:
+        now, entered = time.time(), self.clock.entered
         infos, self._infos = self._infos, []
+        self.reported += len(infos)
+        if self.reported >= entered:
+            self._through = now
         if not infos:
             return
         offset = time.time() - time.monotonic()  # steady_clock is CLOCK_MONOTONIC on Linux
@@ -160,16 +212,21 @@ class NcclHookComm(NcclTiming):
                 self.warn("nccl-hook-info", f"unreadable NCCL WorkInfo ({type(e).__name__}: {first_line(e)}); "
                                             "those collectives are not timed")
 
+    def settled_through(self) -> float:
+        return self._through if self.groups else math.inf
+
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         if not spans:
             return []
-        self._drain()
+        # Spans after the settled point are built only past SETTLE_MAX_S: their collectives
+        # may still be reported, so they are null rather than short.
+        self.ledger.unsettled = [] if spans[-1][1] <= self._through else [max(self._through, spans[0][0])]
         return self._judge_nulls(self.ledger.take(spans))
 
     def why_null(self) -> str:
         if not self.groups:
             return "no NCCL group took the completion hook (see the warning before)"
-        return ("the completion hook never reported a collective; is TORCH_NCCL_ENABLE_TIMING refused by this "
+        return (f"the completion hook never reported a collective; is {TIMING_VAR} refused by this "
                 "NCCL (< 2.4)?")
 
     def close(self) -> None:
@@ -190,34 +247,37 @@ def workinfo_start_wall(info, offset: float) -> float:
 
 
 class FrCadence:
-    """How often to poll the flight recorder: every k-th flush, k the smallest that keeps the
-    GIL time of a poll within monitor.budget_pct of the steps between polls, unless the ring
-    would fill past RING_HEADROOM in that time (lost records would cost more than the time:
-    k stays lower and over_budget says so)."""
+    """How often to poll the flight recorder, in wall time: the interval that keeps a poll's GIL
+    time within monitor.budget_pct of the time between polls, within [MIN_POLL_S, MAX_POLL_S],
+    and shorter when the ring would fill past RING_HEADROOM in that time (lost records would
+    cost more than the time: over_budget says so)."""
 
     def __init__(self, budget_pct: float, ring: int):
         self.budget_pct = budget_pct
         self.ring = ring
-        self.every = 1
+        self.interval_s = MIN_POLL_S
         self.over_budget = False
 
-    def update(self, gil_ms: float, steps: int, step_ms: float, records: int) -> int:
-        """One poll: its GIL time, the steps it covered, their median time, the records it read."""
-        if steps <= 0 or step_ms <= 0 or self.budget_pct <= 0:
-            return self.every
-        per_flush = steps / self.every  # steps between two flushes
-        budget_ms = self.budget_pct / 100.0 * step_ms  # GIL time allowed per step
-        want = math.ceil(gil_ms / (budget_ms * per_flush))
-        records_per_flush = records / self.every
-        cap = (math.floor(RING_HEADROOM * self.ring / records_per_flush) if records_per_flush and self.ring > 0
-               else MAX_POLL_EVERY)
-        self.every = max(1, min(MAX_POLL_EVERY, want, cap))
-        self.over_budget = gil_ms / (self.every * per_flush) > budget_ms
-        return self.every
+    def update(self, gil_s: float, records: int, since_last_s: float) -> float:
+        """One poll: its GIL time, the records it read (settled and lost), the time since the
+        poll before it."""
+        want = gil_s / (self.budget_pct / 100.0) if self.budget_pct > 0 else MIN_POLL_S
+        rate = records / since_last_s if since_last_s > 0 else 0.0
+        cap = RING_HEADROOM * self.ring / rate if rate > 0 and self.ring > 0 else MAX_POLL_S
+        self.interval_s = max(MIN_POLL_S, min(MAX_POLL_S, want, cap))
+        self.over_budget = self.budget_pct > 0 and gil_s / self.interval_s > self.budget_pct / 100.0
+        return self.interval_s
 
 
 class NcclFlightRecorderComm(NcclTiming):
-    """The recorder ProcessGroupNCCL fills, read incrementally (flight_recorder.RingReader)."""
+    """The recorder ProcessGroupNCCL fills, read incrementally (flight_recorder.RingReader).
+
+    Settled through: after a poll, the enqueue time of the oldest NCCL entry not settled yet
+    (flight_recorder.settled_test: with timing on, one whose duration the watchdog has not
+    written), or, when every entry is settled, the time the dump began. A step that ends at or
+    before it has every duration it will get; the monitor builds steps up to there and no
+    further, whatever their number, so 2 ms steps, 2 s steps and a GPU queue k steps behind
+    the CPU are all built once, whole. With timing off nothing is owed: settled through now."""
 
     name = "flight_recorder"
 
@@ -229,13 +289,17 @@ class NcclFlightRecorderComm(NcclTiming):
         self.source: Optional[DumpSource] = self.sources[0] if self.sources else None
         # Collectives from before the monitor started are not its steps' (`since`: wall time).
         self.since = time.time() if since is None else since
-        self.reader = RingReader(not_before=self.since)
-        self.ring = ring_size(environ)
         self.timing_on = timing_enabled_by_env(environ) if timing_on is None else timing_on
+        self.reader = RingReader(timing_on=self.timing_on, not_before=self.since)
+        self.ring_setting = ring_setting(environ)
+        self.ring = self.ring_setting.size
         self.cadence = FrCadence(budget_pct, self.ring)
-        self._skip = 0  # flushes to skip before the next poll
         self._probed_other = False
-        self._records = 0  # records the last poll read
+        self._next_poll = 0.0  # wall time the next poll is due
+        self._last_poll = self.since
+        self._through = self.since  # settled through (wall time)
+        self._stall_dump: Optional[threading.Thread] = None  # a stall-time dump that did not answer
+        self.null_why: Optional[str] = None  # why the last in_collective() was None
         self.polls = 0
         self.gil_ns = 0  # time holding the GIL in polls (the whole dump on a GIL-holding route)
         self.dump_ns = 0  # wall time of the dumps themselves
@@ -243,19 +307,15 @@ class NcclFlightRecorderComm(NcclTiming):
         self.timed_entries = 0  # of which with duration_ms
         if self.source is None:
             warn("fr-missing", "this torch has no flight-recorder dump; NCCL comm time is not measured")
-        elif self.source.recorder != "nccl":
+            return
+        if since is None:  # starting now: mark where the ring stands, so records overwritten from here on count as lost
+            try:
+                self.reader.mark_start(self.source.dump())
+            except Exception:
+                pass  # the first poll says it
+        if self.source.recorder != "nccl":
             warn("fr-generic", f"no NCCL flight-recorder dump in this torch build; reading the generic one "
                                f"({self.source}), which holds NCCL records only where upstream merged the two")
-
-    final_after_steps = LAG_STEPS  # lag_steps below also counts the polls skipped
-
-    # -- cadence: step_monitor reads lag_steps once per build, then calls resolve() --
-    @property
-    def lag_steps(self) -> int:  # type: ignore[override]
-        if self._skip > 0:
-            self._skip -= 1
-            return HOLD_ALL  # no poll this flush: every pending step waits for the next one
-        return LAG_STEPS
 
     def _dump(self, source: DumpSource):
         t0 = time.perf_counter_ns()
@@ -270,23 +330,59 @@ class NcclFlightRecorderComm(NcclTiming):
         clock cannot tell (comm.CollectiveClock); the recorder can: a fresh dump's entries from
         the reader's low-water mark (every older one is settled), an entry's `state` from its
         end event (FlightRecorderDetail.hpp:567-573: completed once the end event has
-        occurred), not settled as the reader judges it (flight_recorder.settled_test). Called
-        by the stall watch on the monitor thread, the one that polls, once per stall. None,
-        with one warning, when no dump can be had."""
+        occurred), not completed nor followed by a completed one of its group. Called by the
+        stall watch on the monitor thread, once per stall. The dump queries every entry's CUDA
+        events (dump_entries -> update_state, FlightRecorderDetail.hpp:184-231; onlyActive and
+        includeStackTraces change only what is formatted, not that query), which can hang, so
+        it runs on its own thread and is waited for STALL_DUMP_WAIT_S at most. None, with one
+        warning saying why, when no dump can be had in that time."""
+        self.null_why = None
         if self.source is None:
+            self.null_why = "this torch has no flight-recorder dump"
             return None
-        try:
-            raw, _ = entries_from(self.source.dump(), self.reader.low)
-        except Exception as e:
-            self.warn("fr-stall", f"flight-recorder dump at a stall failed ({self.source}: {first_line(e)}); "
-                                  "whether this rank waits inside a collective is null")
+        if self._stall_dump is not None and self._stall_dump.is_alive():
+            self.null_why = "an earlier flight-recorder dump at a stall has still not answered"
             return None
-        settled, prefix = settled_test(raw), self.reader.prefix
-        return any(str(e.get("profiling_name", "")).startswith(prefix) and not settled(e) for e in raw)
+        answer: dict = {}
+        source = self.source
 
-    def poll(self) -> None:
-        if self.source is None:
+        def dump() -> None:
+            try:
+                answer["dump"] = source.dump()
+            except Exception as e:
+                answer["error"] = e
+
+        thread = threading.Thread(target=dump, name="placement_frdump", daemon=True)
+        thread.start()
+        thread.join(STALL_DUMP_WAIT_S)
+        if thread.is_alive():
+            self._stall_dump = thread
+            self.null_why = (f"the flight-recorder dump at a stall ({source}) did not answer within {STALL_DUMP_WAIT_S:.0f} s "
+                             "(it queries CUDA events, which hang while another thread holds the CUDA context "
+                             "in a synchronize)")
+        elif "error" in answer:
+            self.null_why = f"the flight-recorder dump at a stall failed ({source}: {first_line(answer['error'])})"
+        if self.null_why is not None:
+            self.warn("fr-stall", f"{self.null_why}; whether this rank waits inside a collective is null")
+            return None
+        raw, _ = entries_from(answer["dump"], self.reader.low)
+        done, prefix = settled_test(raw, timing_on=False), self.reader.prefix
+        return any(str(e.get("profiling_name", "")).startswith(prefix) and done(e) is Settled.PENDING for e in raw)
+
+    def poll_if_due(self, final: bool = False) -> None:
+        """Poll when the cadence says so, or now when `final` (exit: everything is built next);
+        then the last collectives get up to EXIT_SETTLE_S to settle (a watchdog period or
+        two), so the last steps are not null for want of one retire."""
+        now = time.time()
+        if self.source is None or (not final and now < self._next_poll):
             return
+        self._poll(now)
+        deadline = now + EXIT_SETTLE_S
+        while final and self.timing_on and self.ledger.unsettled and time.time() < deadline:
+            time.sleep(MIN_POLL_S)
+            self._poll(time.time())
+
+    def _poll(self, now: float) -> None:
         try:
             dump, gil = self._dump(self.source)
             t0 = time.perf_counter_ns()
@@ -299,20 +395,32 @@ class NcclFlightRecorderComm(NcclTiming):
             if fallback is not None:
                 self.source.close()
                 self.source = fallback
+            self._next_poll = now + self.cadence.interval_s
             return
         self.polls += 1
-        self._records = got.settled + got.lost
         for entry in got.entries:
-            self.ledger.add(entry.created_s, entry.duration_ms)
+            self.ledger.add(entry.created_s, entry.duration_ms, entry.owed)
         self.entries += len(got.entries)
-        self.timed_entries += sum(1 for e in got.entries if e.duration_ms is not None)
+        timed = sum(1 for e in got.entries if e.duration_ms is not None)
+        self.timed_entries += timed
+        if timed and not self.timing_on:  # timing turned on after all (a group's own setting)
+            self.timing_on = self.reader.timing_on = True
+        self.ledger.unsettled = sorted(got.pending)
+        self._through = min(got.pending) if got.pending and self.timing_on else now
         if got.lost:
             self.ledger.lost_between(*got.lost_span)
-            self.warn("fr-overflow", f"the flight recorder's ring ({self.ring} records) wrapped between two polls: "
+            self.warn("fr-overflow", f"the flight recorder's ring ({self.ring_setting}) wrapped between two polls: "
                                      f"{got.lost} records lost, their steps' comm time is null (counted as "
-                                     "overflow in the monitor's flight_recorder event); set TORCH_NCCL_TRACE_BUFFER_SIZE larger or "
-                                     "placement.monitor.flush_every smaller")
-        self.gil_ns += gil + time.perf_counter_ns() - t0
+                                     "overflow in the monitor's flight_recorder event); set "
+                                     f"{self.ring_setting.variable or 'TORCH_FR_BUFFER_SIZE'} larger")
+        gil_ns = gil + time.perf_counter_ns() - t0
+        self.gil_ns += gil_ns
+        interval = self.cadence.update(gil_ns / 1e9, got.settled + got.lost, now - self._last_poll)
+        self._last_poll, self._next_poll = now, now + interval
+        if self.cadence.over_budget:
+            self.warn("fr-budget", f"reading the flight recorder holds the GIL {gil_ns / 1e6:.2f} ms per poll, over "
+                                   f"placement.monitor.budget_pct={self.cadence.budget_pct}% of the {interval:.2f} s "
+                                   f"between polls (the ring, {self.ring_setting}, allows no longer)")
         if not got.seen and not self._probed_other:
             self._probe_other_source()
 
@@ -327,47 +435,46 @@ class NcclFlightRecorderComm(NcclTiming):
                 dump, _ = self._dump(other)
                 if RingReader(not_before=self.since).read(dump).seen:
                     self.warn("fr-switch", f"NCCL records are in {other}, not {self.source}: reading that one")
-                    self.source, self.reader = other, RingReader(not_before=self.since)
+                    self.source = other
+                    self.reader = RingReader(timing_on=self.timing_on, not_before=self.since)
                 return
             except Exception:
                 continue
 
+    def settled_through(self) -> float:
+        """Wall time through which every NCCL collective enqueued has settled (as of the last poll)."""
+        if self.source is None or self.ring <= 0 or not self.timing_on:
+            return math.inf  # no duration will ever come: nothing to wait for
+        return self._through
+
+    def poll_interval_s(self) -> float:
+        return self.cadence.interval_s
+
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         if not spans:
             return []
-        gil0, polls0 = self.gil_ns, self.polls
-        self.poll()  # a flush with no poll due never gets here: lag_steps held every step back
-        got = self._judge_nulls(self.ledger.take(spans))
-        if self.polls > polls0:
-            step_ms = statistics.median((e - s) * 1e3 for s, e in spans)
-            every = self.cadence.update((self.gil_ns - gil0) / 1e6, len(spans), step_ms, self._records)
-            self._skip = every - 1
-            if self.cadence.over_budget:
-                self.warn("fr-budget", f"reading the flight recorder holds the GIL {(self.gil_ns - gil0) / 1e6:.2f} ms "
-                                       f"per poll, over placement.monitor.budget_pct={self.cadence.budget_pct}% of "
-                                       f"{len(spans)} steps of {step_ms:.1f} ms, although polled every {every} "
-                                       f"flush(es) (the ring of {self.ring} records allows no fewer)")
-        return got
+        return self._judge_nulls(self.ledger.take(spans))
 
     def why_null(self) -> str:
         if self.source is None:
             return "this torch has no flight-recorder dump"
         if self.ring <= 0:
-            return "the flight recorder is off (TORCH_NCCL_TRACE_BUFFER_SIZE=0); set it to 2000"
+            return f"the flight recorder is off ({self.ring_setting}); unset it or set it to 2000 or more"
         if self.entries and not self.timed_entries:
-            unset = "" if self.timing_on else " (TORCH_NCCL_ENABLE_TIMING is not set)"
-            return (f"PyTorch records no duration without collective timing{unset}: set TORCH_NCCL_ENABLE_TIMING=1 "
-                    "(one start CUDA event per collective on the NCCL stream) or placement.monitor.comm_timing=hook")
+            unset = "" if self.timing_on else f" ({TIMING_VAR} is not set)"
+            return (f"PyTorch records no duration without collective timing{unset}: set {TIMING_VAR}=1 or "
+                    "placement.monitor.nccl_timing=on (one start CUDA event per collective on the NCCL stream)")
         if not self.entries:
             return f"the flight recorder ({self.source}) holds no NCCL record"
         return "no step's NCCL records carried a duration"
 
     def stats(self) -> dict:
-        return {"source": str(self.source) if self.source else None, "ring": self.ring, "polls": self.polls,
+        return {"source": str(self.source) if self.source else None, "ring": self.ring,
+                "ring_variable": self.ring_setting.variable, "timing_on": self.timing_on, "polls": self.polls,
                 "gil_ms_per_poll": round(self.gil_ns / 1e6 / self.polls, 3) if self.polls else None,
                 "dump_ms_per_poll": round(self.dump_ns / 1e6 / self.polls, 3) if self.polls else None,
-                "poll_every_flushes": self.cadence.every, "entries": self.entries,
-                "timed_entries": self.timed_entries, "overflow": self.reader.overflow}
+                "poll_interval_s": round(self.cadence.interval_s, 3), "entries": self.entries,
+                "timed_entries": self.timed_entries, "overflow": self.reader.overflow, **self.null_counts()}
 
     def close(self) -> None:
         for source in self.sources:
@@ -380,7 +487,8 @@ class NcclFlightRecorderComm(NcclTiming):
             try:
                 events.event("monitor", source="comm", comm_timing=self.name, flight_recorder=self.stats(),
                              message=f"flight recorder: {self.polls} polls, {self.stats()['gil_ms_per_poll']} ms "
-                                     f"GIL each, {self.reader.overflow} records lost to the ring")
+                                     f"GIL each, {self.reader.overflow} records lost to the ring, "
+                                     f"{self.null_steps[NullCause.UNSETTLED]} steps null as unsettled")
             except Exception:
                 pass
         super().close()

@@ -161,19 +161,28 @@ def decode_rows(raw: bytes, slots: int, seq: int):
     return rows[rows[:, 0] == seq]
 
 
+@dataclass(frozen=True)
+class Verdict:
+    """Rank 0's judgement of one exchange: what Exchange.collect (and submit, close) return."""
+
+    report: StragglerReport
+    figures: list  # RankFigures of every rank judged
+    nodes: dict  # rank -> node rank (None where a row did not say)
+    ranks_judged: int
+    missing: list  # ranks that sent nothing in time
+
+
 class Exchange:
     # How long rank 0 waits at its next exchange for ranks that have not sent the previous one
     # (a peer more than a whole exchange window behind). The monitor thread waits, not training.
     WAIT_S = 10.0
     POLL_S = 0.01
 
-    def __init__(self, rank: int, world_size: int, store, warn: WarnOnce,
-                 on_report: Callable[[StragglerReport, list[RankFigures], dict], None], slots: int,
+    def __init__(self, rank: int, world_size: int, store, warn: WarnOnce, slots: int,
                  thresholds: Thresholds = Thresholds(), node_rank: Optional[int] = None):
         self.rank = rank
         self.world_size = world_size
         self._warn = warn
-        self._on_report = on_report
         self._th = thresholds
         self.slots = slots  # per-step entry times sent (monitor.exchange_every, the same on every rank)
         self.node_rank = node_rank
@@ -199,13 +208,13 @@ class Exchange:
         self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
-    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> None:
+    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[Verdict]:
         """Send this rank's figures under the key of their last step (the same window on every
         rank: straggler.exchange_steps), rank 0 first finishing the previous exchange (waiting
-        at most WAIT_S since it sent it, or `wait_s`)."""
+        at most WAIT_S since it sent it, or `wait_s`): its verdict is returned."""
         if self.transport is None:
-            return
-        self.collect(block=True, wait_s=wait_s)
+            return None
+        verdict = self.collect(block=True, wait_s=wait_s)
         key = figs.last_step
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
@@ -215,17 +224,18 @@ class Exchange:
                        else f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
                             "straggler naming is off")
             self.transport = None
-            return
+            return verdict
         self.send_us.append((time.perf_counter() - t0) * 1e6)
         self.send_cpu_us.append((time.thread_time() - c0) * 1e6)
         if self.rank == 0:
             self._pending = (key, time.monotonic())
+        return verdict
 
-    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> None:
+    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> Optional[Verdict]:
         """Rank 0: judge the pending exchange once every rank has sent (with `block`, after at
-        most WAIT_S, or `wait_s` from now, whoever has)."""
+        most WAIT_S, or `wait_s` from now, whoever has); its verdict, None when none was judged."""
         if self._pending is None or self.transport is None:
-            return
+            return None
         seq, sent = self._pending
         until = sent + self.WAIT_S if wait_s is None else time.monotonic() + wait_s
         # Ranks already named stalled because their rows stopped are not waited for: a frozen
@@ -241,7 +251,7 @@ class Exchange:
                 t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
             if n < expected and not block:
-                return
+                return None
             with self._take_lock:
                 self._pending = None
                 raw = self.transport.take(seq) if n > 0 else b""
@@ -252,14 +262,15 @@ class Exchange:
         except Exception as e:
             self._pending = None
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
-            return
+            return None
         take_ms = (time.perf_counter() - t0) * 1e3
         self.take_ms.append(take_ms)
         rows = decode_rows(raw, self.slots, seq)
         got = Received(seq, rows, self.world_size, take_ms)
-        self.judge(got, sent)
+        verdict = self.judge(got, sent)
         self.judge_ms.append((time.perf_counter() - t0) * 1e3)
         self._sweep_late(seq)
+        return verdict
 
     def _sweep_late(self, judged: int) -> None:
         """Rank 0, after judging exchange `judged`: remove the keys that rows arriving after
@@ -284,7 +295,7 @@ class Exchange:
             if self._late[seq] <= 0:
                 del self._late[seq]
 
-    def judge(self, got: Received, sent: Optional[float] = None) -> StragglerReport:
+    def judge(self, got: Received, sent: Optional[float] = None) -> Verdict:
         figures, report, nodes = judge_rows(got.rows, self.slots, self.world_size,
                                             comm_baseline(self.transfer_history, self._th), self._th)
         missing = self._rows_seen(got.rows, got.seq, sent)
@@ -294,8 +305,7 @@ class Exchange:
                        f"({format_cpulist(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
-        self._on_report(report, figures, {"nodes": nodes, "ranks_judged": int(len(got.rows)), "missing": missing})
-        return report
+        return Verdict(report, figures, nodes, int(len(got.rows)), missing)
 
     # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
     def post_stall(self, fields: dict) -> None:
@@ -398,11 +408,11 @@ class Exchange:
     def enabled(self) -> bool:
         return self.transport is not None
 
-    def close(self, timeout_s: float = 2.0) -> None:
+    def close(self, timeout_s: float = 2.0) -> Optional[Verdict]:
         """Rank 0: judge the exchange in flight if its rows come within `timeout_s` (its peers
-        sent them a window ago; at exit some may be gone). Nothing to tear down: the store
-        belongs to the job."""
-        self.collect(block=True, wait_s=timeout_s)
+        sent them a window ago; at exit some may be gone), and return its verdict. Nothing to
+        tear down: the store belongs to the job."""
+        return self.collect(block=True, wait_s=timeout_s)
 
 
 def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited: Optional[float],
@@ -513,8 +523,9 @@ def compact(report: StragglerReport) -> StragglerReport:
     return out
 
 
-def straggler_event(report: StragglerReport, figures: list[RankFigures], extra: dict) -> dict[str, Any]:
+def straggler_event(v: Verdict) -> dict[str, Any]:
     """The fields of rank 0's `straggler` event for one window (figures of the ranks named)."""
+    report, figures = v.report, v.figures
     steps = [f for f in figures if f.steps]
     first = min((f.first_step for f in steps), default=0)
     last = max((f.last_step for f in steps), default=0)
@@ -525,10 +536,10 @@ def straggler_event(report: StragglerReport, figures: list[RankFigures], extra: 
                                        "comm_ms": None if f.comm_ms is None else round(f.comm_ms, 3),
                                        "stall_ms": None if f.stall_ms() is None else round(f.stall_ms(), 3)}
                          for f in steps if f.rank in named or len(steps) <= NAMED}
-    nodes = {str(r): n for r, n in (extra.get("nodes") or {}).items() if n is not None}
+    nodes = {str(r): n for r, n in (v.nodes or {}).items() if n is not None}
     if nodes:
         fields["nodes"] = nodes
-    fields["ranks_judged"] = extra.get("ranks_judged")
-    if extra.get("missing"):
-        fields["missing"] = format_cpulist(extra["missing"])
+    fields["ranks_judged"] = v.ranks_judged
+    if v.missing:
+        fields["missing"] = format_cpulist(v.missing)
     return fields

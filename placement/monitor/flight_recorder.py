@@ -33,6 +33,7 @@ then held only to take the answer, find where the new entries start and parse th
 """
 from __future__ import annotations
 
+import enum
 import functools
 import json
 import os
@@ -53,16 +54,31 @@ _SOURCES = (
 )
 
 
-def ring_size(environ=os.environ) -> int:
-    """The ring size torch reads (FlightRecorder.hpp:110-111): TORCH_FR_BUFFER_SIZE first."""
-    for key in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+RING_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")  # FlightRecorder.hpp:110-111, first wins
+
+
+@dataclass(frozen=True)
+class RingSetting:
+    """The ring size torch uses and where it comes from (None: torch's default)."""
+
+    size: int
+    variable: Optional[str]
+
+    def __str__(self) -> str:
+        return f"{self.variable}={self.size}" if self.variable else f"torch's default of {self.size}"
+
+
+def ring_setting(environ=os.environ) -> RingSetting:
+    """The ring size torch reads (FlightRecorder.hpp:110-111: TORCH_FR_BUFFER_SIZE, falling back
+    to TORCH_NCCL_TRACE_BUFFER_SIZE, then DEFAULT_RING), naming the variable in force."""
+    for key in RING_VARIABLES:
         value = environ.get(key)
         if value is not None:
             try:
-                return int(value)
+                return RingSetting(int(value), key)
             except ValueError:
-                return DEFAULT_RING
-    return DEFAULT_RING
+                return RingSetting(DEFAULT_RING, None)
+    return RingSetting(DEFAULT_RING, None)
 
 
 @dataclass(frozen=True)
@@ -76,13 +92,14 @@ class FrEntry:
     duration_ms: Optional[float]  # GPU time between its start and end events; None without timing
     completed: bool
     retired: bool
+    owed: bool = False  # timing was on and its duration never came (Settled.MISSING): its step is null
 
     @classmethod
-    def from_dict(cls, e: dict) -> "FrEntry":
+    def from_dict(cls, e: dict, owed: bool = False) -> "FrEntry":
         dur = e.get("duration_ms")
         return cls(int(e["record_id"]), int(e.get("pg_id", -1)), str(e.get("profiling_name", "")),
                    int(e.get("time_created_ns") or 0) / 1e9, None if dur is None else float(dur),
-                   e.get("state") == "completed", bool(e.get("retired", False)))
+                   e.get("state") == "completed", bool(e.get("retired", False)), owed)
 
 
 # ---- dumping -------------------------------------------------------------------------------
@@ -252,18 +269,52 @@ def entries_from(dump: Union[str, dict], from_id: int) -> tuple[list[dict], Opti
 
 
 # ---- the incremental reader ------------------------------------------------------------------
-def settled_test(raw: list[dict]) -> Callable[[dict], bool]:
-    """Whether a dumped entry of `raw` is settled: completed, retired by the watchdog, or
-    followed by a completed entry of the same group (records made without events, e.g. the
-    ops inside a coalesced group, never complete by themselves)."""
-    newest_completed: dict[int, int] = {}
-    for e in raw:
-        if e.get("state") == "completed":
-            newest_completed[e.get("pg_id", -1)] = e["record_id"]
+class Settled(enum.Enum):
+    """What a dumped entry says of its collective's duration."""
 
-    def settled(e: dict) -> bool:
-        return (e.get("state") == "completed" or bool(e.get("retired"))
-                or newest_completed.get(e.get("pg_id", -1), -1) > e["record_id"])
+    PENDING = "pending"  # not settled: its duration may still come
+    TIMED = "timed"  # duration_ms is there
+    UNTIMED = "untimed"  # settled and no duration will come, nor is one owed (timing off; a record without events)
+    MISSING = "missing"  # settled, timing on, and its duration never came: its step's comm time is null
+
+
+def settled_test(raw: list[dict], timing_on: bool,
+                 retired_before: frozenset = frozenset()) -> Callable[[dict], Settled]:
+    """How a dumped entry of `raw` stands (torch 2.13, include/torch/csrc/distributed/c10d/):
+
+    - `duration_ms` is written by retire_id only (FlightRecorderDetail.hpp:270-317), which the
+      watchdog thread calls for a work it found completed, on its own cadence
+      (kWatchdogThreadSleepMillis, 100 ms, ProcessGroupNCCL.hpp; Watchdog::runLoop). A dump
+      queries the end event on a *copy* of each entry (dump_entries, :204-231), so `state` says
+      "completed" as soon as the GPU finished, up to a watchdog period before the duration
+      exists. With timing on, completed is therefore not settled: retired with its duration is.
+    - retire_id sets `retired_` under the recorder's lock, then computes the duration with the
+      lock released (:295-316), so a dump can show retired without the duration for a moment:
+      one more poll is waited for (`retired_before`: ids seen so at the previous poll); still
+      without, the duration is MISSING (retire abandoned: the entry was overwritten, :309-312).
+    - A record made without events (the ops inside a coalesced group: their time is the group
+      record's) never completes; it is settled once a later entry of its group (one stream, in
+      order) has completed or retired. Its own duration is not owed: UNTIMED.
+    - Timing off: nothing writes a duration; completed or retired is settled, UNTIMED."""
+    newest_done: dict[int, int] = {}
+    for e in raw:
+        if e.get("state") == "completed" or e.get("retired"):
+            newest_done[e.get("pg_id", -1)] = e["record_id"]
+
+    def settled(e: dict) -> Settled:
+        if e.get("duration_ms") is not None:
+            return Settled.TIMED
+        completed, retired = e.get("state") == "completed", bool(e.get("retired"))
+        if not (completed or retired):
+            return (Settled.UNTIMED if newest_done.get(e.get("pg_id", -1), -1) > e["record_id"]
+                    else Settled.PENDING)
+        if not timing_on:
+            return Settled.UNTIMED
+        if not completed:  # retired with no end event: a record without events
+            return Settled.UNTIMED
+        if retired and e["record_id"] in retired_before:
+            return Settled.MISSING
+        return Settled.PENDING  # completed: the watchdog has not retired it, or is computing its duration
 
     return settled
 
@@ -277,6 +328,9 @@ class RingRead:
     lost_span: Optional[tuple[float, float]]  # wall times between which the lost ones were created
     seen: int  # entries with the prefix in this dump (settled or not)
     settled: int = 0  # entries of any name newly settled
+    # created_s of the entries with the prefix still PENDING: the steps holding them wait
+    pending: list[float] = field(default_factory=list)
+    missing: int = 0  # newly settled entries with the prefix whose duration never came (Settled.MISSING)
 
 
 @dataclass
@@ -286,6 +340,8 @@ class RingReader:
     is settled) and the settled ids above it, never just the highest id seen."""
 
     prefix: str = "nccl:"
+    # Whether collective timing is on (durations are owed). Off, an entry is settled once done.
+    timing_on: bool = False
     low: int = 0
     # The first read starts at the oldest record the ring still holds: records overwritten
     # before the monitor started are not lost by it.
@@ -295,6 +351,16 @@ class RingReader:
     done: set = field(default_factory=set)
     overflow: int = 0  # records lost to the ring wrapping between polls, in all
     _last_created: float = 0.0  # created time of the newest entry read so far
+    _retired_without_duration: frozenset = frozenset()  # ids seen retired with no duration at the last read
+
+    def mark_start(self, dump: Union[str, dict]) -> None:
+        """Start at the end of the ring as it is now (the monitor's start): a later read that
+        finds the ring wrapped past this point counts what it lost."""
+        raw, first = entries_from(dump, 0)
+        if not self.started:
+            self.started = True  # an empty ring: ids start at 0 (FlightRecorder::record, id_++)
+            if first is not None:
+                self.low = max(self.low, int(raw[-1]["record_id"]) + 1)
 
     def read(self, dump: Union[str, dict]) -> RingRead:
         try:
@@ -315,9 +381,11 @@ class RingReader:
                 lost_span = (self._last_created, int(raw[0].get("time_created_ns") or 0) / 1e9 if raw else time.time())
             self.done = {i for i in self.done if i >= first}
             self.low = first
-        settled_entry = settled_test(raw)
-        out = []
-        seen = settled = 0
+        how = settled_test(raw, self.timing_on or any(e.get("duration_ms") is not None for e in raw),
+                           self._retired_without_duration)
+        out, pending = [], []
+        seen = settled = missing = 0
+        retired_waiting = set()
         prefix, done = self.prefix, self.done
         not_before_ns = int(self.not_before * 1e9)
         for e in raw:
@@ -329,14 +397,22 @@ class RingReader:
             seen += ours
             if rid in done:
                 continue
-            if settled_entry(e):
-                done.add(rid)
-                settled += 1
+            state = how(e)
+            if state is Settled.PENDING:
+                if e.get("retired"):
+                    retired_waiting.add(rid)
                 if ours:
-                    out.append(FrEntry.from_dict(e))
+                    pending.append(int(e.get("time_created_ns") or 0) / 1e9)
+                continue
+            done.add(rid)
+            settled += 1
+            if ours:
+                missing += state is Settled.MISSING
+                out.append(FrEntry.from_dict(e, owed=state is Settled.MISSING))
+        self._retired_without_duration = frozenset(retired_waiting)
         while self.low in done:
             done.discard(self.low)
             self.low += 1
         if raw:
             self._last_created = max(self._last_created, int(raw[-1].get("time_created_ns") or 0) / 1e9)
-        return RingRead(out, lost, lost_span, seen, settled)
+        return RingRead(out, lost, lost_span, seen, settled, pending, missing)

@@ -134,10 +134,12 @@ class StallWatch:
         self.stalled = Stalled(step, waited, threshold, median)
         return self.stalled
 
-    def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None) -> dict[str, Any]:
+    def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None,
+               in_collective_null: Optional[str] = None) -> dict[str, Any]:
         """Write the `stall` event (and flush it); returns what a peer post carries.
         `in_collective` (comm.CollectiveClock.in_collective): whether the rank waits inside a
-        collective call, i.e. for a peer, or stopped outside any (None: cannot tell)."""
+        collective call, i.e. for a peer, or stopped outside any (None: cannot tell, and
+        `in_collective_null` says why when the comm source gave a reason)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
@@ -154,7 +156,8 @@ class StallWatch:
         events.event("stall", phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
                      threshold_s=round(s.threshold_s, 3),
                      median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
-                     in_collective=in_collective, main=where.to_dict(), message=msg)
+                     in_collective=in_collective, main=where.to_dict(), message=msg,
+                     **({"in_collective_null": in_collective_null} if in_collective_null else {}))
         events.flush()  # a hung job may be killed next: the event must be on disk now
         main = where.to_dict()
         main["stack"] = main["stack"][:POSTED_FRAMES]

@@ -14,11 +14,12 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   thread list; every monitor.flush_every steps records are built, judged, handed to the
   observers (the tuner), encoded and written in one batch, and the file flushed; as soon
   as a window of an observer that judges whole windows (the tuner: add_observer's
-  window_end) is complete with its comm timing final, that is, comm.final_after_steps
-  after its last step, its records are built and handed over too, flush step or not (a
-  tuner fed only at flush steps would learn of trouble, and judge its move, windows late);
-  every
-  monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
+  window_end) is complete with its comm figures settled, its records are built and handed
+  over too, flush step or not (a tuner fed only at flush steps would learn of trouble, and
+  judge its move, windows late). Steps are built only once their comm figures are settled
+  (comm.settled_through: NCCL durations arrive after the step) or have waited
+  comm.settle_max_s; steps held so are built by the monitor thread as soon as they settle,
+  hand-over or not. Every monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
   c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
   absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
@@ -33,9 +34,12 @@ every measured step is written whichever thread gets there.
 """
 from __future__ import annotations
 
+import bisect
 import collections
 import contextlib
+import math
 import dataclasses
+import enum
 import queue
 import statistics
 import threading
@@ -48,13 +52,13 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm import CommStep, CommTiming
-from placement.monitor.exchange import NAMED, Exchange, straggler_event
-from placement.monitor.jsonl import write_records
+from placement.monitor.exchange import NAMED, Exchange, Verdict, straggler_event
 from placement.monitor.record import StepRecord
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
-from placement.monitor.straggler import RankFigures, StragglerReport, exchange_steps, figures_from_records
-from placement.monitor.summary import one_line, stall_ms, summarize
-from placement.monitor.tensorboard_sink import open_writer, write_batch
+from placement.monitor.sinks import (ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink, TensorBoardSink,
+                                     close_sinks, write_to_sinks)
+from placement.monitor.straggler import exchange_steps
+from placement.monitor.summary import stall_ms
 from placement.monitor.probes import MainRead
 from placement.monitor.threads import HotRead, RoleSampler, merge_span
 from placement.monitor.verdict import step_verdict
@@ -72,7 +76,17 @@ EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
+HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
+
+
+class MonitorState(enum.Enum):
+    """The monitor's life, as torch's elastic agent has WorkerState."""
+
+    CREATED = "created"  # built; its thread not started yet
+    RUNNING = "running"  # its thread runs; the hook takes steps
+    STOPPING = "stopping"  # close() began: no step is taken any more, the thread is asked to end
+    CLOSED = "closed"  # every record written, the end event out
 
 
 @dataclasses.dataclass(slots=True)
@@ -113,11 +127,10 @@ class StepMonitor:
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
-        self.observers: list[Callable[[StepRecord], None]] = []
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
-        self.closed = False
+        self.state = MonitorState.CREATED
 
         # -- training thread ------------------------------------------------------------
         self.step = 0
@@ -139,11 +152,11 @@ class StepMonitor:
         self._lock = threading.Lock()
         self._holder: Optional[int] = None  # thread ident holding _lock
         self._thread: Optional[threading.Thread] = None
-        self._stopping = False
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
         self._pending_first_step = 1  # step number of _pending[0]
+        self._comm_held = False  # pending steps wait for their comm figures (comm.settled_through)
         # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
         # are built, from an anchor pair re-taken then (one clock read per step, not two).
         self._anchor = (time.perf_counter_ns(), wall_clock())
@@ -151,11 +164,15 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = 0
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
-        self._window: list[StepRecord] = []  # not yet sent in an exchange
         self._exchanged_step = 0  # the step of the last exchange this rank took part in
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
-        self._summary: list[StepRecord] = []  # since the last summary line
-        self._tb = open_writer(self.cfg.log_dir, rank, warn) if self.cfg.tensorboard else None
+        # Where built records go, in this order (sinks.py).
+        self._observers = ObserverSink(warn)
+        self._exchange_window = ExchangeWindow(rank, lambda: self.exchange is not None and self.exchange.enabled)
+        self.sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._exchange_window,
+                                        SummarySink(rank, self.cfg.summary_every)]
+        if self.cfg.tensorboard:
+            self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
         self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
 
@@ -177,13 +194,18 @@ class StepMonitor:
         -> the last step of the observer's first window ending after that step, or None), the
         records of each such window are handed over as soon as its steps' comm timing is
         final, not only at flush steps. Called on the training thread."""
-        self.observers.append(observe)
+        self._observers.observers.append(observe)
         if window_end is not None:
             self._window_ends.append(window_end)
             self._next_due = min(self._next_due, self._window_due(self.step))
 
+    @property
+    def closed(self) -> bool:
+        return self.state in (MonitorState.STOPPING, MonitorState.CLOSED)
+
     def _start_thread(self) -> None:
-        if self._thread is None and not self.closed:
+        if self._thread is None and self.state is MonitorState.CREATED:
+            self.state = MonitorState.RUNNING
             self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
             self._thread.start()
 
@@ -240,26 +262,24 @@ class StepMonitor:
                 self._drain(exchange=True)
 
     def _window_due(self, step: int) -> int:
-        """The next step after `step` an observer's window needs: its last step (so that it is
-        a probe step, where records can be cut), then comm.final_after_steps later (its comm
-        timing final: the hand-over that builds it). Windows are predicted on the observer's
-        current grid; one it moves (a tuner action re-starts it) is caught at the next
-        hand-over."""
-        lag = self.comm.final_after_steps
+        """The next step after `step` that ends an observer's window: a hand-over there (a
+        probe step, where records can be cut) builds the window as soon as its comm figures
+        are settled, and the monitor thread builds it on its own when they settle later.
+        Windows are predicted on the observer's current grid; one it moves (a tuner action
+        re-starts it) is caught at the next hand-over."""
         due = NEVER
         for window_end in self._window_ends:
-            end = window_end(step - lag)
+            end = window_end(step)
             if end is not None:
-                due = min(due, end if end > step else end + lag)
+                due = min(due, end)
         return due
 
     def _window_complete(self, step: int) -> bool:
-        """An observer's window ends among the pending steps whose comm timing is final at `step`."""
-        final = step - self.comm.final_after_steps
+        """An observer's window ends among the pending steps (up to `step`)."""
         first = self._pending_first_step
         for window_end in self._window_ends:
             end = window_end(first - 1)
-            if end is not None and end <= final:
+            if end is not None and end <= step:
                 return True
         return False
 
@@ -267,17 +287,37 @@ class StepMonitor:
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
         while True:
+            # A comm source read by polling (NCCL's flight recorder) is polled on its own
+            # cadence, hand-over or not (a ring of thousands of collectives per step wraps
+            # long before a flush step), and steps held for their comm figures are built as
+            # soon as they settle (a 500 ms step's next flush is 10 s away).
+            wait_s = min(self.stall.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
             try:
-                self._wake.get(timeout=self.stall.poll_s)
+                self._wake.get(timeout=wait_s)
                 woken = True
             except queue.Empty:
                 woken = False
-            if self._stopping:
+            if self.state is not MonitorState.RUNNING:
                 return
             self._watch_stall()
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
+            elif self._comm_held or self.comm.poll_interval_s() != math.inf:
+                with self._holding():
+                    self._build_held()
+
+    def _build_held(self) -> None:
+        """Between hand-overs (the caller holds _lock): build the steps that were waiting for
+        their comm figures, and send the exchanges that waited for them."""
+        try:
+            self._finalize(final=False)
+            ex = self.exchange
+            if ex is not None and ex.enabled and self._exchanges_due:
+                self._send_due_exchanges()
+        except Exception as e:
+            self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
+                                                   f"{first_line(e)}); continuing")
 
     def _watch_stall(self) -> None:
         """Between hand-overs: has the training thread completed a step lately? (Read without
@@ -288,7 +328,8 @@ class StepMonitor:
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
-                post = self.stall.report(stalled, self.events, self.rank, inside)
+                post = self.stall.report(stalled, self.events, self.rank, inside,
+                                         self.comm.null_why if inside is None else None)
             elif self.stall.resumed is not None:
                 post = self.stall.report_resumed(self.events, self.rank)
             if post is not None and self.exchange is not None:
@@ -338,14 +379,14 @@ class StepMonitor:
         exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
         flush_now = exchange_now or step % cfg.flush_every == 0
         if flush_now or (self._window_ends and self._window_complete(step)):
-            self._finalize(keep_lag=True)
+            self._finalize(final=False)
         if flush_now:
             self.events.flush()
         if exchange_now:
             self._exchanges_due.append(step)
         sent = ex is not None and bool(self._exchanges_due) and self._send_due_exchanges()
         if not sent and ex is not None and ex.pending:
-            ex.collect()
+            self._publish(ex.collect())
 
     def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int) -> None:
         """Read the kernel counters every k-th step when every step costs more than the budget."""
@@ -370,16 +411,28 @@ class StepMonitor:
                                 f"the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
-    def _finalize(self, keep_lag: bool) -> None:
-        """Build, write and deliver the records of the pending steps. With keep_lag, the last
-        comm.lag_steps steps wait (their NCCL durations are not in yet), and the cut is made
-        at a probe step so that every step built has its counters."""
+    def _finalize(self, final: bool) -> None:
+        """Build, write and deliver the records of the pending steps whose comm figures are
+        settled (comm.settled_through: NCCL durations arrive after the step, when the source
+        has seen them), or that waited comm.settle_max_s for them (their comm time is then
+        null, and counted); with `final` (exit), every step. The cut is made at a probe step
+        so that every step built has its counters."""
+        comm = self.comm
+        comm.poll_if_due(final)
         raw = self._pending
+        if not raw:
+            self._comm_held = False
+            return
         cut = len(raw)
-        if keep_lag:
-            cut -= self.comm.lag_steps
+        if not final:
+            through = max(comm.settled_through(), wall_clock() - comm.settle_max_s)
+            if through != math.inf:
+                anchor_ns, anchor_wall = self._anchor
+                through_ns = anchor_ns + int((through - anchor_wall) * 1e9)
+                cut = bisect.bisect_right([r.end_ns for r in raw], through_ns)
             while cut > 0 and raw[cut - 1].main is None:
                 cut -= 1
+        self._comm_held = cut < len(raw) and not final
         if cut <= 0:
             return
         ready, self._pending = raw[:cut], raw[cut:]
@@ -411,21 +464,7 @@ class StepMonitor:
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self.stall.step_times(rec.step_ms for rec in batch)
-        write_records(self.events, batch)
-        for rec in batch:
-            self._deliver(rec)
-        if self.exchange is not None and self.exchange.enabled:
-            self._window.extend(batch)  # trimmed at each exchange (nothing kept without one)
-        self._summary.extend(batch)
-        try:
-            write_batch(self._tb, batch)
-        except Exception as e:
-            self.warn("tensorboard-write", f"TensorBoard write failed ({first_line(e)})")
-        if self.cfg.summary_every and len(self._summary) >= self.cfg.summary_every:
-            s = summarize(self.rank, self._summary)
-            self._summary = []
-            if s is not None:
-                log.info(one_line(s))
+        write_to_sinks(self.sinks, batch, self.warn)
 
     def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
         """Per-step role samples: a probe step's counter deltas are spread evenly over it and
@@ -450,15 +489,6 @@ class StepMonitor:
             probe_steps.append(0)
         return roles_of, probe_steps
 
-    def _deliver(self, rec: StepRecord) -> None:
-        for fn in list(self.observers):
-            try:
-                fn(rec)
-            except Exception as e:
-                self.observers.remove(fn)
-                self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
-                                                f"({type(e).__name__}: {first_line(e)}); it is removed")
-
     # ---- cross-rank ------------------------------------------------------------------
     def _send_due_exchanges(self) -> bool:
         """Send the due exchanges whose steps are all built, oldest first (True: one was sent).
@@ -472,7 +502,7 @@ class StepMonitor:
         sent = False
         while self._exchanges_due:
             step = self._exchanges_due[0]
-            last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)[1]
+            last = exchange_steps(step, self.cfg.exchange_every)[1]
             if last > built and len(self._exchanges_due) <= MAX_EXCHANGES_DUE:
                 break
             self._exchanges_due.popleft()
@@ -483,11 +513,10 @@ class StepMonitor:
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
-        first, last = exchange_steps(step, self.cfg.exchange_every, self.comm.final_after_steps)
-        figs = figures_from_records(self.rank, self._window, first, last)
-        self._window = [r for r in self._window if r.step > last]
+        first, last = exchange_steps(step, self.cfg.exchange_every)
+        figs = self._exchange_window.take(first, last)
         self._exchanged_step = step
-        self.exchange.submit(figs, wait_s=wait_s)
+        self._publish(self.exchange.submit(figs, wait_s=wait_s))
 
     def _exchange_the_rest(self) -> None:
         """At close, every record built: the windows not exchanged yet (an exchange step whose
@@ -500,22 +529,22 @@ class StepMonitor:
         deadline = time.monotonic() + EXCHANGE_CLOSE_S
         for step in range(self._exchanged_step + every, self.step + 1, every):
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
-        done = exchange_steps(self._exchanged_step, every, self.comm.final_after_steps)[1] if self._exchanged_step else 0
+        done = exchange_steps(self._exchanged_step, every)[1] if self._exchanged_step else 0
         if done < self.step:
-            figs = figures_from_records(self.rank, self._window, done + 1, self.step)
-            ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True)
-        ex.close(timeout_s=max(0.0, deadline - time.monotonic()))
+            figs = self._exchange_window.take(done + 1, self.step)
+            self._publish(ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True))
+        self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
-    def write_straggler_event(self, report: StragglerReport, figures: list[RankFigures], extra: dict) -> None:
-        """Rank 0: one `straggler` event per window that names someone."""
-        if not report.stragglers:
+    def _publish(self, verdict: Optional[Verdict]) -> None:
+        """Rank 0: one `straggler` event, and its log lines, per judged window that names someone."""
+        if verdict is None or not verdict.report.stragglers:
             return
-        fields = straggler_event(report, figures, extra)
+        fields = straggler_event(verdict)
         self.events.event("straggler", **fields)
         first, last = fields["steps"]
-        for s in report.stragglers[:NAMED]:
+        for s in verdict.report.stragglers[:NAMED]:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
-        for kind, more in report.more.items():
+        for kind, more in verdict.report.more.items():
             log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
                         more["ranks"])
 
@@ -536,7 +565,7 @@ class StepMonitor:
                 sampler = self.sampler
                 raw[-1].main, raw[-1].hot = sampler.main.step_read(), sampler.read_hot()
             self._pending.extend(raw)
-            self._finalize(keep_lag=False)
+            self._finalize(final=True)
             return True
 
     def emergency_flush(self, reason: str) -> bool:
@@ -557,10 +586,9 @@ class StepMonitor:
     def close(self) -> None:
         if self.closed:
             return
-        self.closed = True
+        self.state = MonitorState.STOPPING
         thread = self._thread
         if thread is not None:
-            self._stopping = True
             self._wake.put(None)
             thread.join(timeout=EXIT_WAIT_S)
         self._write_everything(exchange=False)
@@ -571,16 +599,13 @@ class StepMonitor:
             self._exchange_the_rest()
         self.comm.close()
         self.sampler.close()
-        if self._tb is not None:
-            try:
-                self._tb.close()
-            except Exception:
-                pass
+        close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
         self.events.event("end", source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           probe_every=self.budget.every)
         self.events.flush()
+        self.state = MonitorState.CLOSED
 
 
 def _next_multiple(step: int, every: int) -> int:

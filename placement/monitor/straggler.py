@@ -23,7 +23,7 @@ end because the durations exist on every backend with no extra moment to record 
 NCCL the CPU never sees a collective end; PyTorch's records give its GPU duration, which
 includes the wait for a late peer), need no estimation window, and are exact whatever
 the offsets and their drift. Figures are compared step by step: every rank sends the same
-absolute steps (RankFigures.first_step .. last_step, chosen by exchange_steps below),
+absolute steps (RankFigures.first_step .. last_step, exchange_steps below),
 whatever its probe cadence.
 """
 from __future__ import annotations
@@ -160,12 +160,13 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         main_mhz=_mean(role(r, "main", "mhz") for r in records))
 
 
-def exchange_steps(step: int, every: int, lag_steps: int) -> tuple[int, int]:
+def exchange_steps(step: int, every: int) -> tuple[int, int]:
     """The absolute steps (first, last) every rank sends at the exchange of step `step`: the
-    `every` steps ending MAX_EVERY + lag_steps - 1 before it. Each rank builds its records up
-    to its own last probe step before the comm lag (a probe every MAX_EVERY steps at most,
-    whatever its budget chose), so these are built on every rank, whatever its cadence."""
-    last = step - lag_steps - MAX_EVERY + 1
+    `every` steps ending MAX_EVERY - 1 before it. Each rank builds its records up to its own
+    last probe step (a probe every MAX_EVERY steps at most, whatever its budget chose), so these
+    are built on every rank, whatever its cadence; an exchange waits for its steps to be built
+    (their comm figures settled: StepMonitor._send_due_exchanges)."""
+    last = step - MAX_EVERY + 1
     return max(1, last - every + 1), last
 
 

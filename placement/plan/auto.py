@@ -19,6 +19,7 @@ group, or within the rank's own share, take any gain. What is left of a share is
 """
 from __future__ import annotations
 
+import dataclasses
 from itertools import chain, zip_longest
 
 from placement.cpuset import format_cpulist
@@ -28,6 +29,7 @@ from placement.plan.gpus import attach_nics
 from placement.plan.memory import memory_policy
 from placement.plan.model import GpuRef, JobSpec, RankPlan, RoleAssignment
 from placement.plan.nodes import assign_nodes
+from placement.plan.process_level import plan_process_level
 from placement.roles import ThreadRole
 
 # A trade of a hot core for another rank's core in another L3 group needs this expected gain.
@@ -61,6 +63,31 @@ def plan_auto(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) -> list[Ran
         shares, hot = _split_node(ctx, node, pool, members)
         for s, share, hot_cores in zip(members, shares, hot):
             plans[s.local_rank] = _rank_plan(ctx, s, share, hot_cores, remote_nccl.get(s.local_rank), job)
+    return [plans[s.local_rank] for s in slots]
+
+
+def plan_auto_within(ctx: PlanContext, slots: list[RankSlot], job: JobSpec, mode: str) -> list[RankPlan]:
+    """Per-role plans inside the CPU sets of torchrun's --numa-binding=`mode` (the process-level
+    policy of that name computes them as torch does): ranks given the same set split its cores
+    into compact shares as `auto` splits a node, and each share gets auto's roles. So every
+    thread of a rank stays inside the set torch would bind it to; NICs on another node are not
+    used for nccl (that core would be outside the set)."""
+    outer_ctx = dataclasses.replace(ctx, cfg=dataclasses.replace(ctx.cfg, policy=mode))
+    outer = plan_process_level(outer_ctx, slots, job)  # warns into ctx.warnings (the same list)
+    groups: dict[frozenset[int], list[RankSlot]] = {}
+    for s, rank in zip(slots, outer):
+        groups.setdefault(rank.share(), []).append(s)
+    plans: dict[int, RankPlan] = {}
+    for envelope, members in groups.items():
+        pool = physical_cores(ctx.topo, envelope)
+        shares, hot = _split_node(ctx, members[0].node, pool, members)
+        inside = f"; inside torchrun --numa-binding={mode}'s set CPUs {format_cpulist(envelope)}"
+        for s, share, hot_cores in zip(members, shares, hot):
+            p = _rank_plan(ctx, s, share, hot_cores, None, job)
+            nodes = sorted({c.node for c in share})
+            p.numa, p.memory = nodes, memory_policy(ctx, nodes)
+            p.roles = {role: RoleAssignment(a.cpus, a.reason + inside) for role, a in p.roles.items()}
+            plans[s.local_rank] = p
     return [plans[s.local_rank] for s in slots]
 
 

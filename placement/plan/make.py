@@ -4,7 +4,7 @@ from __future__ import annotations
 from placement.config import PlacementConfig, validate
 from placement.cpuset import format_cpulist
 from placement.errors import PlanError
-from placement.plan.auto import plan_auto
+from placement.plan.auto import plan_auto, plan_auto_within
 from placement.plan.context import PlanContext, RankSlot
 from placement.plan.gpus import rank_slots
 from placement.plan.model import GpuRef, JobSpec, MemoryPolicy, Plan, RankPlan
@@ -36,10 +36,12 @@ def make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
         ctx.shortfall(problem, "no binding at all, ranks run where the OS puts them (monitor only)")
         return Plan(cfg.policy, _unbound(slots), ctx.warnings)
     if cfg.policy in PROCESS_LEVEL_POLICIES:
-        ranks = plan_process_level(ctx, slots, job)
-    else:
-        ranks = plan_auto(ctx, slots, job)
-    return Plan(cfg.policy, ranks, ctx.warnings)
+        return Plan(cfg.policy, plan_process_level(ctx, slots, job), ctx.warnings)
+    if job.within is not None:
+        if job.within not in PROCESS_LEVEL_POLICIES:
+            raise PlanError(f"--numa-binding={job.within!r} is not valid; valid: {', '.join(PROCESS_LEVEL_POLICIES)}")
+        return Plan(f"auto within {job.within}", plan_auto_within(ctx, slots, job, job.within), ctx.warnings)
+    return Plan(cfg.policy, plan_auto(ctx, slots, job), ctx.warnings)
 
 
 def _unbound(slots: list[RankSlot]) -> list[RankPlan]:

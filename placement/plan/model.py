@@ -115,3 +115,6 @@ class JobSpec:
     # of the topology by index. Only the process-level policies `exclusive` and `core-complex`
     # need it: like torchrun, they divide a node among all visible GPUs on it, used or not.
     visible_gpus: Optional[list[int]] = None
+    # torchrun's --numa-binding mode (node, socket, exclusive, core-complex) given to placerun with
+    # policy `auto`: each rank's per-role plan is made inside the CPU set that mode gives it.
+    within: Optional[str] = None

@@ -22,7 +22,7 @@ _NO_DEVICE = ("-1", "NoDevFiles")
 
 
 def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root: str = "/",
-                  nccl_topo_file: Optional[str] = None,
+                  nccl_topo_file: Optional[str] = None, within: Optional[str] = None,
                   environ: Mapping[str, str] = os.environ) -> tuple[Topology, Plan]:
     """Topology of `root` and the plan for `nproc_per_node` local ranks on it.
 
@@ -43,6 +43,7 @@ def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root
         gpus=None if visible is None else visible[:n],
         dataloader_workers=cfg.dataloader_workers,
         visible_gpus=visible,
+        within=within,
     )
     plan = make_plan(topo, job, cfg)
     plan.warnings[:0] = warnings

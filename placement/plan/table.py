@@ -1,6 +1,8 @@
 """The plan as a text table: one line per rank x role, CPUs in kernel list form, with reasons."""
 from __future__ import annotations
 
+from typing import Optional
+
 from placement.cpuset import format_cpulist
 from placement.plan.model import Plan
 from placement.roles import ThreadRole
@@ -36,3 +38,13 @@ def format_plan_table(plan: Plan) -> str:
             out.append(f"env rank {r.local_rank}: " + " ".join(f"{k}={v}" for k, v in sorted(r.env.items())))
     out.extend(f"warning: {w}" for w in plan.warnings)
     return "\n".join(out)
+
+
+def warnings_summary(warnings: list[str], listed_in: str) -> Optional[str]:
+    """The plan's warnings in one line: the shortfall the plan ran through (PlanContext.shortfall:
+    "...; degraded plan: <given up>") first, else the first one, and how many more `listed_in` lists."""
+    if not warnings:
+        return None
+    first = next((w for w in warnings if "; degraded plan: " in w), warnings[0])
+    more = len(warnings) - 1
+    return first + (f" (+{more} more: {listed_in} lists them)" if more else "")

@@ -1,6 +1,7 @@
 """The job `placement selftest` runs under placerun on a GPU node (one rank per GPU): NCCL
-init, then `steps` training steps of a small CUDA model fed by a pinning DataLoader, each
-step ending with collectives the job times itself with CUDA events; it writes what it saw
+init, then 2 x `steps` training steps of a small CUDA model fed by a pinning DataLoader, each
+step ending with collectives the job times itself with CUDA events (64 MB all-reduces for the
+first `steps`, 4 KB ones after: steps of a few ms); threads are read while the loader runs; it writes what it saw
 to <out>/rank<R>.json for placement/selftest/checks.py.
 
     placerun --standalone --nproc-per-node N -m placement.selftest.job --out DIR [--steps 100]
@@ -16,6 +17,8 @@ import time
 
 COLLECTIVES_PER_STEP = 4
 COLLECTIVE_FLOATS = 16 << 20  # 64 MB per all-reduce: long enough that event overheads are noise
+SHORT_FLOATS = 1 << 10  # 4 KB per all-reduce: steps of a few ms, far below the watchdog's 100 ms retire period
+REHOME_WAIT_S = 2.5  # placerun's watcher re-homes new threads once a second
 
 
 def _gpu_pci(torch, index: int) -> str:
@@ -84,7 +87,7 @@ def run(out: str, steps: int) -> dict:
     torch.cuda.synchronize()
     ev["main_cpus_after_nccl"] = _main_cpus()
     ev["rank"] = rank = dist.get_rank()
-    time.sleep(2.5)  # placerun's watcher re-homes new threads once a second
+    time.sleep(REHOME_WAIT_S)
     ev["threads_after_init"] = _threads()
     ev["gpu_pci"] = _gpu_pci(torch, local_rank)
     ev["gpu_numa"] = _gpu_numa(ev["gpu_pci"])
@@ -95,21 +98,28 @@ def run(out: str, steps: int) -> dict:
     session = session_mod.current()
     ev["plan"] = None if session is None else session.rank_plan.to_dict()
 
-    data = torch.utils.data.TensorDataset(torch.randn(steps * 64, 256), torch.randn(steps * 64, 16))
+    data = torch.utils.data.TensorDataset(torch.randn(2 * steps * 64, 256), torch.randn(2 * steps * 64, 16))
     loader = torch.utils.data.DataLoader(data, batch_size=64, num_workers=2, pin_memory=True)
     model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 16)).cuda()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     log_dir = os.path.join(out, "logs")
     handle = placement.attach(model, opt, monitor={"log_dir": log_dir, "flush_every": 10, "summary_every": 0})
-    bufs = [torch.ones(COLLECTIVE_FLOATS, device="cuda") for _ in range(COLLECTIVES_PER_STEP)]
+    long_bufs = [torch.ones(COLLECTIVE_FLOATS, device="cuda") for _ in range(COLLECTIVES_PER_STEP)]
+    short_bufs = [torch.ones(SHORT_FLOATS, device="cuda") for _ in range(COLLECTIVES_PER_STEP)]
     events = []
-    for xb, yb in handle.watch(loader):
+    # The first `steps` steps end with 64 MB all-reduces, the next `steps` with 4 KB ones.
+    for i, (xb, yb) in enumerate(handle.watch(loader)):
+        if i == steps // 2:
+            # While the loader runs (its pt_data_pin thread is joined when it is exhausted), once
+            # the watcher has had time to re-home the loader's threads.
+            time.sleep(REHOME_WAIT_S)
+            ev["threads_during_steps"] = _threads()
         xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()
         loss.backward()
         step_events = []
-        for b in bufs:
+        for b in (long_bufs if i < steps else short_bufs):
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
             dist.all_reduce(b)  # blocking: the current stream waits for the NCCL stream
@@ -121,11 +131,16 @@ def run(out: str, steps: int) -> dict:
     ev["threads_after_steps"] = _threads()
     ev["main_cpus_after_steps"] = _main_cpus()
     handle.close()
-    ev["comm_ms_reference"] = [sum(s.elapsed_time(e) for s, e in step) for step in events]
+    reference = [sum(s.elapsed_time(e) for s, e in step) for step in events]
     start, recs, end = _read_log(os.path.join(log_dir, f"rank{rank}.jsonl"))
     ev["comm_timing"] = start.get("comm_timing")
-    ev["comm_ms_monitor"] = [r.get("comm_ms") for r in sorted(recs, key=lambda r: r["step"])]
-    ev["step_ms_median"] = statistics.median(r["step_ms"] for r in recs) if recs else None
+    recs.sort(key=lambda r: r["step"])
+    monitor = [r.get("comm_ms") for r in recs]
+    ev["comm_ms_reference"], ev["comm_ms_reference_short"] = reference[:steps], reference[steps:]
+    ev["comm_ms_monitor"], ev["comm_ms_monitor_short"] = monitor[:steps], monitor[steps:]
+    long_recs, short_recs = recs[:steps], recs[steps:]
+    ev["step_ms_median"] = statistics.median(r["step_ms"] for r in long_recs) if long_recs else None
+    ev["step_ms_median_short"] = statistics.median(r["step_ms"] for r in short_recs) if short_recs else None
     ev["monitor_us_per_step"] = end.get("monitor_us_per_step")
     dist.destroy_process_group()
     with open(os.path.join(out, f"rank{rank}.json"), "w") as f:

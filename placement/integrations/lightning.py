@@ -1,0 +1,65 @@
+"""PyTorch Lightning: one callback, no change to the LightningModule.
+
+    from placement.integrations.lightning import PlacementCallback
+    trainer = Trainer(accelerator="cpu", devices=2, strategy="ddp", callbacks=[PlacementCallback()])
+
+At fit start (after Lightning set up the process group, wrapped the model in DDP and built the
+optimizers) it calls placement.attach(trainer.strategy.model, the first optimizer): under placerun
+it joins the rank's Session; under Lightning's own launcher, which starts the other processes
+itself, each process plans its share of the node (LOCAL_WORLD_SIZE from trainer.num_devices when
+the launcher did not set it, removed again at close) and binds itself. A step record ends at each
+optimizer step: with accumulate_grad_batches=k, one record per k batches. The data wait is the
+time from the end of one batch (or the start of an epoch, or the end of a validation run) to
+Lightning's on_train_batch_start, where it has fetched the next batch. Callbacks Lightning runs
+after this one at a batch's end (ModelCheckpoint saving) count in that wait. close() at fit end.
+
+Keyword arguments are placement.attach's (`PlacementCallback(monitor={"log_dir": "runs/x"})`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from lightning.pytorch.callbacks import Callback
+except ImportError:
+    try:
+        from pytorch_lightning.callbacks import Callback
+    except ImportError:
+        raise ImportError("placement.integrations.lightning needs PyTorch Lightning: "
+                          "pip install 'placement[lightning]'") from None
+
+from placement.integrations._steps import FrameworkSteps
+
+
+class PlacementCallback(Callback):
+    def __init__(self, config: Any = None, **overrides: Any):
+        super().__init__()
+        self.steps = FrameworkSteps(config, overrides)
+
+    @property
+    def handle(self) -> Any:
+        return self.steps.handle
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        self.steps.start(trainer.strategy.model, optimizer, env_defaults={"LOCAL_WORLD_SIZE": str(trainer.num_devices)})
+
+    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
+        self.steps.mark()
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.steps.batch_start()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not trainer.optimizers and self.handle is not None:
+            self.handle.step()  # manual optimization without optimizers: a batch is a step
+        self.steps.mark()
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self.steps.mark()
+
+    def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
+        self.steps.close()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.steps.close()

@@ -1,0 +1,146 @@
+"""Where built step records go: one interface (RecordSink), one class per output. The monitor
+thread builds a batch of records (StepMonitor._finalize) and hands it to each sink in order:
+the rank's JSONL log, the observers (the tuner), the window the next exchange sends, the
+one-line summary, TensorBoard. A sink that fails is said once and does not stop the others.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional, Protocol, Sequence
+
+from placement.events import EventLog
+from placement.monitor.jsonl import write_records
+from placement.monitor.record import StepRecord
+from placement.monitor.straggler import RankFigures, figures_from_records
+from placement.monitor.summary import one_line, summarize
+from placement.monitor.tensorboard_sink import open_writer, write_batch
+from placement.monitor.warn import WarnOnce, first_line, log
+
+
+class RecordSink(Protocol):
+    name: str
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        """Take a batch of records, in step order (monitor thread, under the monitor's lock)."""
+
+    def close(self) -> None:
+        """At the monitor's close, after its last batch."""
+
+
+class JsonlSink:
+    """The rank's log: one pre-encoded line per record, one write per batch (jsonl.py)."""
+
+    name = "jsonl"
+
+    def __init__(self, events: EventLog):
+        self.events = events
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        write_records(self.events, batch)
+
+    def close(self) -> None:
+        pass
+
+
+class ObserverSink:
+    """observe(record) for every record, in step order; an observer that raises is removed and
+    said once (the monitor never breaks training for one)."""
+
+    name = "observers"
+
+    def __init__(self, warn: WarnOnce):
+        self.warn = warn
+        self.observers: list[Callable[[StepRecord], None]] = []
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        for rec in batch:
+            for fn in list(self.observers):
+                try:
+                    fn(rec)
+                except Exception as e:
+                    self.observers.remove(fn)
+                    self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
+                                                    f"({type(e).__name__}: {first_line(e)}); it is removed")
+
+    def close(self) -> None:
+        pass
+
+
+class ExchangeWindow:
+    """The records the next exchange sends figures of (kept only while an exchange is on)."""
+
+    name = "exchange"
+
+    def __init__(self, rank: int, enabled: Callable[[], bool]):
+        self.rank = rank
+        self._enabled = enabled
+        self.records: list[StepRecord] = []
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        if self._enabled():
+            self.records.extend(batch)
+
+    def take(self, first: int, last: int) -> RankFigures:
+        """The figures of steps first..last; records up to `last` are dropped."""
+        figs = figures_from_records(self.rank, self.records, first, last)
+        self.records = [r for r in self.records if r.step > last]
+        return figs
+
+    def close(self) -> None:
+        pass
+
+
+class SummarySink:
+    """One log line every `every` records (monitor.summary_every; 0: none)."""
+
+    name = "summary"
+
+    def __init__(self, rank: int, every: int):
+        self.rank, self.every = rank, every
+        self._records: list[StepRecord] = []
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        if not self.every:
+            return
+        self._records.extend(batch)
+        if len(self._records) >= self.every:
+            s = summarize(self.rank, self._records)
+            self._records = []
+            if s is not None:
+                log.info(one_line(s))
+
+    def close(self) -> None:
+        pass
+
+
+class TensorBoardSink:
+    """TensorBoard scalars, one point per batch (tensorboard_sink.py)."""
+
+    name = "tensorboard"
+
+    def __init__(self, log_dir: str, rank: int, warn: WarnOnce):
+        self._writer = open_writer(log_dir, rank, warn)
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        write_batch(self._writer, batch)
+
+    def close(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()
+
+
+def write_to_sinks(sinks: Sequence[RecordSink], batch: Sequence[StepRecord], warn: WarnOnce) -> None:
+    for sink in sinks:
+        try:
+            sink.write(batch)
+        except Exception as e:
+            warn(f"sink-{sink.name}", f"step records could not go to {sink.name} ({type(e).__name__}: "
+                                      f"{first_line(e)}); the other outputs go on")
+
+
+def close_sinks(sinks: Sequence[RecordSink], warn: WarnOnce) -> Optional[None]:
+    for sink in sinks:
+        try:
+            sink.close()
+        except Exception as e:
+            warn(f"sink-close-{sink.name}", f"{sink.name} did not close ({first_line(e)})")
