@@ -23,6 +23,7 @@ def test_comm_time_is_the_truth_or_null_never_short(tmp_path, step_ms, steps, la
     assert job.stats["comm_unsettled"] <= tail if "comm_unsettled" in job.stats else True
 
 
+@pytest.mark.slow
 def test_long_steps_are_built_once_their_collectives_settle(tmp_path):
     """500 ms steps, flush every 2 steps: each step waits for the watchdog's retire (100 ms on)
     and is then built whole, not at a fixed lag."""
@@ -30,6 +31,7 @@ def test_long_steps_are_built_once_their_collectives_settle(tmp_path):
     assert job.wrong() == [] and job.nulls(last=5) == [], (job.got, job.stats)
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_step_of_3000_collectives_fits_the_ring_placement_asks_for(tmp_path):
     """TP=8 with sequence parallelism: thousands of collectives a step. torch's default ring
     (2,000) wraps within one step's burst, so every step is null (never short), and said;

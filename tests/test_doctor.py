@@ -97,6 +97,7 @@ def test_perf_rank_names_the_fastest_cores(trees):
     assert "intel-speed-select" in c.fix
 
 
+@pytest.mark.slow  # copies a whole DGX machine tree
 def test_cpuset_too_small_for_the_gpus(trees, tmp_path):
     """The DGX tree inside a cgroup v2 cpuset of 4 CPUs: no plan for 8 ranks fits."""
     root = Path(shutil.copytree(trees("dgx_h100"), tmp_path / "dgx_cpuset", symlinks=True))
@@ -171,6 +172,7 @@ def test_a_failing_check_does_not_hide_the_others(trees):
     assert checks[1].name == "cpu_governor" and checks[1].status == "pass"  # needs no topology
 
 
+@pytest.mark.slow  # reads the real machines' trees (extracted from their tarballs)
 def test_real_machine_trees():
     """The gathered trees of ../shared: every check answers; what a tree lacks is unknown."""
     for root in shared_trees():

@@ -74,6 +74,7 @@ def test_transformers_trainer_under_torchrun_logs_in_its_output_dir(tmp_path):
     _check_rank_logs(out / "placement_logs", entry="attach")
 
 
+@pytest.mark.slow
 def test_accelerate_script_under_placerun(tmp_path):
     pytest.importorskip("accelerate", reason="the optional extra [accelerate]")
     logs = tmp_path / "logs"
@@ -83,6 +84,7 @@ def test_accelerate_script_under_placerun(tmp_path):
     _check_rank_logs(logs, entry="placerun")
 
 
+@pytest.mark.slow
 def test_accelerate_script_under_accelerate_launch(tmp_path):
     """`accelerate launch --multi_gpu` is torch.distributed.run underneath (accelerate/commands/launch.py,
     multi_gpu_launcher); the script's Accelerator(cpu=True) runs gloo there on a machine without GPUs.

@@ -100,6 +100,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_the_words_c10d_refuses_are_the_ones_real_torch_refuses():
     """Real torch's getCvarBool, reached through the generic flight recorder's constructor
     (FlightRecorder.hpp:112, TORCH_FR_CPP_STACK, read by the same function as

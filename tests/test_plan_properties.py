@@ -148,6 +148,7 @@ def shared_topologies():
     return {root: discover(root) for root in shared_trees()}
 
 
+@pytest.mark.slow  # reads the real machines' trees (extracted from their tarballs)
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_shared_real_trees(shared_topologies, data):

@@ -167,6 +167,7 @@ def test_fixture_cpus_with_injected_gpus_match_torch(monkeypatch, tmp_path, name
     assert _compare(monkeypatch, root, topo, injected) > 0
 
 
+@pytest.mark.slow  # reads the real machines' trees (extracted from their tarballs)
 def test_shared_real_trees_match_torch(monkeypatch):
     compared = 0
     for root in shared_trees():

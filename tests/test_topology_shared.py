@@ -15,6 +15,8 @@ from placement.cpuset import parse_cpulist
 from placement.topology import discover
 from sysfs_builder import SHARED, shared_tarballs, shared_trees
 
+pytestmark = pytest.mark.slow  # every test here reads the real machines' trees
+
 CHECKER = SHARED / "tools" / "check_topology.py"
 
 
