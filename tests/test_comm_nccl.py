@@ -420,6 +420,8 @@ def test_ring_size_as_torch_reads_it():
     assert ring_setting({"TORCH_NCCL_TRACE_BUFFER_SIZE": "500"}) == RingSetting(500, "TORCH_NCCL_TRACE_BUFFER_SIZE")
     both = ring_setting({"TORCH_FR_BUFFER_SIZE": "64", "TORCH_NCCL_TRACE_BUFFER_SIZE": "500"})
     assert both == RingSetting(64, "TORCH_FR_BUFFER_SIZE") and str(both) == "TORCH_FR_BUFFER_SIZE=64"
+    assert ring_setting({"TORCH_FR_BUFFER_SIZE": "12abc"}).size == 12  # std::stoi reads the leading digits
+    assert ring_setting({"TORCH_FR_BUFFER_SIZE": "abc"}) == RingSetting(2000, None)
 
 
 # ---- through attach(): the step monitor holds steps back until the poll that times them -------------

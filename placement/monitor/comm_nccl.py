@@ -1,7 +1,7 @@
 """NCCL communication time from PyTorch's own per-collective records.
 
 NCCL calls return at enqueue, so their wall time says nothing; durations come from
-ProcessGroupNCCL itself, by one of two routes (torch >= 2.4; sources cited in
+ProcessGroupNCCL itself, by one of two routes (torch >= 2.11, checked by reading 2.11 (docs/torch211.md); sources cited in
 placement/monitor/flight_recorder.py and below):
 
 - flight recorder (monitor.comm_timing=auto or flight_recorder): the recorder ProcessGroupNCCL

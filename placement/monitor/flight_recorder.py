@@ -37,11 +37,12 @@ import enum
 import functools
 import json
 import os
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Union
 
-DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCCL.hpp, as the comment there says)
+DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCCL.cpp)
 
 # (recorder, route, name) in order of preference.
 NCCL, GENERIC = "nccl", "generic"
@@ -70,14 +71,14 @@ class RingSetting:
 
 def ring_setting(environ=os.environ) -> RingSetting:
     """The ring size torch reads (FlightRecorder.hpp:110-111: TORCH_FR_BUFFER_SIZE, falling back
-    to TORCH_NCCL_TRACE_BUFFER_SIZE, then DEFAULT_RING), naming the variable in force."""
+    to TORCH_NCCL_TRACE_BUFFER_SIZE, then DEFAULT_RING), naming the variable in force. c10d's
+    getCvarInt parses with std::stoi: leading blanks, a sign and the leading digits ("12abc" is 12);
+    a value with no digits falls back to the default."""
     for key in RING_VARIABLES:
         value = environ.get(key)
         if value is not None:
-            try:
-                return RingSetting(int(value), key)
-            except ValueError:
-                return RingSetting(DEFAULT_RING, None)
+            m = re.match(r"\s*([+-]?\d+)", value)
+            return RingSetting(int(m.group(1)), key) if m else RingSetting(DEFAULT_RING, None)
     return RingSetting(DEFAULT_RING, None)
 
 
