@@ -94,11 +94,19 @@ def test_cpu_hog_on_rank1_main_core_names_rank1_cpu_slow_not_rank0(tmp_path):
     assert ("cpu-slow", [1]) in named, named
     assert all(0 not in ranks for _kind, ranks in named), f"rank 0 was waiting, not slow: {named}"
     assert all(e["waiting"] == [0] for e in during if any(s["ranks"] == [1] for s in e["stragglers"]))
-    # Rank 0's collective time grew (it waited for rank 1), its own runqueue wait did not.
+    # Rank 0's steps grew because it waited for rank 1 inside its collectives: most of its
+    # extra step time is collective time (its own runqueue wait did not grow: below). Judged on
+    # the growth, not on a ratio to the time before, which outside load (other processes on
+    # both cores) inflates as much as the hog does.
     r0 = _steps(logs[0])
-    before = [r["comm_ms"] for r in r0 if 10 < r["step"] <= 30]
-    hog = [r["comm_ms"] for r in r0 if r["step"] in HOG_STEPS]
-    assert statistics.median(hog) > 2 * statistics.median(before) + 1.0, (before, hog)
+
+    def growth(key):
+        before = statistics.median(r[key] for r in r0 if 10 < r["step"] <= 30)
+        return statistics.median(r[key] for r in r0 if r["step"] in HOG_STEPS) - before
+
+    step_growth, comm_growth = growth("step_ms"), growth("comm_ms")
+    assert step_growth > 5.0, step_growth  # the hog slowed the job (ms per step)
+    assert comm_growth > 0.5 * step_growth, (comm_growth, step_growth)
     # Rank 1's main waited in the runqueue behind the spinners. Against its own wait before the
     # hog, under whatever else loads the box then: with n other runnable tasks on its core, main
     # waits about n x its on-CPU time, so 3 spinners add about 3 x that, whatever n was before
