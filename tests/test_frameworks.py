@@ -1,10 +1,10 @@
 """Lightning and Transformers callbacks and an Accelerate loop, each in its example run as a real
-2-process CPU job on gloo: Lightning's own launcher (it starts the second process itself; attach
-binds each), a Transformers Trainer under placerun and under torchrun, the Accelerate script under
-placerun and under `accelerate launch` (torchrun inside; attach binds each). Each reads the rank
-logs back: one step record per optimizer step (gradient accumulation: 2 batches a step) with data
-wait and the DDP all-reduce time, and the binding read back from /proc (bind events: applied ==
-planned)."""
+2-process CPU job on gloo: Lightning under placerun and under its own launcher (it starts the second
+process itself; attach binds each), a Transformers Trainer under placerun and under torchrun, the
+Accelerate script under placerun and under `accelerate launch` (torchrun inside; attach binds each).
+Each reads the rank logs back: one step record per optimizer step (gradient accumulation: 2
+batches a step) with data wait and the DDP all-reduce time, and the binding read back from /proc
+(bind events: applied == planned)."""
 from __future__ import annotations
 
 import json
@@ -51,6 +51,22 @@ def test_lightning_ddp_under_lightnings_own_launcher(tmp_path):
              tmp_path)
     assert p.returncode == 0, p.stderr[-4000:]
     _check_rank_logs(logs, entry="attach")
+
+
+@pytest.mark.slow
+def test_lightning_ddp_under_placerun(tmp_path):
+    """placerun's workers carry torchrun's environment (TORCHELASTIC_RUN_ID among it), so Lightning picks
+    TorchElasticEnvironment (lightning/fabric/plugins/environments/torchelastic.py:56-59, chosen first in
+    lightning/pytorch/trainer/connectors/accelerator_connector.py:386-398), whose processes are created
+    externally: its launcher starts no process of its own (lightning/pytorch/strategies/launchers/
+    subprocess_script.py:100; lightning 2.6.6). The callback's attach() joins each rank's placerun Session:
+    the example's --log-dir is placerun's, so the step records go to the log stage 1 opened."""
+    pytest.importorskip("lightning", reason="the optional extra [lightning]")
+    logs = tmp_path / "logs"
+    p = _run([*launcher("placerun"), "--standalone", "--nproc-per-node", "2", f"placement.monitor.log_dir={logs}",
+              str(EXAMPLES / "lightning_ddp.py"), "--steps", str(STEPS), "--log-dir", str(logs)], tmp_path)
+    assert p.returncode == 0, p.stderr[-4000:]
+    _check_rank_logs(logs, entry="placerun")
 
 
 @pytest.mark.slow
