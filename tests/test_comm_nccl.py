@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -577,3 +578,31 @@ def test_a_stall_says_from_the_recorder_whether_the_rank_waits_inside_an_nccl_co
         assert timing.in_collective() is None and timing.in_collective() is None
     said = [r.getMessage() for r in caplog.records if "at a stall" in r.getMessage()]
     assert len(said) == 1 and "worker server gone" in said[0] and "null" in said[0], said
+
+
+def test_a_stall_dump_that_hangs_is_given_up_in_bounded_time_and_said(caplog):
+    """The dump queries CUDA events, which can hang while another thread holds the context in a
+    synchronize (ProcessGroupNCCL.cpp's watchdog warns of it): in_collective waits
+    STALL_DUMP_WAIT_S at most, says why once, and does not start a second dump behind it."""
+    from placement.monitor.comm_nccl import STALL_DUMP_WAIT_S
+
+    release = threading.Event()
+
+    def hung():
+        release.wait(60)
+        return fr_dump_json([])
+
+    timing = NcclFlightRecorderComm(WarnOnce(), sources=[DumpSource("nccl", "server", "dump_nccl_trace_json", hung)],
+                                    timing_on=True, since=0)
+    try:
+        with caplog.at_level(logging.WARNING, logger="placement"):
+            t0 = time.monotonic()
+            assert timing.in_collective() is None
+            waited = time.monotonic() - t0
+            assert timing.in_collective() is None  # the first dump still hangs: no second one
+        assert STALL_DUMP_WAIT_S * 0.9 <= waited < STALL_DUMP_WAIT_S * 5, waited
+        assert "did not answer" in timing.null_why or "still not answered" in timing.null_why
+        said = [r.getMessage() for r in caplog.records if "at a stall" in r.getMessage()]
+        assert len(said) == 1 and "did not answer within" in said[0], said
+    finally:
+        release.set()

@@ -5,7 +5,7 @@ one-line summary, TensorBoard. A sink that fails is said once and does not stop 
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 from placement.events import EventLog
 from placement.monitor.jsonl import write_records
@@ -138,7 +138,7 @@ def write_to_sinks(sinks: Sequence[RecordSink], batch: Sequence[StepRecord], war
                                       f"{first_line(e)}); the other outputs go on")
 
 
-def close_sinks(sinks: Sequence[RecordSink], warn: WarnOnce) -> Optional[None]:
+def close_sinks(sinks: Sequence[RecordSink], warn: WarnOnce) -> None:
     for sink in sinks:
         try:
             sink.close()

@@ -37,9 +37,9 @@ from __future__ import annotations
 import bisect
 import collections
 import contextlib
-import math
 import dataclasses
 import enum
+import math
 import queue
 import statistics
 import threading
@@ -316,8 +316,7 @@ class StepMonitor:
             if ex is not None and ex.enabled and self._exchanges_due:
                 self._send_due_exchanges()
         except Exception as e:
-            self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
-                                                   f"{first_line(e)}); continuing")
+            self._batch_failed(e)
 
     def _watch_stall(self) -> None:
         """Between hand-overs: has the training thread completed a step lately? (Read without
@@ -363,8 +362,10 @@ class StepMonitor:
             try:
                 self._process(item, exchange=exchange)
             except Exception as e:  # the monitor never breaks training, nor stops for one bad batch
-                self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: "
-                                                       f"{first_line(e)}); continuing")
+                self._batch_failed(e)
+
+    def _batch_failed(self, e: Exception) -> None:
+        self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: {first_line(e)}); continuing")
 
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
