@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from placement.plan.model import PlannedCore
 from placement.topology.model import Topology
 
 # perf_rank of a core without speed evidence: after every ranked core.
@@ -121,3 +122,14 @@ def threads_of(cores: list[Core] | tuple[Core, ...], smt: str) -> frozenset[int]
     for c in cores:
         out |= c.use(smt)
     return out
+
+
+def share_cores(topo: Topology, share: frozenset[int]) -> list[PlannedCore]:
+    """The physical cores of a rank's share, cut to its usable CPUs, each CPU with its perf_rank:
+    what RankPlan.cores hands the tuner. Without CPUs in the topology, every CPU is its own core."""
+    if not topo.cpus:
+        return [PlannedCore(frozenset({c})) for c in sorted(share)]
+    by_id = {c.id: c for c in topo.cpus}
+    return [PlannedCore(core.cpus, tuple((c, by_id[c].perf_rank) for c in sorted(core.cpus)
+                                         if by_id[c].perf_rank is not None))
+            for core in physical_cores(topo, frozenset(share) & topo.usable())]

@@ -6,6 +6,7 @@ from placement.cpuset import format_cpulist
 from placement.errors import PlanError
 from placement.plan.auto import plan_auto, plan_auto_within
 from placement.plan.context import PlanContext, RankSlot
+from placement.plan.cores import share_cores
 from placement.plan.gpus import rank_slots
 from placement.plan.model import GpuRef, JobSpec, MemoryPolicy, Plan, RankPlan
 from placement.plan.process_level import plan_process_level
@@ -15,12 +16,20 @@ PROCESS_LEVEL_POLICIES = ("node", "socket", "exclusive", "core-complex")
 
 
 def make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
-    """The per-rank, per-role CPU plan for one node.
+    """The per-rank, per-role CPU plan for one node, each rank with the physical cores of its
+    share (RankPlan.cores: what the tuner needs of the topology, so no worker loads it).
 
     Raises PlanError (one line naming the shortfall and what is available) when the plan cannot
     be met and cfg.strict; with strict off, returns a degraded plan whose warnings say what it
     gave up.
     """
+    plan = _make_plan(topo, job, cfg)
+    for r in plan.ranks:
+        r.cores = share_cores(topo, r.share())
+    return plan
+
+
+def _make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
     validate(cfg)
     if job.nproc_per_node < 1:
         raise PlanError(f"nproc_per_node={job.nproc_per_node} is not valid; valid: an integer >= 1")
