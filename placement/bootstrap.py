@@ -29,7 +29,7 @@ from typing import MutableMapping, Optional
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.errors import PlacementError
 from placement.events import open_rank_log
-from placement.handoff import PLAN_FILE_ENV, Handoff, HandoffError  # noqa: F401  (PLAN_FILE_ENV: the hook's)
+from placement.handoff import Handoff, HandoffError
 from placement.identity import RankIdentity
 
 
