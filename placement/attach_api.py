@@ -44,7 +44,9 @@ from placement.errors import ConfigError, PlacementError
 from placement.events import LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
 from placement.identity import RankIdentity, process_group
 from placement.monitor import exitflush
-from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
+# The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
+# stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
+from placement.monitor import comm as monitor_comm
 from placement.monitor.comm_groups import default_backend
 from placement.monitor.exchange import Exchange, default_store
 from placement.monitor.step_monitor import StepMonitor
@@ -388,17 +390,17 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     dist = process_group()
     # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
     backend = None if dist is None else default_backend()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+    comm = monitor_comm.make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
                             budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
-            original = OriginalCollectives()
+            original = monitor_comm.OriginalCollectives()
             comm.install(original)
         except ImportError:
             original = None
     ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
-                     and install_ddp_hook(model, comm.clock, original, warn))
+                     and monitor_comm.install_ddp_hook(model, comm.clock, original, warn))
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
                           sampler=sampler, comm=comm, warn=warn)
     if dist is not None and world_size > 1:
