@@ -14,14 +14,63 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from placement.cpuset import MAX_CPUS
+from placement._procfs import read_bounded
+from placement.cpuset import MAX_CPUS, parse_cpulist
 from placement.errors import ConfigError
+from placement.vocab import Vocabulary
 
-POLICIES = ("auto", "node", "socket", "exclusive", "core-complex", "none")
-MEMORY_MODES = ("bind", "preferred", "interleave", "none")
-SMT_MODES = ("avoid", "use")
-COMM_TIMING = ("auto", "wall", "flight_recorder", "hook", "off")
-NCCL_TIMING = ("auto", "on", "off")  # placement.monitor.nccl_env.NcclTimingMode
+
+class Policy(Vocabulary):
+    """placement.policy: per thread role (`auto`), one CPU set per process (torchrun's
+    --numa-binding modes), or no binding (`none`)."""
+
+    AUTO = "auto"
+    NODE = "node"
+    SOCKET = "socket"
+    EXCLUSIVE = "exclusive"
+    CORE_COMPLEX = "core-complex"
+    NONE = "none"
+
+
+# The process-level policies: torchrun's --numa-binding modes (plan/process_level.py).
+PROCESS_LEVEL_POLICIES = (Policy.NODE, Policy.SOCKET, Policy.EXCLUSIVE, Policy.CORE_COMPLEX)
+
+
+class MemoryMode(Vocabulary):
+    """placement.memory: the memory policy a plan asks for (the kernel's read-back may name more
+    modes, placement._procfs.MEMPOLICY_NAMES)."""
+
+    BIND = "bind"
+    PREFERRED = "preferred"
+    INTERLEAVE = "interleave"
+    NONE = "none"
+
+
+class SmtMode(Vocabulary):
+    """placement.smt."""
+
+    AVOID = "avoid"
+    USE = "use"
+
+
+class CommTimingMode(Vocabulary):
+    """placement.monitor.comm_timing: how collectives are timed (monitor/comm.py)."""
+
+    AUTO = "auto"
+    WALL = "wall"
+    FLIGHT_RECORDER = "flight_recorder"
+    HOOK = "hook"
+    OFF = "off"
+
+
+class NcclTimingMode(Vocabulary):
+    """placement.monitor.nccl_timing (monitor/nccl_env.py)."""
+
+    AUTO = "auto"  # on, unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing would break comm/compute overlap)
+    ON = "on"
+    OFF = "off"
+
+
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
@@ -44,8 +93,8 @@ class MonitorConfig:
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
-    comm_timing: str = _key("auto", "how collectives are timed (docs/monitor.md)")
-    nccl_timing: str = _key("auto", "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
+    comm_timing: CommTimingMode = _key(CommTimingMode.AUTO, "how collectives are timed (docs/monitor.md)")
+    nccl_timing: NcclTimingMode = _key(NcclTimingMode.AUTO, "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
                                     "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
                                     "overlap) (docs/nccl_timing.md)")
     budget_pct: float = _key(0.3, "share of step time the step hook may take on the training thread; above it "
@@ -72,10 +121,10 @@ class TuneConfig:
 
 @dataclass
 class PlacementConfig:
-    policy: str = _key("auto", "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
-    memory: str = _key("bind", "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
+    policy: Policy = _key(Policy.AUTO, "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
+    memory: MemoryMode = _key(MemoryMode.BIND, "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
     reserved_cpus: str = _key("", "kernel cpu list of housekeeping CPUs never used, e.g. `0,1`")
-    smt: str = _key("avoid", "`avoid`: hot roles get a whole core, one thread per core used; `use`: SMT siblings too")
+    smt: SmtMode = _key(SmtMode.AVOID, "`avoid`: hot roles get a whole core, one thread per core used; `use`: SMT siblings too")
     prefer_fast_cores: bool = _key(True, "hot roles on the cores of lowest `perf_rank`")
     strict: bool = _key(False, "`true`: refuse a plan that cannot be met (one line, exit 2) instead of running "
                                "a degraded plan with warnings")
@@ -86,11 +135,16 @@ class PlacementConfig:
     tune: TuneConfig = field(default_factory=TuneConfig)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values only (a choice as its text), as YAML and JSON hold them."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: _plain(v) for k, v in items})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PlacementConfig":
         return load_config(base=d)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Vocabulary) else value
 
 
 def _choices(key: str, value: Any, valid: Iterable[str]) -> None:
@@ -106,11 +160,14 @@ def _range(key: str, value: float, lo: float, hi: float | None = None) -> None:
 
 def validate(cfg: PlacementConfig) -> PlacementConfig:
     """Check every value; raise ConfigError with one line naming the value and the valid choices."""
-    from placement.cpuset import parse_cpulist
-
-    _choices("policy", cfg.policy, POLICIES)
-    _choices("memory", cfg.memory, MEMORY_MODES)
-    _choices("smt", cfg.smt, SMT_MODES)
+    for key, kind in CHOICES.items():
+        if isinstance(kind, type):  # a choice field: a member of its set, given as one or as its text
+            *parents, leaf = key.split(".")
+            node = cfg
+            for name in parents:
+                node = getattr(node, name)
+            _choices(key, getattr(node, leaf), kind.values())
+            setattr(node, leaf, kind(getattr(node, leaf)))
     try:
         parse_cpulist(cfg.reserved_cpus)
     except ValueError as e:
@@ -123,8 +180,6 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
                           "e.g. placement_logs (empty would write into the working directory)")
     if "\x00" in cfg.nccl_topo_file:
         raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
-    _choices("monitor.comm_timing", m.comm_timing, COMM_TIMING)
-    _choices("monitor.nccl_timing", m.nccl_timing, NCCL_TIMING)
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
@@ -175,9 +230,7 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The placement keys of a YAML file (top level or under `placement:`); one-line errors."""
-    import yaml
-
-    from placement._procfs import read_bounded
+    import yaml  # third-party, needed only when a file is given
 
     try:
         text = read_bounded(path, CONFIG_FILE_MAX).decode("utf-8")  # bounded; a FIFO is refused, not waited on
@@ -310,8 +363,8 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
                 raise bad("a finite number")
             return converted
         raise bad("an integer" if kind is int else "a number")
-    if kind is str:
-        if isinstance(value, str):
+    if kind is str or (isinstance(kind, type) and issubclass(kind, Vocabulary)):
+        if isinstance(value, str):  # a choice is checked against its set, and made a member, by validate()
             return value
         if full == "placement.reserved_cpus" and isinstance(value, int) and not isinstance(value, bool):
             return str(value)  # reserved_cpus: 3 in YAML; a number is never a path or a choice
@@ -328,9 +381,17 @@ def _subconfigs(cls: type) -> dict[str, type]:
     return {"monitor": MonitorConfig, "tune": TuneConfig} if cls is PlacementConfig else {}
 
 
-# Keys whose values are a closed set (validate() checks each against its tuple).
-CHOICES = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
-           "monitor.nccl_timing": NCCL_TIMING, "tune.rules": TUNE_RULES}
+# Keys whose values are a closed set: a Vocabulary (the field holds a member), or the tuple of
+# names a list key takes (tune.rules: the rules' own names, tune/rules/__init__.py).
+CHOICES: dict[str, Any] = {"policy": Policy, "memory": MemoryMode, "smt": SmtMode,
+                           "monitor.comm_timing": CommTimingMode, "monitor.nccl_timing": NcclTimingMode,
+                           "tune.rules": TUNE_RULES}
+
+
+def choice_values(key: str) -> tuple[str, ...]:
+    """The valid values of a closed-set key, in order."""
+    kind = CHOICES[key]
+    return kind.values() if isinstance(kind, type) else tuple(kind)
 
 
 def valid_values(key: str) -> str:
@@ -338,7 +399,7 @@ def valid_values(key: str) -> str:
     (for an unknown key) the valid keys."""
     key = key.lstrip("+").removeprefix("placement.")
     if key in CHOICES:
-        return "choose one of: " + ", ".join(CHOICES[key])
+        return "choose one of: " + ", ".join(choice_values(key))
     node: Any = PlacementConfig
     *parents, leaf = key.split(".")
     for name in parents:
@@ -390,7 +451,7 @@ def keys_table() -> str:
                 continue
             key = prefix + f.name
             doc = f.metadata["doc"]
-            choices = CHOICES.get(key)
+            choices = choice_values(key) if key in CHOICES else None
             if choices:
                 doc += ("; any of " if f.type == "list[str]" else "; one of ") + ", ".join(f"`{c}`" for c in choices)
             rows.append(f"| `placement.{key}` | `{_default_text(getattr(instance, f.name))}` | {doc} |")
