@@ -51,7 +51,7 @@ from placement.config import PlacementConfig
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
-from placement.monitor.comm import CommStep, CommTiming
+from placement.monitor.comm_base import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, Verdict, straggler_event
 from placement.monitor.record import StepRecord
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
