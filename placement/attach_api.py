@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
 
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
-from placement.events import LogDirError  # noqa: F401  (raised by attach(); importable from here)
+from placement.events import EventKind, LogDirError  # noqa: F401  (LogDirError: raised by attach(), importable here)
 
 if TYPE_CHECKING:
     from placement._procfs import Mempolicy
@@ -159,7 +159,7 @@ class FoundPlacement:
         torch = sys.modules.get("torch")
         if self.torch_threads is not None and torch is not None:
             torch.set_num_threads(self.torch_threads)
-        events.event("restore", cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
+        events.event(EventKind.RESTORE, cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
                      memory=None if self.memory is None else {"mode": self.memory.mode, "nodes": list(self.memory.nodes),
                                                               "errno": memory_errno},
                      torch_threads=self.torch_threads)
@@ -181,7 +181,7 @@ def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_s
         return None
     topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
     for w in plan.warnings:
-        events.event("warning", source="plan", message=w)
+        events.event(EventKind.WARNING, source="plan", message=w)
     summary = warnings_summary(plan.warnings, f"the event log {events.path or ''}".rstrip())
     if summary:
         print(f"placement: rank {rank}: plan warning: {summary}", file=sys.stderr, flush=True)
@@ -466,7 +466,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
-    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
+    events.event(EventKind.START, source="monitor", pid=os.getpid(), host=socket.gethostname(),
                  node_rank=node_rank_from_env(), backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
@@ -486,7 +486,7 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
         tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events,
                       next_step=lambda: monitor.step + 2)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
-        events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
+        events.event(EventKind.WARNING, source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
     monitor.add_observer(tuner.observe, tuner.window_end)
     return tuner

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from placement import _procfs
+from placement.events import EventKind
 from placement.plan.model import MemoryPolicy
 
 @dataclass
@@ -46,9 +47,9 @@ def apply_memory_policy(policy: MemoryPolicy, events=None) -> AppliedMemory:
     """Set the calling thread's memory policy, stepping down on refusal; log and return what holds."""
     outcome = _apply(policy)
     if events is not None:
-        events.event("memory", **outcome.to_dict())
+        events.event(EventKind.MEMORY, **outcome.to_dict())
         if outcome.fallback:
-            events.event("warning", message=f"memory policy: {outcome.fallback}")
+            events.event(EventKind.WARNING, message=f"memory policy: {outcome.fallback}")
     return outcome
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 from placement.bind.binder import RoleBinder
 from placement.bind.memory import AppliedMemory
 from placement.config import PlacementConfig
-from placement.events import EventLog
+from placement.events import EventKind, EventLog
 from placement.plan.model import Plan, RankPlan
 from placement.topology.model import Topology
 
@@ -39,7 +39,7 @@ class Session:
 
         stop_rehoming()
         self.binder.stop_watcher()
-        self.events.event("end")
+        self.events.event(EventKind.END)
         self.events.close()
 
 

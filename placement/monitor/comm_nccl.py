@@ -42,6 +42,7 @@ import time
 from typing import Optional
 
 from placement.config import CommTimingMode
+from placement.events import EventKind
 from placement.monitor.comm_base import CommTiming
 from placement.monitor.comm_groups import nccl_groups
 from placement.monitor.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
@@ -486,7 +487,7 @@ class NcclFlightRecorderComm(NcclTiming):
         events = getattr(self.warn, "events", None)
         if events is not None and self.polls:
             try:
-                events.event("monitor", source="comm", comm_timing=self.name, flight_recorder=self.stats(),
+                events.event(EventKind.MONITOR, source="comm", comm_timing=self.name, flight_recorder=self.stats(),
                              message=f"flight recorder: {self.polls} polls, {self.stats()['gil_ms_per_poll']} ms "
                                      f"GIL each, {self.reader.overflow} records lost to the ring, "
                                      f"{self.null_steps[NullCause.UNSETTLED]} steps null as unsettled")

@@ -62,6 +62,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from placement import _procfs
+from placement.events import EventKind
 
 log = logging.getLogger("placement")
 
@@ -153,7 +154,7 @@ class StallWatch:
         if where.stack:
             log.warning("placement: rank %d main thread's Python stack (most recent call first):\n  %s",
                         rank, "\n  ".join(where.stack))
-        events.event("stall", phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
+        events.event(EventKind.STALL, phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
                      threshold_s=round(s.threshold_s, 3),
                      median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
                      in_collective=in_collective, main=where.to_dict(), message=msg,
@@ -170,7 +171,7 @@ class StallWatch:
         self.stalled = self.resumed = None
         msg = f"rank {rank} resumed: step {step} completed after the stall at step {s.last_step}"
         log.warning("placement: %s", msg)
-        events.event("stall", phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
+        events.event(EventKind.STALL, phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
         events.flush()
         return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
 
@@ -276,7 +277,7 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_peer_stall(events, fields: dict[str, Any]) -> None:
     """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
     log.warning("placement: %s", fields.get("message", fields))
-    events.event("stall", **fields)
+    events.event(EventKind.STALL, **fields)
     events.flush()
 
 

@@ -48,6 +48,7 @@ from time import perf_counter_ns
 from typing import Callable, Optional
 
 from placement.config import PlacementConfig
+from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
@@ -400,7 +401,7 @@ class StepMonitor:
         was = self.budget.every
         now = self.budget.update(hook_us, step_ms)
         if now is not None:
-            self.events.event("monitor", message=(
+            self.events.event(EventKind.MONITOR, message=(
                 f"kernel counters read every {now} step(s), was {was}: the step hook costs {hook_us:.1f} us "
                 f"per step on this machine, {hook_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
                 f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
@@ -541,7 +542,7 @@ class StepMonitor:
         if verdict is None or not verdict.report.stragglers:
             return
         fields = straggler_event(verdict)
-        self.events.event("straggler", **fields)
+        self.events.event(EventKind.STRAGGLER, **fields)
         first, last = fields["steps"]
         for s in verdict.report.stragglers[:NAMED]:
             log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
@@ -602,7 +603,7 @@ class StepMonitor:
         self.sampler.close()
         close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
-        self.events.event("end", source="monitor", steps=self.step,
+        self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           probe_every=self.budget.every)
         self.events.flush()
