@@ -182,7 +182,7 @@ def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_s
     topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
     for w in plan.warnings:
         events.event(EventKind.WARNING, source="plan", message=w)
-    summary = warnings_summary(plan.warnings, f"the event log {events.path or ''}".rstrip())
+    summary = warnings_summary(plan, f"the event log {events.path or ''}".rstrip())
     if summary:
         print(f"placement: rank {rank}: plan warning: {summary}", file=sys.stderr, flush=True)
     s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank, world_size=world_size,

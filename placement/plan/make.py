@@ -24,22 +24,26 @@ def make_plan(topo: Topology, job: JobSpec, cfg: PlacementConfig) -> Plan:
     ctx = PlanContext.create(topo, cfg)
     slots = rank_slots(ctx, job)
     if cfg.policy == Policy.NONE:
-        return Plan(Policy.NONE, _unbound(slots), ctx.warnings)
+        return _plan(ctx, Policy.NONE, _unbound(slots))
     if not ctx.usable:
         problem = (f"placement.reserved_cpus={cfg.reserved_cpus!r} leaves no usable CPU "
                    f"(online and allowed: {format_cpulist(topo.usable())})" if topo.usable() else
                    f"no CPU of {topo.root} is both online and allowed "
                    f"(online: {format_cpulist(c.id for c in topo.cpus if c.online) or 'none'})")
         ctx.shortfall(problem, "no binding at all, ranks run where the OS puts them (monitor only)")
-        return Plan(cfg.policy, _unbound(slots), ctx.warnings)
+        return _plan(ctx, cfg.policy, _unbound(slots))
     if cfg.policy in PROCESS_LEVEL_POLICIES:
-        return Plan(cfg.policy, plan_process_level(ctx, slots, job), ctx.warnings)
+        return _plan(ctx, cfg.policy, plan_process_level(ctx, slots, job))
     if job.within is not None:
         if job.within not in PROCESS_LEVEL_POLICIES:
             raise PlanError(f"--numa-binding={job.within!r} is not valid; valid: {', '.join(map(str, PROCESS_LEVEL_POLICIES))}")
         within = Policy(job.within)
-        return Plan(f"auto within {within}", plan_auto_within(ctx, slots, job, within), ctx.warnings)
-    return Plan(cfg.policy, plan_auto(ctx, slots, job), ctx.warnings)
+        return _plan(ctx, f"auto within {within}", plan_auto_within(ctx, slots, job, within))
+    return _plan(ctx, cfg.policy, plan_auto(ctx, slots, job))
+
+
+def _plan(ctx: PlanContext, policy: str, ranks: list[RankPlan]) -> Plan:
+    return Plan(str(policy), ranks, ctx.warnings, ctx.shortfalls[0] if ctx.shortfalls else None)
 
 
 def _unbound(slots: list[RankSlot]) -> list[RankPlan]:
