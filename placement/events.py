@@ -87,9 +87,17 @@ def open_rank_log(log_dir: str, rank: int) -> "EventLog":
 _open_logs: "weakref.WeakSet[EventLog]" = weakref.WeakSet()
 BUFFER_BYTES = 1 << 16  # lines are written when this much is buffered, at flush() and at close()
 CLOSE_WAIT_S = 5.0  # close() waits this long for another thread's write, never for its own
-# Set by placement.monitor.exitflush: delivers a signal whose flush waited for a log's lock
-# to be released by the thread the signal interrupted.
-after_release: Optional[Callable[[], None]] = None
+# Called after a log's lock is released (on_release): placement.monitor.exitflush registers the
+# one that delivers a signal whose flush waited for the thread the signal interrupted.
+_release_hooks: tuple[Callable[[], None], ...] = ()
+
+
+def on_release(hook: Callable[[], None]) -> None:
+    """Call `hook` (no arguments, never raising) each time a thread lets go of an event log's
+    lock, and when a wait for it gives up. Registering the same hook twice keeps one."""
+    global _release_hooks
+    if hook not in _release_hooks:
+        _release_hooks = _release_hooks + (hook,)
 
 
 def _after_fork_in_child() -> None:
@@ -173,8 +181,7 @@ class EventLog:
 
     @staticmethod
     def _run_hook() -> None:
-        hook = after_release
-        if hook is not None:
+        for hook in _release_hooks:
             hook()
 
     # ---- writing --------------------------------------------------------------------------
