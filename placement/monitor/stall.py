@@ -62,7 +62,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from placement import _procfs
+from placement.cpuset import format_cpulist
 from placement.events import EventKind
+from placement.roles import name_this_thread
 
 log = logging.getLogger("placement")
 
@@ -244,8 +246,6 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     stalls (`holds_first`: outside any collective, then the lowest last step) are named one
     event each, the rest in one event per (last step, in a collective, state, wait channel,
     innermost frame) with their ranks in list form; resumes likewise."""
-    from placement.cpuset import format_cpulist
-
     out = []
     for phase in ("stalled", "resumed"):
         these = sorted((p for p in posts if p.get("phase", "stalled") == phase), key=holds_first)
@@ -304,8 +304,6 @@ class PeerWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        from placement.roles import name_this_thread
-
         name_this_thread(b"placement_peers")
         while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
             if not self.poll():
