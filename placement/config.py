@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
@@ -131,8 +133,10 @@ class PlacementConfig:
     dataloader_workers: int = _key(2, "DataLoader workers per rank the plan sizes for")
     nccl_topo_file: str = _key("", "NCCL topology XML whose GPU/NIC/NUMA facts win over sysfs (cloud VMs); "
                                    "empty = `$NCCL_TOPO_FILE` if set")
-    monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    tune: TuneConfig = field(default_factory=TuneConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig,
+                                   metadata={"doc": "per-step records in <log_dir>/rank<R>.jsonl"})
+    tune: TuneConfig = field(default_factory=TuneConfig,
+                             metadata={"doc": "the self-tuner: moves threads when a window's figures say it pays"})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (a choice as its text), as YAML and JSON hold them."""
@@ -460,5 +464,45 @@ def keys_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    print(keys_table())
+_EXAMPLE_HEAD = f"""\
+# A plain placement config: every key with its default value. Copy it, change what you need, drop the rest:
+#   placerun --placement-config my_placement.yaml train.py     or     placement.attach(config="my_placement.yaml")
+# (The files under configs/placement/ are Hydra configs for Hydra apps; see README "Hydra apps".)
+# Generated from placement/config.py by `python -m placement.config --example > {EXAMPLE_CONFIG}`."""
+_EXAMPLE_COLUMN = 26  # where the comments start
+
+
+def _yaml_text(value: Any) -> str:
+    """`value` as YAML that reads back as itself (a string YAML would take for another type is quoted)."""
+    import yaml  # third-party, needed only here
+
+    text = _default_text(value)
+    return text if yaml.safe_load(text) == _plain(value) else json.dumps(str(value))
+
+
+def example_yaml() -> str:
+    """configs/placement.example.yaml: every key, its default and its description as a comment
+    (tests/test_config.py holds the file equal to this)."""
+    lines = _EXAMPLE_HEAD.splitlines()
+
+    def walk(cls: type, indent: str, prefix: str) -> None:
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            key = prefix + f.name
+            doc = f.metadata["doc"]
+            sub = _subconfigs(cls).get(f.name)
+            if sub is not None:
+                lines.append(f"{indent}{f.name}:".ljust(_EXAMPLE_COLUMN) + f"# {doc}")
+                walk(sub, indent + "  ", key + ".")
+                continue
+            if key in CHOICES:
+                doc += ("; any of " if f.type == "list[str]" else "; one of ") + " | ".join(choice_values(key))
+            line = f"{indent}{f.name}: {_yaml_text(getattr(instance, f.name))}"
+            lines.append(line.ljust(_EXAMPLE_COLUMN - 1) + f" # {doc}")
+
+    walk(PlacementConfig, "", "")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # README's keys table; with --example, configs/placement.example.yaml
+    sys.stdout.write(example_yaml() if sys.argv[1:] == ["--example"] else keys_table() + "\n")
