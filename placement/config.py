@@ -53,6 +53,10 @@ class MonitorConfig:
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
                                      "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
     stall_min_s: float = _key(30.0, "the floor of that stall limit, in seconds")
+    residence_every_s: float = _key(60.0, "seconds between looks at where the rank's memory pages are (a move_pages "
+                                          "sample on the monitor thread, docs/monitor.md); 0 = off")
+    residence_min_pct: float = _key(90.0, "share of the rank's resident pages on its planned NUMA node(s) below which "
+                                          "a `warning` event names where the others are")
 
 
 @dataclass
@@ -132,6 +136,9 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
     _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)
+    if m.residence_every_s != 0:
+        _range("monitor.residence_every_s", m.residence_every_s, 1.0, 86400.0)
+    _range("monitor.residence_min_pct", m.residence_min_pct, 0.0, 100.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)
