@@ -177,7 +177,7 @@ class StepMonitor:
                                         SummarySink(rank, self.cfg.summary_every)]
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
-        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
+        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
         self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
         self.residence: Optional[ResidenceWatch] = None  # where the rank's pages are (residence_watch.py)
         session = session_mod.current()
@@ -197,7 +197,8 @@ class StepMonitor:
         self._start_thread()  # the stall watch runs from step 1 on
         if self.exchange is not None and self.rank == 0 and self._peers is None:
             self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
-                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s).start()
+                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s,
+                                    own=lambda: self.stall.post).start()
 
     def add_observer(self, observe: Callable[[StepRecord], None],
                      window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
@@ -334,13 +335,18 @@ class StepMonitor:
         """Between hand-overs: has the training thread completed a step lately? (Read without
         _lock: a stalled main thread may hold it.)"""
         try:
-            stalled = self.stall.check(self.step, perf_counter_ns())
+            now = perf_counter_ns()
+            stalled = self.stall.check(self.step, now)
             post = None
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
+                # outside any collective with peers to judge it: hung, or a job-wide pause (stall.py)
+                hold = inside is False and self.exchange is not None and self.exchange.enabled
                 post = self.stall.report(stalled, self.events, self.rank, inside,
-                                         self.comm.null_why if inside is None else None)
+                                         self.comm.null_why if inside is None else None, hold=hold)
+            elif self.stall.write_held(self.events, self.rank, now):
+                pass
             elif self.stall.resumed is not None:
                 post = self.stall.report_resumed(self.events, self.rank)
             if post is not None and self.exchange is not None:
