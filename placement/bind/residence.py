@@ -15,7 +15,7 @@ pages are asked where they are, two ways (placement._procfs parses both):
 - full read (`ResidenceSource.NUMA_MAPS`): /proc/<pid>/numa_maps counts every page of every
   mapping, walking all page tables under the mmap lock: milliseconds per GiB resident, during
   which the process's own mmap/munmap (and page faults on kernels without per-VMA locks) wait.
-  Exact, so tests and `placement doctor --full` use it; never the periodic watch.
+  Exact, so tests and one-off looks use it; never the periodic watch.
 
 File-backed pages (libraries, page cache) are not counted: they are shared with other processes
 and sit where whoever read them first put them.
