@@ -103,7 +103,14 @@ class MonitorConfig:
                                   "the hot threads' counters are read every k-th step (monitor/budget.py); 0 = every step")
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
                                      "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
-    stall_min_s: float = _key(30.0, "the floor of that stall limit, in seconds")
+    stall_min_s: float = _key(7.0, "the floor of that stall limit, in seconds")
+    stall_pause_s: float = _key(120.0, "a rank of many stalled outside any collective is named at once by rank 0 "
+                                       "when peers wait for it; its own `stall` event waits this long, as every "
+                                       "rank pausing together (a checkpoint) is not a fault")
+    residence_every_s: float = _key(60.0, "seconds between looks at where the rank's memory pages are (a move_pages "
+                                          "sample on the monitor thread, docs/monitor.md); 0 = off")
+    residence_min_pct: float = _key(90.0, "share of the rank's resident pages on its planned NUMA node(s) below which "
+                                          "a `warning` event names where the others are")
 
 
 @dataclass
@@ -191,6 +198,10 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
     _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)
+    _range("monitor.stall_pause_s", m.stall_pause_s, 0.0, 86400.0)
+    if m.residence_every_s != 0:
+        _range("monitor.residence_every_s", m.residence_every_s, 1.0, 86400.0)
+    _range("monitor.residence_min_pct", m.residence_min_pct, 0.0, 100.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)

@@ -37,6 +37,7 @@ class EventKind(Vocabulary):
     ROLLBACK = "rollback"  # a tuner action not applied or rolled back
     STRAGGLER = "straggler"  # rank 0's verdict on an exchange window
     STALL = "stall"  # a rank stopped stepping, or resumed
+    RESIDENCE = "residence"  # where a rank's resident pages sit (bind/residence.py), at a low rate
     LOST = "lost"  # records this log could not write (a full disk)
 
 
