@@ -41,7 +41,7 @@ from placement.bind.affinity import apply_process_mask
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
-from placement.events import LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
+from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
 from placement.identity import RankIdentity, process_group
 from placement.monitor import exitflush
 # The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
@@ -135,7 +135,7 @@ class FoundPlacement:
         torch = sys.modules.get("torch")
         if self.torch_threads is not None and torch is not None:
             torch.set_num_threads(self.torch_threads)
-        events.event("restore", cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
+        events.event(EventKind.RESTORE, cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
                      memory=None if self.memory is None else {"mode": self.memory.mode, "nodes": list(self.memory.nodes),
                                                               "errno": memory_errno},
                      torch_threads=self.torch_threads)
@@ -149,8 +149,8 @@ def _bind_here(cfg: PlacementConfig, events, identity: RankIdentity):
     on stderr."""
     _, plan = plan_for_node(cfg, identity.local_world_size)  # PlanError (one line) on a shortfall with strict
     for w in plan.warnings:
-        events.event("warning", source="plan", message=w)
-    summary = warnings_summary(plan.warnings, f"the event log {events.path or ''}".rstrip())
+        events.event(EventKind.WARNING, source="plan", message=w)
+    summary = warnings_summary(plan, f"the event log {events.path or ''}".rstrip())
     if summary:
         print(f"placement: rank {identity.rank}: plan warning: {summary}", file=sys.stderr, flush=True)
     s = run_stage1(cfg, plan, events, identity, entry="attach")
@@ -416,7 +416,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
-    events.event("start", source="monitor", pid=os.getpid(), host=identity.host,
+    events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host,
                  node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
@@ -434,7 +434,7 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
         # the plan's cores and the binder's role sets: no topology in a worker.
         tuner = Tuner(session.binder, cfg.tune, events, next_step=lambda: monitor.step + 2)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
-        events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
+        events.event(EventKind.WARNING, source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
     monitor.add_observer(tuner.observe, tuner.window_end)
     return tuner

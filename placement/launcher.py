@@ -242,7 +242,7 @@ def concise_plan(plan) -> str:
         roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
                           for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
         lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
-    summary = warnings_summary(plan.warnings, "--dry-run")  # one line per node
+    summary = warnings_summary(plan, "--dry-run")  # one line per node
     if summary:
         lines.append(f"  warning: {summary}")
     return "\n".join(lines)

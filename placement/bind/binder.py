@@ -29,6 +29,7 @@ from typing import Optional
 
 from placement.bind.affinity import BindResult, bind_thread, read_allowed
 from placement.cpuset import format_cpulist
+from placement.events import EventKind
 from placement.plan.model import RankPlan
 from placement import _procfs
 from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, name_this_thread, scan_threads
@@ -235,7 +236,7 @@ class RoleBinder:
         rec = self._records[(t.pid, t.tid)]
         rec.applied, rec.kernel = cpus, r.applied
         if self.events is not None:
-            self.events.event("bind", **r.to_dict(), reason=reason, **extra)
+            self.events.event(EventKind.BIND, **r.to_dict(), reason=reason, **extra)
         if not r.ok:
             self._warn(r.error or "")
         return r
@@ -320,7 +321,7 @@ class RoleBinder:
 
     def _warn(self, message: str) -> None:
         if self.events is not None:
-            self.events.event("warning", message=message)
+            self.events.event(EventKind.WARNING, message=message)
         if not self._warned:  # once on stderr; every one is in the event log
             self._warned = True
             log.warning("placement: %s", message)

@@ -12,7 +12,7 @@ from placement.bind.binder import RoleBinder
 from placement.bind.fork import stop_rehoming
 from placement.bind.memory import AppliedMemory
 from placement.config import PlacementConfig
-from placement.events import EventLog
+from placement.events import EventKind, EventLog
 from placement.identity import RankIdentity
 from placement.plan.model import Plan, RankPlan
 
@@ -47,7 +47,7 @@ class Session:
         self.closed = True
         stop_rehoming()
         self.binder.stop_watcher()
-        self.events.event("end")
+        self.events.event(EventKind.END)
         self.events.close()
 
 

@@ -21,6 +21,7 @@ from placement.bind.fork import rehome_forked_children
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
+from placement.events import EventKind
 from placement.identity import RankIdentity
 from placement.monitor.nccl_env import NcclTimingMode, decide_nccl_env
 from placement.plan.model import Plan
@@ -46,7 +47,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
     if rank_plan.gpu is not None and cfg.monitor.enabled:
         nccl_note = apply_nccl_timing_env(cfg, environ, env_set, keep, entry)
     torch_threads = apply_torch_threads(env_set) if environ is os.environ else None
-    events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=identity.world_size, restart=restart,
+    events.event(EventKind.START, pid=os.getpid(), local_rank=local_rank, world_size=identity.world_size, restart=restart,
                  policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry)
     if late:
         warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
@@ -54,7 +55,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
                             f"are unnamed and bound as `other`, and main was narrowed by NCCL's init; "
                             f"{LATE_NCCL_FIX}")
     elif environ.get(SET_THREAD_NAME) != "1":
-        events.event("warning", message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
+        events.event(EventKind.WARNING, message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
                                         "NCCL threads are not named, so they are bound as `other`")
     if nccl_note is not None:
         warn_rank(events, rank, nccl_note)
@@ -62,7 +63,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
     memory = None
     if binding:
         mask = apply_process_mask(rank_plan.share())
-        events.event("bind", **mask.to_dict(),
+        events.event(EventKind.BIND, **mask.to_dict(),
                      reason=f"stage 1 ({entry}): the rank's whole share, inherited by every thread")
         if not mask.ok:
             warn_rank(events, rank, mask.error or "")
@@ -108,5 +109,5 @@ def apply_nccl_timing_env(cfg: PlacementConfig, environ: MutableMapping[str, str
 def warn_rank(events, rank: int, message: str, *, event: bool = True) -> None:
     """One line on stderr naming the rank, and (unless event=False) a `warning` event."""
     if event:
-        events.event("warning", message=message)
+        events.event(EventKind.WARNING, message=message)
     print(f"placement: rank {rank}: {message}", file=sys.stderr)

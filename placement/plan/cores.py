@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from placement.config import SmtMode
 from placement.plan.model import PlannedCore
 from placement.topology.model import Topology
 
@@ -47,9 +48,9 @@ class Core:
         """Sort key for hot roles: whole cores first, then (when asked) lowest perf_rank."""
         return (not self.whole, self.perf if prefer_fast else 0) + self.compact_order
 
-    def use(self, smt: str) -> frozenset[int]:
+    def use(self, smt: SmtMode) -> frozenset[int]:
         """The threads a role placed on this core gets: the first thread only when SMT is avoided."""
-        return self.cpus if smt == "use" else frozenset({min(self.cpus)})
+        return self.cpus if smt == SmtMode.USE else frozenset({min(self.cpus)})
 
     def gain_over(self, other: "Core") -> Optional[float]:
         """How much faster this core is expected to run one thread than `other`, as a fraction
@@ -117,7 +118,7 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
     return sorted(cores, key=lambda c: c.compact_order)
 
 
-def threads_of(cores: list[Core] | tuple[Core, ...], smt: str) -> frozenset[int]:
+def threads_of(cores: list[Core] | tuple[Core, ...], smt: SmtMode) -> frozenset[int]:
     out: frozenset[int] = frozenset()
     for c in cores:
         out |= c.use(smt)

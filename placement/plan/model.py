@@ -77,7 +77,7 @@ class RankPlan:
             "local_rank": self.local_rank,
             "gpu": None if self.gpu is None else {"index": self.gpu.index, "pci": self.gpu.pci},
             "numa": list(self.numa),
-            "memory": {"mode": self.memory.mode, "nodes": list(self.memory.nodes)},
+            "memory": {"mode": str(self.memory.mode), "nodes": list(self.memory.nodes)},
             "env": dict(self.env),
             "roles": {r.value: {"cpus": sorted(a.cpus), "reason": a.reason}
                       for r, a in sorted(self.roles.items(), key=lambda kv: list(ThreadRole).index(kv[0]))},
@@ -99,11 +99,27 @@ class RankPlan:
         )
 
 
+@dataclass(frozen=True)
+class Shortfall:
+    """What a plan could not meet, and what the degraded plan it ran instead gives up (under
+    placement.strict the problem is a PlanError instead)."""
+
+    problem: str
+    given_up: str
+
+    def warning(self) -> str:
+        return f"{self.problem}; degraded plan: {self.given_up}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"problem": self.problem, "given_up": self.given_up}
+
+
 @dataclass
 class Plan:
     policy: str
     ranks: list[RankPlan]
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # every warning, the shortfall's included
+    shortfall: Optional[Shortfall] = None  # the first shortfall the plan ran through
 
     def for_local_rank(self, local_rank: int) -> RankPlan:
         for r in self.ranks:
@@ -112,15 +128,20 @@ class Plan:
         raise KeyError(f"plan has no local rank {local_rank} (ranks: {[r.local_rank for r in self.ranks]})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "policy": self.policy, "warnings": list(self.warnings),
-                "ranks": [r.to_dict() for r in self.ranks]}
+        out = {"schema": SCHEMA, "policy": str(self.policy), "warnings": list(self.warnings),
+               "ranks": [r.to_dict() for r in self.ranks]}
+        if self.shortfall is not None:
+            out["shortfall"] = self.shortfall.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
         if d.get("schema", SCHEMA) != SCHEMA:
             raise ValueError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}")
+        short = d.get("shortfall")
         return cls(policy=d["policy"], ranks=[RankPlan.from_dict(r) for r in d["ranks"]],
-                   warnings=list(d.get("warnings", [])))
+                   warnings=list(d.get("warnings", [])),
+                   shortfall=None if short is None else Shortfall(short["problem"], short["given_up"]))
 
 
 @dataclass

@@ -32,6 +32,7 @@ from typing import Any, Callable, Optional
 
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
+from placement.events import EventKind
 from placement.monitor.record import StepRecord
 from placement.roles import ThreadRole
 from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
@@ -120,7 +121,7 @@ class Tuner:
             self.state = TunerState.STOPPED
             msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
             log.warning("%s", msg)
-            self._event("warning", source="tune", message=msg)
+            self._event(EventKind.WARNING, source="tune", message=msg)
 
     def window_end(self, after: int) -> Optional[int]:
         """The last step of this tuner's first window that ends after step `after`, on its
@@ -169,7 +170,7 @@ class Tuner:
         for p in proposals:
             if not p.is_move:
                 log.warning("placement: %s", p.reason)
-                self._event("warning", source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
+                self._event(EventKind.WARNING, source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
         if not proposals:
             self._noise.add_quiet(stats)
             return
@@ -197,7 +198,7 @@ class Tuner:
                 self._disabled.add(rule.name)
                 msg = f"tune rule {rule.name} raised {e!r}; it is disabled for the rest of the run"
                 log.warning("placement: %s", msg)
-                self._event("warning", source="tune", rule=rule.name, message=msg)
+                self._event(EventKind.WARNING, source="tune", rule=rule.name, message=msg)
                 continue
             if p is None:
                 continue
@@ -222,7 +223,7 @@ class Tuner:
             sig = (p.rule, p.role.value, p.cpus)
             if sig not in self._dry_run_logged:
                 self._dry_run_logged.add(sig)
-                self._event("tune", message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
+                self._event(EventKind.TUNE, message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
                             rule=p.rule, role=p.role.value, change=change, also=also, reason=p.reason,
                             evidence=p.evidence, effect=None)
             self._cool_down()
@@ -233,7 +234,7 @@ class Tuner:
             self.binder.set_role_cpus(p.role, previous, f"rollback of tune {p.rule}: binder refused")
             wait = self._backoff.on_revert((p.rule, p.role.value), self.windows)
             why = f"binding refused: {failed[0].error}"
-            self._event("rollback", message=f"{p.rule} not applied: {why}", rule=p.rule, role=p.role.value,
+            self._event(EventKind.ROLLBACK, message=f"{p.rule} not applied: {why}", rule=p.rule, role=p.role.value,
                         change={"from": change["to"], "to": change["from"]}, evidence=p.evidence, effect=None,
                         backoff_windows=wait, why=why)
             return
@@ -247,7 +248,7 @@ class Tuner:
         self.state = TunerState.IN_FLIGHT
         self._window_start = first_step
         self._records = [r for r in self._records if r.step >= first_step]
-        self._event("tune", message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
+        self._event(EventKind.TUNE, message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
                     change=change, also=also, reason=p.reason, in_force_step=first_step,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
                     failed=[{"tid": r.tid, "error": r.error} for r in failed])
@@ -264,7 +265,7 @@ class Tuner:
             self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
             for role, prev in f.also_previous:
                 self._held[role] = (prev, self.windows + KEPT_HOLD_WINDOWS + 1)
-            self._event("tune", message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
+            self._event(EventKind.TUNE, message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
                         phase="kept", rule=p.rule, role=p.role.value,
                         change={"from": sorted(f.previous), "to": sorted(p.cpus)},
                         also=_also_changes(f.also_previous, p.also), reason=p.reason,
@@ -275,7 +276,7 @@ class Tuner:
         for role, prev in f.also_previous:
             results += self.binder.set_role_cpus(role, prev, f"rollback of tune {p.rule}: {v.why}")
         wait = self._backoff.on_revert(key, self.windows)
-        self._event("rollback", message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
+        self._event(EventKind.ROLLBACK, message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
                                         f"back off {wait} windows",
                     rule=p.rule, role=p.role.value,
                     change={"from": sorted(p.cpus), "to": sorted(f.previous)},
@@ -287,7 +288,7 @@ class Tuner:
     def _own_pids(self) -> set[int]:
         return {t.pid for t in self.binder.threads()}
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _event(self, kind: EventKind, **fields: Any) -> None:
         try:
             self.events.event(kind, **fields)
         except Exception as e:  # a broken log must not stop tuning, nor training
