@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 import os
 import sys
@@ -336,7 +337,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     if session is not None:
         # Stage 1 bound this process before the program ran, from a plan made for the whole node:
         # one rank cannot re-plan it, so placerun's plan wins and the line names what is dropped.
-        dropped = [f"placement.{k}={getattr(cfg, k)!r}" for k in BINDING_KEYS
+        dropped = [f"placement.{k}={_as_written(getattr(cfg, k))}" for k in BINDING_KEYS
                    if getattr(cfg, k) != getattr(session.config, k)]
         cfg = dataclasses.replace(cfg, **{k: getattr(session.config, k) for k in BINDING_KEYS})
     identity = _identity() if session is None else session.identity
@@ -376,6 +377,11 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
         monitor.start()
     _current_handle = handle
     return handle
+
+
+def _as_written(value: Any) -> str:
+    """A setting as the user wrote it: a vocabulary member by its value ('none', not <Policy.NONE>)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
 def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankIdentity):
