@@ -1,6 +1,5 @@
 """placerun's argument handling against torch's own torchrun parser and config_from_args; bad
 input ends before any worker with one line and exit 2. No workers are started here."""
-import json
 import os
 import sys
 
