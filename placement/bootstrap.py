@@ -44,19 +44,26 @@ class HandoffError(PlacementError):
 def load_handoff(environ: MutableMapping[str, str] = os.environ):
     """(PlacementConfig, Plan, Topology | None) from the files placerun wrote."""
     from placement.config import PlacementConfig
-    from placement.plan.model import Plan
     from placement.topology.model import Topology
 
-    plan_file = environ.get(PLAN_FILE_ENV)
-    if not plan_file:
-        raise HandoffError(f"{PLAN_FILE_ENV} is not set: placement.bootstrap runs under placerun, "
-                           "e.g. `placerun --nproc-per-node 2 train.py`")
-    plan = _read_json(plan_file, Plan.from_dict, "plan")
+    plan = load_plan(environ)
     config_file = environ.get(CONFIG_FILE_ENV)
     cfg = _read_json(config_file, PlacementConfig.from_dict, "config") if config_file else PlacementConfig()
     topo_file = environ.get(TOPOLOGY_FILE_ENV)
     topo = _read_json(topo_file, Topology.from_dict, "topology") if topo_file else None
     return cfg, plan, topo
+
+
+def load_plan(environ: MutableMapping[str, str] = os.environ):
+    """The node's Plan from the file PLACEMENT_PLAN_FILE names (also read by `placement doctor`
+    from a running rank's environment)."""
+    from placement.plan.model import Plan
+
+    plan_file = environ.get(PLAN_FILE_ENV)
+    if not plan_file:
+        raise HandoffError(f"{PLAN_FILE_ENV} is not set: placement.bootstrap runs under placerun, "
+                           "e.g. `placerun --nproc-per-node 2 train.py`")
+    return _read_json(plan_file, Plan.from_dict, "plan")
 
 
 def _read_json(path: str, build, what: str):
