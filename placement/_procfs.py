@@ -4,10 +4,11 @@ One parser per file, one plain function per fact, every read bounded:
 - /proc/<pid>[/task/<tid>]/stat       parse_stat       -> TaskStat (name, state, minflt, threads, last CPU)
 - /proc/<pid>/task/<tid>/schedstat    parse_schedstat  -> SchedStat (on-CPU ns, runqueue wait ns)
 - /proc/<pid>[/task/<tid>]/status     status_value     -> one field (Cpus_allowed_list, Mems_allowed_list,
-                                                          nonvoluntary_ctxt_switches)
+                                                          nonvoluntary_ctxt_switches, Uid, PPid)
 - /proc/<pid>[/task/<tid>]/comm       comm
 - /proc/<pid>[/task/<tid>]/wchan      wchan            -> the kernel function it sleeps in
 - /proc/<pid>/task, .../children      task_ids, children, pids
+- /proc/<pid>/environ                 environ          -> the environment the process was started with
 - /proc/<pid>/maps                    parse_maps       -> MapEntry (address range, perms, path)
 - /proc/<pid>/numa_maps               parse_numa_maps  -> NumaMapsEntry (pages per node, page size)
 and the calling thread's NUMA memory policy: get_mempolicy, set_mempolicy, probe_mempolicy
@@ -165,6 +166,8 @@ def schedstat_at(fd: int, tid: int = 0) -> SchedStat:
 CPUS_ALLOWED_LIST = b"Cpus_allowed_list:"
 MEMS_ALLOWED_LIST = b"Mems_allowed_list:"
 NONVOLUNTARY_SWITCHES = b"nonvoluntary_ctxt_switches:"
+UID = b"Uid:"  # real, effective, saved, filesystem
+PPID = b"PPid:"
 
 
 def status_value(raw: bytes, key: bytes) -> str:
@@ -192,6 +195,15 @@ def cpus_allowed(pid, tid: Optional[int] = None, proc: str = "/proc") -> frozens
 def mems_allowed(pid="self", proc: str = "/proc") -> frozenset[int]:
     """Mems_allowed_list: the NUMA nodes the cgroup cpuset lets the process allocate on."""
     return parse_cpulist(status_value(status(pid, None, proc), MEMS_ALLOWED_LIST))
+
+
+def owner_and_parent(pid, proc: str = "/proc") -> tuple[int, int]:
+    """(real uid, parent pid) of a process, from one read of its status."""
+    raw = status(pid, None, proc)
+    try:
+        return int(status_value(raw, UID).split()[0]), int(status_value(raw, PPID))
+    except IndexError:
+        raise ValueError("an empty Uid line in status") from None
 
 
 def nonvoluntary_switches_at(fd: int, tid: int = 0) -> int:
@@ -391,6 +403,19 @@ def _read_listing(pid, name: str, limit: int, proc: str) -> bytes:
 
 
 LISTING_CHUNK = 256 * 1024
+ENVIRON_MAX = 4 * 1024 * 1024  # the kernel caps argv + envp at a quarter of the stack limit (2 MiB by default)
+
+
+def environ(pid, proc: str = "/proc") -> dict[str, str]:
+    """The environment the process was exec'd with (NAME=value, NUL separated; what it set later
+    with putenv is not there). Reading another process's needs PTRACE_MODE_READ on it: EACCES
+    otherwise, raised."""
+    out = {}
+    for item in _read_listing(pid, "environ", ENVIRON_MAX, proc).split(b"\0"):
+        name, eq, value = item.partition(b"=")
+        if eq and name:
+            out[name.decode(errors="replace")] = value.decode(errors="replace")
+    return out
 
 
 def maps(pid="self", proc: str = "/proc") -> list[MapEntry]:

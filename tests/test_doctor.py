@@ -13,11 +13,17 @@ from pathlib import Path
 import pytest
 
 from placement.cli import main as cli_main
-from placement.doctor.command import SCHEMA, gather
+from placement.config import load_config
+from placement.doctor import facts as doctor_facts
+from placement.handoff import Handoff
+from placement.doctor.command import SCHEMA, format_report, gather, report_dict
 from placement.cpuset import format_cpulist, parse_cpulist
 from placement.doctor.checks import (CHECKS, SEVERITIES, STATUSES, Facts, gpu_pair_sys, irq_hot_cores, membind,
-                                    run_checks)
+                                    memory_residence, run_checks)
+from placement.plan.make import make_plan
+from placement.plan.model import JobSpec
 from placement.roles import HOT_ROLES
+from placement.topology import discover
 from sysfs_builder import make_tree, shared_trees
 
 CHECK_NAMES = [c.__name__ for c in CHECKS]
@@ -230,3 +236,106 @@ def test_live_host_without_privileges(tmp_path):
     assert proc.returncode in (0, 1), proc.stderr
     out = json.loads(proc.stdout)
     assert out["live"] is True and [c["name"] for c in out["checks"]] == CHECK_NAMES
+
+
+# ---- memory_residence: placement ranks running now, sampled by pid -------------------------------
+RANK_CHILD = r"""
+import subprocess, sys
+data = bytearray(64 << 20)
+for i in range(0, len(data), 4096):
+    data[i] = 1  # touched: resident, on the node the kernel chose
+# A DataLoader worker inherits the rank's environment; it is not a rank.
+kid = subprocess.Popen([sys.executable, "-S", "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+print(kid.pid, flush=True)
+sys.stdin.read()
+kid.stdin.close()
+kid.wait()
+"""
+
+
+def _plan_file(tmp_path, nodes=(0,)) -> str:
+    """A real plan for one rank on this host, its memory bound to `nodes`."""
+    plan = make_plan(discover("/"), JobSpec(nproc_per_node=1, gpus=[None], dataloader_workers=0, visible_gpus=[]),
+                     load_config([]))
+    plan.ranks[0].memory = replace(plan.ranks[0].memory, nodes=list(nodes))
+    return Handoff(load_config([]), plan).write(str(tmp_path))
+
+
+def test_a_running_rank_is_found_by_its_environment_and_sampled_by_pid(tmp_path):
+    """A real process started as placerun starts a rank (PLACEMENT_PLAN_FILE, LOCAL_RANK, RANK),
+    its pages asked with move_pages by pid: all on node 0, this host's only node. Its child (as a
+    DataLoader worker, same environment) is not counted. `-S`: the worker hook must not run."""
+    env = dict(os.environ, PLACEMENT_PLAN_FILE=_plan_file(tmp_path), LOCAL_RANK="0", RANK="3")
+    rank = subprocess.Popen([sys.executable, "-S", "-c", RANK_CHILD], env=env, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        kid = int(rank.stdout.readline())
+        running = doctor_facts.running_ranks()
+    finally:
+        rank.stdin.close()
+        rank.wait(timeout=60)
+    ours = [r for r in running.ranks if r.pid == rank.pid]
+    assert len(ours) == 1 and not [r for r in running.ranks if r.pid == kid]
+    r = ours[0]
+    assert (r.rank, r.local_rank, r.memory_mode, r.null) == (3, 0, "bind", None)
+    assert r.residence.planned == (0,) and r.residence.share_pct == 100.0 and r.residence.resident >= 1000
+    c = memory_residence(Facts(topology=None, live=True, running=replace(running, ranks=ours)))
+    assert c.status == "pass", c
+    assert c.summary == f"1 running rank: rank 3 (pid {rank.pid}) 100.0% on node 0 (threshold 90%)"
+    assert c.evidence[0].startswith(f"rank 3 (pid {rank.pid}), memory policy bind: process: 100.0% of ")
+
+
+def _proc_tree(tmp_path, plan_file: str) -> Path:
+    """A /proc of three processes of this user: a rank (pid 100), its DataLoader worker (101, same
+    environment) and one whose environment cannot be read (102)."""
+    proc = tmp_path / "proc"
+    for pid, parent in ((100, 1), (101, 100), (102, 1)):
+        d = proc / str(pid)
+        d.mkdir(parents=True)
+        (d / "status").write_text(f"Name:\tpython\nPPid:\t{parent}\nUid:\t{os.getuid()}\t0\t0\t0\n")
+        (d / "maps").write_text("7f0000000000-7f0000400000 rw-p 00000000 00:00 0 \n"
+                                "7f1000000000-7f1000001000 r-xp 00000000 08:01 42 /usr/lib/libc.so.6\n")
+    env = f"PATH=/usr/bin\0PLACEMENT_PLAN_FILE={plan_file}\0LOCAL_RANK=0\0RANK=0\0".encode()
+    (proc / "100/environ").write_bytes(env)
+    (proc / "101/environ").write_bytes(env)
+    (proc / "102/environ").mkdir()  # read as a file: refused, as EACCES would be
+    return proc
+
+
+def test_pages_on_another_node_are_named_with_the_command_that_moves_them(tmp_path):
+    """Four nodes: the rank is bound to node 0, but the kernel answers that 3 of 4 sampled pages
+    sit on node 2 and the rest on 0 (move_pages' answer, through the reader's query seam)."""
+    proc = _proc_tree(tmp_path, _plan_file(tmp_path))
+    running = doctor_facts.running_ranks(str(proc), query=lambda addrs: [0 if i % 4 == 0 else 2
+                                                                         for i in range(len(addrs))])
+    assert [r.pid for r in running.ranks] == [100] and set(running.unreadable) == {102}
+    res = running.ranks[0].residence
+    assert res.asked == 1024 and res.share_pct == 25.0 and res.elsewhere() == {2: 75.0}
+    c = memory_residence(Facts(topology=None, live=True, running=running, residence_min_pct=90.0))
+    assert c.status == "warn", c
+    assert c.summary == "1 running rank, 1 below 90% of sampled pages on the planned node(s): rank 0 (pid 100) " \
+                        "25.0% on node 0 (75.0% on node 2)"
+    assert c.fix.startswith("migratepages 100 2 0  #")
+    assert c.evidence[-1] == "1 of your processes could not be read, so a rank among them is not seen: pids 102 (EINVAL)"
+    text = format_report("/", [c])
+    assert "warn     medium   memory_residence  1 running rank, 1 below 90%" in text and "fix: migratepages 100 2 0" in text
+
+
+def test_no_rank_running_is_one_line_and_a_bad_plan_file_is_named(tmp_path):
+    c = memory_residence(Facts(topology=None, live=True, running=doctor_facts.RunningRanks()))
+    assert (c.status, c.evidence) == ("n/a", []) and c.summary.startswith("no placement rank is running")
+    assert memory_residence(Facts(topology=None, live=False)).status == "n/a"  # a --root tree: no process to ask
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    running = doctor_facts.running_ranks(str(_proc_tree(tmp_path, str(bad))), query=lambda a: [0] * len(a))
+    c = memory_residence(Facts(topology=None, live=True, running=running))
+    assert c.status == "unknown" and c.summary == "1 running rank: rank 0 (pid 100) not sampled (threshold 90%)"
+    assert "is not a placement plan" in c.evidence[0]
+
+
+def test_doctor_json_carries_the_running_ranks_residence():
+    """Live: the residence section is there (whatever runs on this host now), a --root tree: null."""
+    facts = gather("/")
+    out = report_dict("/", facts, run_checks(facts))
+    assert out["residence"]["min_pct"] == 90.0 and isinstance(out["residence"]["ranks"], list)
+    assert next(c for c in out["checks"] if c["name"] == "memory_residence")["status"] in STATUSES

@@ -209,6 +209,16 @@ def test_no_planned_node_reports_pages_by_node_and_judges_nothing():
     assert residence.planned_nodes("none", [0]) == () and residence.planned_nodes("interleave", [1, 0]) == (0, 1)
 
 
+def test_a_look_comes_back_from_its_event_dict():
+    """What an event or the self-test job's evidence holds is the Residence it was (JSON keys are text)."""
+    r = residence.Residence("pinned batch buffers", (0, 2), {0: 30, 1: 60, 2: 10}, residence.ResidenceSource.NUMA_MAPS,
+                            100, 4, 12.5)
+    back = residence.Residence.from_dict(json.loads(json.dumps(r.to_dict())))
+    assert back == r and back.elsewhere() == {1: 60.0} and back.describe() == r.describe()
+    with pytest.raises(KeyError):
+        residence.Residence.from_dict({"what": "process"})
+
+
 # ---- the periodic watch -------------------------------------------------------------------
 class _Events:
     def __init__(self):

@@ -11,7 +11,7 @@ import torch
 
 from placement.roles import ThreadRole, name_this_thread
 from placement.selftest import checks as C
-from placement.selftest.job import _main_cpus, _threads
+from placement.selftest.job import _main_cpus, _threads, residence_evidence
 from placement.selftest.runner import SelftestResult, evaluate, job_command, table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -57,6 +57,12 @@ def named_threads():
         t.join()
 
 
+def _loader_batch():
+    """A batch from a real DataLoader, pinned where this host has a GPU (ordinary pages here)."""
+    data = torch.utils.data.TensorDataset(torch.randn(512, 256), torch.randn(512, 16))
+    return next(iter(torch.utils.data.DataLoader(data, batch_size=64, pin_memory=torch.cuda.is_available())))
+
+
 def _evidence(cpus):
     threads = _threads()
     main = _main_cpus()
@@ -67,7 +73,8 @@ def _evidence(cpus):
             "comm_timing": "flight_recorder", "comm_ms_monitor": [None] * 5 + [10.2] * 95,
             "comm_ms_reference": [10.0] * 100, "comm_ms_monitor_short": [None] * 5 + [0.05] * 95,
             "comm_ms_reference_short": [0.08] * 100, "step_ms_median": 100.0, "step_ms_median_short": 3.0,
-            "monitor_us_per_step": 40.0}
+            "monitor_us_per_step": 40.0, "residence": residence_evidence((0,), _loader_batch()),
+            "residence_min_pct": 90.0}
 
 
 def _plan(cpus):
@@ -82,7 +89,8 @@ def test_every_check_passes_on_a_rank_as_planned(named_threads):
     got = evaluate([dict(ev, plan=_plan(cpus))], 1, budget_pct=0.3)
     assert [c.name for c in got] == ["gpus_match", "rank_placement", "nccl_threads_after_init",
                                      "nccl_threads_after_steps", "main_mask_after_nccl_init", "comm_time",
-                                     "comm_time_short_steps", "pin_memory_threads", "backward_threads", "monitor_cost"]
+                                     "comm_time_short_steps", "pin_memory_threads", "backward_threads", "memory_residence",
+                                     "monitor_cost"]
     assert all(c.passed is True for c in got), [(c.name, c.why) for c in got]
     nccl = next(c for c in got if c.name == "nccl_threads_after_init")
     assert sorted(t["name"] for t in nccl.evidence["threads"]) == ["NCCL Progress 0", "NCCL Service 0"]
@@ -196,3 +204,35 @@ def test_the_pin_memory_thread_is_looked_for_while_the_loader_runs():
     assert C.threads_on_plan({"threads_after_steps": after}, plan, when="after_steps", **pin).passed is False
     c = C.threads_on_plan({"threads_during_steps": during}, plan, when="during_steps", **pin)
     assert c.passed is True and [t["name"] for t in c.evidence["threads"]] == ["pt_data_pin"]
+
+
+def test_residence_of_the_process_and_the_loaders_batch_on_this_host():
+    """Real move_pages answers on this host's one node: every sampled page of the process and of a
+    real DataLoader batch is on node 0, so the check passes at the configured 90%."""
+    ev = {"residence": residence_evidence((0,), _loader_batch()), "residence_min_pct": 90.0}
+    looks = ev["residence"]["looks"]
+    assert [d["what"] for d in looks] == ["process", "pinned batch buffers" if torch.cuda.is_available()
+                                          else "batch buffers"]
+    assert all(d["share_pct"] == 100.0 and d["by_node"].keys() == {"0"} for d in looks), looks
+    assert looks[1]["asked"] >= 64 * (256 + 16) * 4 // 4096 and looks[1]["absent"] == 0  # every page of x and y
+    c = C.memory_residence(ev)
+    assert c.passed is True and c.why.startswith("process 100.0% on node 0; ") and c.why.endswith("(>= 90%)"), c
+
+
+def test_residence_below_the_threshold_fails_naming_the_nodes_and_unmeasured_is_null():
+    """Constructed looks as the job writes them (Residence.to_dict): 3 of 4 sampled pages of the
+    pinned buffers on node 1 while node 0 is planned."""
+    far = {"what": "pinned batch buffers", "planned": [0], "share_pct": 25.0, "by_node": {"0": 100, "1": 300},
+           "source": "move_pages", "asked": 400, "absent": 0, "cost_us": 80.0}
+    near = dict(far, what="process", share_pct=99.0, by_node={"0": 1980, "1": 20}, asked=2048, absent=48)
+    ev = {"residence": {"planned": [0], "looks": [near, far], "null": []}, "residence_min_pct": 90.0}
+    c = C.memory_residence(ev)
+    assert c.passed is False and c.why == "below 90%: pinned batch buffers 25.0% on node 0 (75.0% on node 1)", c
+    assert C.memory_residence(dict(ev, residence_min_pct=20.0)).passed is True  # the configured threshold rules
+    none = C.memory_residence({"residence": {"planned": [], "looks": [dict(near, planned=[], share_pct=None)],
+                                             "null": []}})
+    assert none.passed is None and none.why.startswith("no node planned")
+    failed = C.memory_residence({"residence": {"planned": [0], "looks": [], "null": ["process: EPERM: Operation "
+                                                                                    "not permitted"]}})
+    assert failed.passed is None and failed.why == "process: EPERM: Operation not permitted"
+    assert C.memory_residence({}).passed is None

@@ -93,6 +93,13 @@ class Residence:
                 "by_node": {str(k): v for k, v in sorted(self.by_node.items())}, "source": self.source.value,
                 "asked": self.asked, "absent": self.absent, "cost_us": round(self.cost_us, 1)}
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Residence":
+        """Back from to_dict (an event, the self-test job's evidence); ValueError/KeyError when not one."""
+        return cls(str(d["what"]), tuple(int(n) for n in d["planned"]),
+                   {int(k): int(v) for k, v in d["by_node"].items()}, ResidenceSource(d["source"]),
+                   int(d.get("asked", 0)), int(d.get("absent", 0)), float(d.get("cost_us", 0.0)))
+
 
 def _tally(statuses: Iterable[int]) -> tuple[dict[int, int], int]:
     by_node: dict[int, int] = {}

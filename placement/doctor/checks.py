@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 from placement.cpuset import format_cpulist
-from placement.doctor.facts import Interrupt, SmtState, TurboState
+from placement.doctor.facts import Interrupt, RunningRank, RunningRanks, SmtState, TurboState
 from placement.plan.model import Plan
 from placement.roles import HOT_ROLES, ThreadRole
 from placement.topology.model import PATH_CLASSES, Gpu, Topology
@@ -46,6 +46,8 @@ class Facts:
     plan: Optional[Plan] = None  # the plan for every GPU of the node (hot cores, cpuset size)
     plan_error: Optional[str] = None
     libnuma_error: Optional[str] = None  # live host: why placement cannot apply a memory policy (py-libnuma)
+    running: Optional[RunningRanks] = None  # live host: placement ranks running now, with their residence
+    residence_min_pct: float = 90.0  # monitor.residence_min_pct: the share below which residence is a problem
 
 
 def numa_balancing(f: Facts) -> Check:
@@ -301,9 +303,75 @@ def perf_rank(f: Facts) -> Check:
                  f"({format_cpulist(by_rank[min(by_rank)])}) are used for hot threads", ev, sst)
 
 
+SUMMARY_RANKS = 4  # ranks named one by one in the summary; more are summed up (all are in the evidence)
+
+
+def _who(r: RunningRank) -> str:
+    return f"rank {r.rank if r.rank is not None else '?'} (pid {r.pid})"
+
+
+def _rest(r: RunningRank) -> str:
+    return ", ".join(f"{pct:.1f}% on node {node}" for node, pct in r.residence.elsewhere().items())
+
+
+def memory_residence(f: Facts) -> Check:
+    """Where the pages of the placement ranks running now sit, against their plan's memory nodes
+    (bind/residence.py: a move_pages sample by pid, the periodic watch's reader)."""
+    name, sev = "memory_residence", "medium"
+    if f.running is None:
+        return Check(name, "n/a", sev, "running ranks are sampled on the live host only")
+    unread = f.running.unreadable
+    unread_line = (f"{len(unread)} of your processes could not be read, so a rank among them is not seen: pids "
+                   + ", ".join(f"{pid} ({why})" for pid, why in sorted(unread.items())[:8])
+                   + (" ..." if len(unread) > 8 else "")) if unread else None
+    if not f.running.ranks:
+        if unread:  # said, not judged: pid 1 of a container, non-dumpable daemons are never ranks
+            return Check(name, "info", sev, "no placement rank is running among the processes that could be read",
+                         [unread_line])
+        return Check(name, "n/a", sev, "no placement rank is running (started by placerun: PLACEMENT_PLAN_FILE "
+                     "in its environment)")
+    min_pct = f.residence_min_pct
+    ev, low, measured, parts = [], [], [], []
+    for r in f.running.ranks:
+        res = r.residence
+        if res is None:
+            ev.append(f"{_who(r)}: not sampled: {r.null}")
+            parts.append(f"{_who(r)} not sampled")
+            continue
+        ev.append(f"{_who(r)}, memory policy {r.memory_mode}: {res.describe()}")
+        share = res.share_pct
+        if share is None:
+            parts.append(f"{_who(r)} no node planned" if res.resident else f"{_who(r)} no resident page seen")
+            continue
+        measured.append(share)
+        rest = _rest(r)
+        parts.append(f"{_who(r)} {share:.1f}% on node {format_cpulist(res.planned)}" + (f" ({rest})" if rest else ""))
+        if share < min_pct:
+            low.append(r)
+    if unread_line:
+        ev.append(unread_line)
+    n = len(f.running.ranks)
+    low_pids = {r.pid for r in low}
+    if n <= SUMMARY_RANKS:
+        said = "; ".join(parts)
+    elif low:
+        said = "; ".join(p for p, r in zip(parts, f.running.ranks) if r.pid in low_pids)
+    else:
+        said = f"{min(measured):.1f}% to {max(measured):.1f}% on their planned nodes" if measured else "none measured"
+    head = f"{n} running rank{'s' if n > 1 else ''}"
+    if low:
+        moves = "; ".join(f"migratepages {r.pid} {format_cpulist(r.residence.elsewhere())} "
+                          f"{format_cpulist(r.residence.planned)}" for r in low[:4])
+        return Check(name, "warn", sev, f"{head}, {len(low)} below {min_pct:g}% of sampled pages on the planned "
+                     f"node(s): {said}", ev,
+                     f"{moves}  # numactl's migratepages moves a running rank's pages; pages touched before "
+                     "binding or reused from a cache filled on another node are the usual cause (docs/monitor.md)")
+    status = ("unknown" if any(r.residence is None for r in f.running.ranks) else "pass" if measured else "info")
+    return Check(name, status, sev, f"{head}: {said} (threshold {min_pct:g}%)", ev)
+
 CHECKS: tuple[Callable[[Facts], Check], ...] = (
     numa_balancing, cpu_governor, turbo, offline_cpus, smt, membind, cpuset_size,
-    gpu_nic_locality, gpu_pair_sys, irq_hot_cores, perf_rank,
+    gpu_nic_locality, gpu_pair_sys, irq_hot_cores, perf_rank, memory_residence,
 )
 
 

@@ -64,6 +64,7 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
         interrupts=doctor_facts.interrupts(root), irqbalance=doctor_facts.irqbalance_pids(root),
         nvlink=doctor_facts.nvlink_pairs([g.pci for g in topo.gpus]) if live and len(topo.gpus) > 1 else None,
         plan=plan, plan_error=plan_error, libnuma_error=_libnuma_error() if live else None,
+        running=doctor_facts.running_ranks() if live else None, residence_min_pct=cfg.monitor.residence_min_pct,
     )
 
 
@@ -74,7 +75,19 @@ def _libnuma_error() -> Optional[str]:
 def report_dict(root: str, facts: Facts, checks: list[Check]) -> dict:
     counts = {s: sum(1 for c in checks if c.status == s) for s in STATUSES}
     return {"schema": SCHEMA, "root": root, "live": facts.live, "counts": counts,
-            "checks": [asdict(c) for c in checks], "topology_warnings": list(facts.topology.warnings)}
+            "checks": [asdict(c) for c in checks], "topology_warnings": list(facts.topology.warnings),
+            "residence": residence_dict(facts)}
+
+
+def residence_dict(facts: Facts) -> Optional[dict]:
+    """The running ranks' residence (memory_residence's evidence, as data); None off the live host."""
+    if facts.running is None:
+        return None
+    return {"min_pct": facts.residence_min_pct,
+            "ranks": [{"pid": r.pid, "rank": r.rank, "local_rank": r.local_rank, "memory_mode": r.memory_mode,
+                       "resident": None if r.residence is None else r.residence.to_dict(), "null": r.null}
+                      for r in facts.running.ranks],
+            "unreadable": {str(pid): why for pid, why in sorted(facts.running.unreadable.items())}}
 
 
 def format_report(root: str, checks: list[Check]) -> str:

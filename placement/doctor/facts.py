@@ -5,12 +5,16 @@ host. A fact that cannot be read is None (never a guessed default), and nothing 
 """
 from __future__ import annotations
 
+import errno
 import os
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Optional, Union
 
 from placement import _procfs
+from placement.bind import residence
 from placement.cpuset import parse_cpulist
+from placement.errors import PlacementError
+from placement.handoff import PLAN_FILE_ENV, Handoff
 
 CPU_DIR = "sys/devices/system/cpu"
 
@@ -166,3 +170,91 @@ def nvlink_pairs(pci_ids: list[str]) -> Optional[set[frozenset[str]]]:
             pynvml.nvmlShutdown()
         except Exception:
             pass
+
+
+@dataclass(frozen=True)
+class RunningRank:
+    """A placement rank running on this host now, and where its pages are."""
+
+    pid: int
+    rank: Optional[int]  # RANK from its environment
+    local_rank: Optional[int]
+    memory_mode: Optional[str]  # the plan's memory policy for it (None: the plan could not be read)
+    residence: Optional[residence.Residence]  # sampled by pid (None: could not be, see `null`)
+    null: Optional[str] = None  # one line: why the plan or the residence could not be read
+
+
+@dataclass(frozen=True)
+class RunningRanks:
+    ranks: list[RunningRank] = field(default_factory=list)
+    unreadable: dict[int, str] = field(default_factory=dict)  # pid -> why its environment could not be read
+
+
+def _errno_name(e: OSError) -> str:
+    return errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__
+
+
+def running_ranks(proc: str = "/proc", *, query: Optional[residence.Query] = None) -> RunningRanks:
+    """This user's processes started by placerun (their environment holds PLACEMENT_PLAN_FILE and
+    LOCAL_RANK, as the worker hook requires), each sampled by pid for where its pages are against
+    its plan's memory nodes. A child of such a process (a DataLoader worker inherits the
+    environment) is not a rank. A process whose status or environment cannot be read is listed
+    in `unreadable` (EACCES: another user's or a more privileged process), never raised."""
+    me, uid = os.getpid(), os.getuid()
+    found: dict[int, tuple[int, dict[str, str]]] = {}  # pid -> (parent, environment)
+    unreadable: dict[int, str] = {}
+    try:
+        pids = _procfs.pids(proc)
+    except OSError:
+        return RunningRanks()
+    for pid in pids:
+        if pid == me:
+            continue
+        try:
+            owner, parent = _procfs.owner_and_parent(pid, proc)
+            if owner != uid:
+                continue
+            env = _procfs.environ(pid, proc)
+        except _procfs.ThreadGone:
+            continue
+        except OSError as e:
+            unreadable[pid] = _errno_name(e)
+            continue
+        except ValueError as e:
+            unreadable[pid] = f"not understood: {e}"
+            continue
+        if env.get(PLAN_FILE_ENV) and "LOCAL_RANK" in env:
+            found[pid] = (parent, env)
+    ranks = []
+    handoffs: dict[str, Union[Handoff, str]] = {}  # hand-off file -> Handoff or the one-line reason it could not be read
+    for pid, (parent, env) in sorted(found.items()):
+        if parent in found:
+            continue
+        rank = int(env["RANK"]) if env.get("RANK", "").isdigit() else None
+        path = env[PLAN_FILE_ENV]
+        if path not in handoffs:
+            try:
+                handoffs[path] = Handoff.read(path)
+            except PlacementError as e:
+                handoffs[path] = str(e)
+        handoff = handoffs[path]
+        if isinstance(handoff, str):
+            ranks.append(RunningRank(pid, rank, None, None, None, handoff))
+            continue
+        try:
+            local_rank = handoff.local_rank(env)
+            if local_rank is None:
+                local_rank = int(env["LOCAL_RANK"])
+        except (PlacementError, ValueError) as e:
+            ranks.append(RunningRank(pid, rank, None, None, None, f"local rank unknown: {e}"))
+            continue
+        plan = handoff.plan
+        try:
+            memory = plan.for_local_rank(local_rank).memory
+        except KeyError as e:
+            ranks.append(RunningRank(pid, rank, local_rank, None, None, str(e.args[0])))
+            continue
+        planned = residence.planned_nodes(memory.mode, memory.nodes)
+        got, why = residence.safe(lambda: residence.sample_process(planned, pid=pid, proc=proc, query=query))
+        ranks.append(RunningRank(pid, rank, local_rank, str(memory.mode), got, why))
+    return RunningRanks(ranks, unreadable)

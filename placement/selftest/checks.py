@@ -8,6 +8,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from placement.bind.residence import Residence
+from placement.cpuset import format_cpulist
 from placement.roles import ThreadRole, role_of
 from placement.topology.pci import normalize_bdf
 
@@ -170,6 +172,41 @@ def monitor_cost(ev: dict, budget_pct: float) -> Check:
     return Check("monitor_cost", ok, evidence, f"{us:.1f} us per step, {pct:.3f}% of a {step_ms:.2f} ms step")
 
 
+DEFAULT_RESIDENCE_MIN_PCT = 90.0  # monitor.residence_min_pct's default, for evidence that lacks the rank's value
+
+
+def memory_residence(ev: dict) -> Check:
+    """The share of the process's sampled pages, and of the pinned batch buffers' pages, on the
+    planned node(s) is at least the rank's monitor.residence_min_pct; the failure names where the
+    rest is. None (with the reason) when nothing could be measured: no node planned (memory
+    policy none or local), or the looks could not be made."""
+    got = ev.get("residence")
+    min_pct = ev.get("residence_min_pct")
+    min_pct = DEFAULT_RESIDENCE_MIN_PCT if min_pct is None else min_pct
+    if not got:
+        return Check("memory_residence", None, {"min_pct": min_pct}, "residence was not recorded")
+    looks = [Residence.from_dict(d) for d in got.get("looks", [])]
+    evidence = {"min_pct": min_pct, "planned": got.get("planned"), "looks": [r.describe() for r in looks],
+                "null": got.get("null", [])}
+    judged = [r for r in looks if r.share_pct is not None]
+    if not judged:
+        why = ("no node planned (memory policy none or local): nothing to judge" if not got.get("planned")
+               else "; ".join(got.get("null") or ["no resident page was seen"]))
+        return Check("memory_residence", None, evidence, why)
+    low = [r for r in judged if r.share_pct < min_pct]
+
+    def said(r: Residence) -> str:
+        rest = ", ".join(f"{pct:.1f}% on node {node}" for node, pct in r.elsewhere().items())
+        return f"{r.what} {r.share_pct:.1f}% on node {format_cpulist(r.planned)}" + (f" ({rest})" if rest else "")
+
+    if low:
+        return Check("memory_residence", False, evidence,
+                     f"below {min_pct:g}%: " + "; ".join(said(r) for r in low))
+    unjudged = [n.split(":", 1)[0] for n in got.get("null", [])]
+    return Check("memory_residence", True, evidence, "; ".join(said(r) for r in judged) + f" (>= {min_pct:g}%)"
+                 + (f"; not read: {', '.join(unjudged)}" if unjudged else ""))
+
+
 def rank_checks(ev: dict, plan: dict, budget_pct: float) -> list[Check]:
     checks = [rank_placement(ev, plan),
               threads_on_plan(ev, plan, when="after_init", kind=ThreadRole.NCCL, name="nccl_threads_after_init"),
@@ -182,6 +219,7 @@ def rank_checks(ev: dict, plan: dict, budget_pct: float) -> list[Check]:
               # ~1489-1491 and ~1627-1636), so a look after the loop never finds it.
               threads_on_plan(ev, plan, when="during_steps", kind=ThreadRole.PIN_MEMORY, name="pin_memory_threads"),
               threads_on_plan(ev, plan, when="after_steps", kind=ThreadRole.BACKWARD, name="backward_threads"),
+              memory_residence(ev),
               monitor_cost(ev, budget_pct)]
     for c in checks:
         c.rank = ev.get("rank")

@@ -1,7 +1,8 @@
 """The job `placement selftest` runs under placerun on a GPU node (one rank per GPU): NCCL
 init, then 2 x `steps` training steps of a small CUDA model fed by a pinning DataLoader, each
 step ending with collectives the job times itself with CUDA events (64 MB all-reduces for the
-first `steps`, 4 KB ones after: steps of a few ms); threads are read while the loader runs; it writes what it saw
+first `steps`, 4 KB ones after: steps of a few ms); threads, and where the process's pages and
+the loader's pinned batch buffers sit, are read while the loader runs; it writes what it saw
 to <out>/rank<R>.json for placement/selftest/checks.py.
 
     placerun --standalone --nproc-per-node N -m placement.selftest.job --out DIR [--steps 100]
@@ -17,6 +18,7 @@ import time
 
 import placement
 from placement import _procfs
+from placement.bind import residence
 from placement.bind import session as session_mod
 from placement.events import EventKind
 from placement.roles import scan_threads
@@ -58,6 +60,27 @@ def _main_cpus() -> list[int]:
     return sorted(_procfs.cpus_allowed(os.getpid(), os.getpid()))
 
 
+def residence_evidence(planned, batch) -> dict:
+    """Where this process's pages and the batch's buffers (pinned host memory from a pinning
+    DataLoader on a GPU node) are, against the planned nodes: each look as Residence.to_dict(),
+    or the one-line reason it could not be made (bind/residence.py, the monitor's own reader)."""
+    out: dict = {"planned": sorted(planned), "looks": [], "null": []}
+    looks = [("process", lambda: residence.sample_process(planned))]
+    buffers, pinned = residence.tensor_buffers(batch)
+    what = "pinned batch buffers" if pinned else "batch buffers"
+    if buffers:
+        looks.append((what, lambda: residence.sample_buffers(what, buffers, planned)))
+    else:
+        out["null"].append(f"{what}: the batch holds no CPU tensor")
+    for name, reader in looks:
+        got, why = residence.safe(reader)
+        if got is None:
+            out["null"].append(f"{name}: {why}")
+        else:
+            out["looks"].append(got.to_dict())
+    return out
+
+
 def _read_log(path: str) -> tuple[dict, list[dict], dict]:
     start, steps, end = {}, [], {}
     with open(path) as f:
@@ -95,6 +118,10 @@ def run(out: str, steps: int) -> dict:
         ev["torch_gpus"] = [_gpu_pci(torch, i) for i in range(torch.cuda.device_count())]
     session = session_mod.current()
     ev["plan"] = None if session is None else session.rank_plan.to_dict()
+    planned = () if session is None else residence.planned_nodes(session.rank_plan.memory.mode,
+                                                                 session.rank_plan.memory.nodes)
+    # The threshold placerun's config gave this rank (monitor.residence_min_pct).
+    ev["residence_min_pct"] = None if session is None else session.config.monitor.residence_min_pct
 
     data = torch.utils.data.TensorDataset(torch.randn(2 * steps * 64, 256), torch.randn(2 * steps * 64, 16))
     loader = torch.utils.data.DataLoader(data, batch_size=64, num_workers=2, pin_memory=True)
@@ -112,6 +139,7 @@ def run(out: str, steps: int) -> dict:
             # the watcher has had time to re-home the loader's threads.
             time.sleep(REHOME_WAIT_S)
             ev["threads_during_steps"] = _threads()
+            ev["residence"] = residence_evidence(planned, (xb, yb))  # the batch as the pin-memory thread filled it
         xb, yb = xb.cuda(non_blocking=True), yb.cuda(non_blocking=True)
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         opt.zero_grad()
