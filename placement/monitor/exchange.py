@@ -16,6 +16,10 @@ keys of a PrefixStore "placement/exchange":
   activeOpLock_, against the training thread's own store calls).
 A row is (2 + 11 + exchange_every) float64: n, node rank, straggler.FIELDS, and the
 per-step collective times. With exchange_every = 20: 264 bytes.
+Host names: each rank appends "<rank> <node rank> <hostname>" to "hosts" once, when its exchange
+starts (no answer awaited); rank 0 reads that key (it exists: rank 0 wrote its own line first)
+only when it names a rank whose host it does not know yet, so `straggler` events and the stalls
+rank 0 names carry the host beside the node rank.
 
 Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
 "stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import struct
 import threading
 import time
@@ -133,6 +138,19 @@ class StoreTransport:
         """The rows sent so far for `seq`, left in place (call after arrived() > 0)."""
         return bytes(self.store.get(f"{seq}/rows"))
 
+    def post_host(self, rank: int, node_rank: Optional[int], host: str) -> None:
+        self.store.append("hosts", f"{rank} {node_rank} {host}\n".encode())
+
+    def read_hosts(self) -> dict[int, tuple[Optional[int], str]]:
+        """rank -> (node rank, hostname) of every rank that posted (the last line of a rank wins:
+        a restart may place it elsewhere). Call after this rank posted its own line."""
+        out = {}
+        for line in bytes(self.store.get("hosts")).decode(errors="replace").splitlines():
+            rank, node, host = (line.split(" ", 2) + ["", ""])[:3]
+            if rank.isdigit():
+                out[int(rank)] = (int(node) if node.isdigit() else None, host)
+        return out
+
     def post_stall(self, line: bytes) -> None:
         self.store.append("stalls", line)
         self.store.add("stalls/n", 1)
@@ -170,6 +188,7 @@ class Verdict:
     nodes: dict  # rank -> node rank (None where a row did not say)
     ranks_judged: int
     missing: list  # ranks that sent nothing in time
+    hosts: dict = field(default_factory=dict)  # rank -> hostname, of the ranks in `nodes`
 
 
 class Exchange:
@@ -189,6 +208,13 @@ class Exchange:
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
+        self._hosts: dict[int, tuple[Optional[int], str]] = {}  # rank 0: rank -> (node rank, hostname)
+        try:
+            self.transport.post_host(rank, node_rank, socket.gethostname())
+        except Exception as e:
+            warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
+                             "straggler naming is off")
+            self.transport = None
         # Rank 0's peer watch (stall.PeerWatch, its own thread) against the monitor thread:
         self._take_lock = threading.Lock()  # take() vs the watch's peek() of the same rows
         self._peer_lock = threading.Lock()  # the state below: judge() vs the watch's overdue()
@@ -305,7 +331,19 @@ class Exchange:
                        f"({format_cpulist(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
-        return Verdict(report, figures, nodes, int(len(got.rows)), missing)
+        return Verdict(report, figures, nodes, int(len(got.rows)), missing,
+                       {r: w[1] for r, w in self.where(list(nodes)).items()})
+
+    def where(self, ranks: list[int]) -> dict[int, tuple[Optional[int], str]]:
+        """Rank 0: rank -> (node rank, hostname) of those of `ranks` that said (the store is read
+        only when one of them is not known yet)."""
+        transport = self.transport
+        if transport is not None and any(r not in self._hosts for r in ranks):
+            try:
+                self._hosts.update(transport.read_hosts())
+            except Exception as e:
+                self._warn("exchange-hosts", f"ranks' host names could not be read from the c10d store ({first_line(e)})")
+        return {r: self._hosts[r] for r in ranks if r in self._hosts}
 
     # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
     def post_stall(self, fields: dict) -> None:
@@ -364,6 +402,10 @@ class Exchange:
         out = []
         while self._peer_events:
             out.append(self._peer_events.popleft())
+        where = self.where([f["rank"] for f in out if "rank" in f]) if out else {}
+        for f in out:
+            if f.get("rank") in where:
+                f["node_rank"], f["host"] = where[f["rank"]]
         return out
 
     def _rows_seen(self, rows, seq: int, sent: Optional[float], update: bool = True) -> list[int]:
@@ -539,6 +581,8 @@ def straggler_event(v: Verdict) -> dict[str, Any]:
     nodes = {str(r): n for r, n in (v.nodes or {}).items() if n is not None}
     if nodes:
         fields["nodes"] = nodes
+    if v.hosts:
+        fields["hosts"] = {str(r): h for r, h in v.hosts.items()}
     fields["ranks_judged"] = v.ranks_judged
     if v.missing:
         fields["missing"] = format_cpulist(v.missing)
