@@ -193,6 +193,7 @@ def _main(argv: list[str]) -> int:
     if pa.dry_run:
         from placement.plan import format_plan_table
 
+        print(f"host: {socket.gethostname()}")  # one table per node of a multi-node job: whose it is
         print(format_plan_table(plan))
         print("worker command: " + " ".join(_command_line(launch)))
         return 0
