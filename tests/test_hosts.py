@@ -42,8 +42,17 @@ def job_cmd(bed: HostBed, host_index: int, tmp_path: Path, out: Path, *, steps: 
             str(JOBS / "hosts_job.py"), str(out), str(steps), str(step_ms), str(slow_rank), str(slow_ms)]
 
 
-def read_log(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def read_log(path: Path, strict: bool = True) -> list[dict]:
+    """A rank's log records; `strict=False` skips a torn line (a write cut short by a full disk),
+    as `placement report` does."""
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            if strict:
+                raise
+    return out
 
 
 def host_logs(tmp_path: Path, bed: HostBed) -> dict[int, list[dict]]:
@@ -55,8 +64,9 @@ def host_logs(tmp_path: Path, bed: HostBed) -> dict[int, list[dict]]:
     return logs
 
 
-def err(prefix: Path) -> str:
-    return Path(f"{prefix}.err").read_text()[-4000:]
+def err(prefix: Path, tail: int = 4000) -> str:
+    """The end of a launcher's stderr (all of it with tail=0)."""
+    return Path(f"{prefix}.err").read_text()[-tail:]
 
 
 def test_hosts_have_their_own_name_address_and_reach_each_other(hostbed):

@@ -27,7 +27,10 @@ Stalled peers (stall.py has the design): a rank whose stall watch fires posts it
 and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
 one `add`, and a `get` of its rows without deleting them only when some are missing). That
 `get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
-`delete_key` would wait on a missing key).
+`delete_key` would wait on a missing key). A rank that says nothing at all while its peers wait
+in a collective (no post, no row since the first peer posted such a stall, for rank 0's stall
+threshold) is named stalled with how "silent": a frozen or dead host's ranks, whose peers'
+posts only say that they wait (a synchronous job never reaches the next exchange to miss their rows).
 
 Cost at W ranks, per exchange:
 - every rank, rank 0 included: 2 messages, ~300 bytes out, one round trip: the same at
@@ -228,6 +231,8 @@ class Exchange:
         self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
         self._posts_seen = 0  # the posts count at the last read
         self._posts_sent = 0
+        self._heard: dict[int, float] = {}  # rank -> monotonic time of its last row or stall post
+        self._waiting_since: Optional[float] = None  # first post of a peer stalled in a collective
         # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
         self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
         self.send_cpu_us: deque = deque(maxlen=COSTS_KEPT)  # its CPU time (a round trip's wait is not)
@@ -380,7 +385,17 @@ class Exchange:
         posts, offset = read_posts(raw, self._posts_offset or 0)
         first_look = self._posts_offset is None
         self._posts_offset, self._posts_seen = offset, n
-        return [] if first_look else posts
+        if first_look:
+            return []
+        now = time.monotonic()
+        with self._peer_lock:
+            for p in posts:
+                self._heard[p["rank"]] = now
+                if p.get("phase", "stalled") == "resumed":
+                    self._waiting_since = None
+                elif p.get("in_collective") and self._waiting_since is None:
+                    self._waiting_since = now
+        return posts
 
     def overdue(self, threshold_s: float) -> list[dict]:
         """Rank 0's peer watch: `stall` event fields for the ranks that sent no row for longer
@@ -399,6 +414,7 @@ class Exchange:
                         rows = decode_rows(self.transport.peek(seq), self.slots, seq)
                 if rows is not None:  # else all came, or judge() took them meanwhile
                     self._rows_seen(rows, seq, sent, update=False)
+        self._name_silent(threshold_s)
         out = []
         while self._peer_events:
             out.append(self._peer_events.popleft())
@@ -407,6 +423,24 @@ class Exchange:
             if f.get("rank") in where:
                 f["node_rank"], f["host"] = where[f["rank"]]
         return out
+
+    def _name_silent(self, threshold_s: float) -> None:
+        """Name the ranks heard from neither by row nor by post since a peer posted that it waits
+        in a collective, once that is `threshold_s` ago (see the module docstring)."""
+        since = self._waiting_since
+        if self.rank != 0 or since is None or time.monotonic() - since <= threshold_s:
+            return
+        with self._peer_lock:
+            silent = [r for r in range(1, self.world_size)
+                      if r not in self._silent and self._heard.get(r, -math.inf) < since]
+            if not silent:
+                return
+            for r in silent:
+                self._missing_since.setdefault(r, since)
+            self._silent.update(silent)
+            seq = self._pending[0] if self._pending else max(self._last_step.values(), default=0)
+            self._peer_events.extend(_peer_fields("stalled", silent, self._last_step, time.monotonic() - since,
+                                                  threshold_s, seq, how="silent"))
 
     def _rows_seen(self, rows, seq: int, sent: Optional[float], update: bool = True) -> list[int]:
         """The ranks missing from `rows` of exchange `seq` (sent by rank 0 at `sent`); those
@@ -421,6 +455,7 @@ class Exchange:
         missing = np.flatnonzero(~seen).tolist()
         with self._peer_lock:
             if update:
+                self._heard.update((r, time.monotonic()) for r in ranks.tolist())
                 self._last_step.update(zip(ranks.tolist(), rows[:, len(HEADER) + FIELDS.index("last_step")]
                                            .astype(int).tolist()))
             back = sorted(r for r in self._missing_since if seen[r])
@@ -458,16 +493,21 @@ class Exchange:
 
 
 def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited: Optional[float],
-                 threshold_s: Optional[float], seq: int) -> list[dict]:
+                 threshold_s: Optional[float], seq: int, how: str = "rows stopped") -> list[dict]:
     """Rank 0's `stall` event fields for peers whose exchange rows stopped (or came again):
     one event per rank up to stall.NAMED_PEERS, else one naming them all in list form."""
     from placement.monitor.stall import NAMED_PEERS
 
     def one(rank_fields: dict, last: Optional[int]) -> dict:
-        f = {"phase": phase, **rank_fields, "reported_by": 0, "how": "rows stopped", "exchange": seq,
+        f = {"phase": phase, **rank_fields, "reported_by": 0, "how": how, "exchange": seq,
              "last_step": last}
         who = f"rank {rank_fields['rank']}" if "rank" in rank_fields else f"{len(ranks)} ranks ({rank_fields['ranks']})"
-        if phase == "stalled":
+        if phase == "stalled" and how == "silent":
+            f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
+            f["message"] = (f"{who}: no stall post and no exchange row for {waited:.1f} s while its peers wait in "
+                            f"a collective (limit {threshold_s:.1f} s): frozen, dead or cut from the store; last "
+                            f"step exchanged {'?' if last is None else last}")
+        elif phase == "stalled":
             f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
             f["message"] = (f"{who}: no exchange row for {waited:.1f} s after rank 0 sent exchange {seq} "
                             f"(limit {threshold_s:.1f} s): stalled, frozen or cut from the store; last step "
