@@ -161,8 +161,11 @@ class Host:
         return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--", sys.executable, str(EXEC_HELPER),
                 self.name, *cmd]
 
-    def env(self, base: Optional[dict] = None) -> dict:
-        env = dict(os.environ if base is None else base)
+    def env(self, extra: Optional[dict] = None) -> dict:
+        """This test's environment without placement's own variables (a launcher hands those to
+        its workers), plus `extra`, the host's GLOO_SOCKET_IFNAME and its machine tree."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "OMP_NUM_THREADS"))}
+        env.update(extra or {})
         env.setdefault("GLOO_SOCKET_IFNAME", "eth0")
         if self.machine_root:
             env["PLACEMENT_TEST_MACHINE_ROOT"] = self.machine_root

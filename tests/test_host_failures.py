@@ -9,7 +9,7 @@
   record it flushed before the kill and then the new attempt's.
 - the store host (host0: rendezvous store and rank 0) killed: host1 fails at once with torchrun's
   exit code and error; its ranks' logs end with an `end` after the steps they flushed.
-- host1's clock 5 s ahead (faketime): lateness of a slow rank on host0 is right within a few ms
+- host1's clock 5 s ahead (the monitor's clock hook; faketime breaks Python's sleep here): lateness of a slow rank on host0 is right within a few ms
   and host1's balanced ranks are never named.
 - host1's log directory fills up (a tiny tmpfs): host1's ranks say so once each and count what
   they lost; host0's logs are whole.
@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import statistics
 import subprocess
 import time
@@ -117,7 +116,7 @@ def _kill_and_replace(bed, tmp_path, name, env):
 def test_a_killed_host_restarts_the_job_as_torchrun_does_and_logs_continue(hostbed, tmp_path):
     bed = hostbed(2)
     # workers' own store per attempt, as tests/test_placerun_elastic.py says why (pytorch/pytorch#135712)
-    env = dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1")
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     torchrun_codes, _ = _kill_and_replace(bed, tmp_path, "torchrun", env)
     bed.close()
     bed = hostbed(2)
@@ -161,9 +160,13 @@ def test_killing_the_store_host_fails_as_torchrun_does_quickly(hostbed, tmp_path
         bed.close()
     (code, took, text), (t_code, t_took, t_text) = results["placerun"], results["torchrun"]
     assert code == t_code == 1, (results["placerun"][2], results["torchrun"][2])
-    # torchrun's own failure summary, naming the same program and the surviving host's ranks
+    # torchrun's own error: its failure summary of host1's ranks when the agent sees its workers
+    # fail first, else the rendezvous' RendezvousConnectionError when its store op fails first
+    # (a race in torch elastic: both seen here, under either launcher)
     for said in (text, t_text):
-        assert "ChildFailedError" in said and "hosts_job.py FAILED" in said and "host      : host1" in said
+        last = said.strip().splitlines()[-1] if "ChildFailedError" not in said else "ChildFailedError"
+        assert last == "ChildFailedError" and "hosts_job.py FAILED" in said and "host      : host1" in said \
+            or last.startswith("torch.distributed.elastic.rendezvous.api.RendezvousConnectionError: "), said
     assert took <= 2 * t_took + 10.0, (took, t_took)  # as quick as torchrun (a busy machine's margin)
     for rank in (2, 3):
         log = read_log(tmp_path / "placerun" / "logs-host1" / f"rank{rank}.jsonl")  # every line whole
@@ -172,18 +175,16 @@ def test_killing_the_store_host_fails_as_torchrun_does_quickly(hostbed, tmp_path
         assert log[-1]["type"] == "end", log[-3:]  # flushed at exit, after its last step
 
 
-@pytest.mark.skipif(shutil.which("faketime") is None, reason="needs faketime (apt-get install faketime)")
 def test_a_host_clock_seconds_ahead_changes_no_lateness(hostbed, tmp_path):
     bed = hostbed(2)
     slow, delay_ms, skew_s = 1, 40.0, 5.0
-    # host1's agent and workers run 5 s ahead (libfaketime through LD_PRELOAD, inherited); the
-    # monotonic clock is left alone: only the wall clock of a host is ever off
-    env = dict(os.environ, FAKETIME_DONT_FAKE_MONOTONIC="1")
+    # host1's ranks stamp their steps 5 s ahead: the monitor's wall clock (monitor/clock.py) is
+    # shifted by its test hook. faketime (libfaketime 0.9.10) cannot run these processes here:
+    # Python 3.11's time.sleep fails with EINVAL under it (hangs when the monotonic clock is faked too).
     agents = []
     for h in bed.hosts:
         cmd = job_cmd(bed, h.index, tmp_path, tmp_path, steps=80, step_ms=STEP_MS, slow_rank=slow, slow_ms=delay_ms)
-        if h.index == 1:
-            cmd = ["faketime", "-f", f"+{skew_s:g}s", *cmd]
+        env = {"PLACEMENT_TEST_CLOCK_OFFSET_S": str(skew_s)} if h.index == 1 else None
         agents.append((h.start(cmd, tmp_path / h.name, env=env), tmp_path / h.name))
     for proc, prefix in agents:
         assert proc.wait(timeout=240) == 0, err(prefix)
