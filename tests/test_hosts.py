@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from hostbed import PREFIX, HostBed, pids_in_netns, remove_leftovers
+from hostbed import PREFIX, HostBed, pids_in_netns, remove_leftovers, wait_until
 from placement.cli import main as cli
 from placerun_helpers import JOBS, launcher
 from sysfs_builder import make_tree
@@ -110,6 +110,7 @@ def test_a_closed_bed_leaves_nothing_and_a_killed_runs_bed_is_removed(hostbed):
     subprocess.run(["ip", "netns", "add", f"{orphan.prefix}-h0"], check=True)
     stray = subprocess.Popen(["ip", "netns", "exec", f"{orphan.prefix}-h0", "sleep", "600"])
     try:
+        wait_until(lambda: pids_in_netns(f"{orphan.prefix}-h0"), 10, "the stray process inside its namespace")
         removed = remove_leftovers()
         assert f"{orphan.prefix}-h0" in removed and stray.wait(timeout=10) != 0
         assert f"{orphan.prefix}-h0" not in subprocess.run(["ip", "netns", "list"], capture_output=True,

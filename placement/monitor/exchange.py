@@ -28,8 +28,8 @@ and checks the exchange in flight once it is older than rank 0's stall threshold
 one `add`, and a `get` of its rows without deleting them only when some are missing). That
 `get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
 `delete_key` would wait on a missing key). A rank that says nothing at all while its peers wait
-in a collective (no post, no row since the first peer posted such a stall, for rank 0's stall
-threshold) is named stalled with how "silent": a frozen or dead host's ranks, whose peers'
+in a collective (no stall post of its own, no row since the first peer posted such a stall, for
+rank 0's stall threshold) is named stalled with how "silent": a frozen or dead host's ranks, whose peers'
 posts only say that they wait (a synchronous job never reaches the next exchange to miss their rows).
 
 Cost at W ranks, per exchange:
@@ -231,7 +231,8 @@ class Exchange:
         self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
         self._posts_seen = 0  # the posts count at the last read
         self._posts_sent = 0
-        self._heard: dict[int, float] = {}  # rank -> monotonic time of its last row or stall post
+        self._heard: dict[int, float] = {}  # rank -> monotonic time of its last row
+        self._posted: set[int] = set()  # ranks whose last post says stalled (they are alive and said so)
         self._waiting_since: Optional[float] = None  # first post of a peer stalled in a collective
         # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
         self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
@@ -390,10 +391,12 @@ class Exchange:
         now = time.monotonic()
         with self._peer_lock:
             for p in posts:
-                self._heard[p["rank"]] = now
                 if p.get("phase", "stalled") == "resumed":
+                    self._posted.discard(p["rank"])
                     self._waiting_since = None
-                elif p.get("in_collective") and self._waiting_since is None:
+                    continue
+                self._posted.add(p["rank"])
+                if p.get("in_collective") and self._waiting_since is None:
                     self._waiting_since = now
         return posts
 
@@ -432,7 +435,7 @@ class Exchange:
             return
         with self._peer_lock:
             silent = [r for r in range(1, self.world_size)
-                      if r not in self._silent and self._heard.get(r, -math.inf) < since]
+                      if r not in self._silent and r not in self._posted and self._heard.get(r, -math.inf) < since]
             if not silent:
                 return
             for r in silent:
