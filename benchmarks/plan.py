@@ -25,7 +25,7 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from placement.config import POLICIES, load_config  # noqa: E402
+from placement.config import Policy, load_config  # noqa: E402
 from placement.plan import JobSpec, make_plan, plan_for_node  # noqa: E402
 from placement.roles import ThreadRole  # noqa: E402
 from placement.topology import discover  # noqa: E402
@@ -88,7 +88,7 @@ def main() -> None:
     print(f"{'topology':10} {'ranks':>5} {'policy':13} {'plan ms':>8} {'main cpus':>9} {'main sharers':>12} "
           f"{'main perf_rank':>14} {'remote share':>12}")
     for name, topo, n in cases:
-        for policy in POLICIES:
+        for policy in Policy.values():
             cfg = load_config([f"policy={policy}", "strict=false"])
             job = JobSpec(n, dataloader_workers=cfg.dataloader_workers)
             ms = median_ms(lambda: make_plan(topo, job, cfg), repeat)

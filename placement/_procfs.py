@@ -8,8 +8,11 @@ One parser per file, one plain function per fact, every read bounded:
 - /proc/<pid>[/task/<tid>]/comm       comm
 - /proc/<pid>[/task/<tid>]/wchan      wchan            -> the kernel function it sleeps in
 - /proc/<pid>/task, .../children      task_ids, children, pids
+- /proc/<pid>/maps                    parse_maps       -> MapEntry (address range, perms, path)
+- /proc/<pid>/numa_maps               parse_numa_maps  -> NumaMapsEntry (pages per node, page size)
 and the calling thread's NUMA memory policy: get_mempolicy, set_mempolicy, probe_mempolicy
-(raw syscalls: glibc wraps neither; modes named once, in MEMPOLICY_NAMES).
+(raw syscalls: glibc wraps neither; modes named once, in MEMPOLICY_NAMES), and the node each
+page of a process sits on: move_pages_query (move_pages(2) with nodes = NULL moves nothing).
 
 One "thread gone" convention: every reader about a thread or process raises ThreadGone when it
 exited (ENOENT at open, ESRCH at read of a kept descriptor); callers that walk threads skip it.
@@ -20,6 +23,7 @@ read_bounded is the bounded, regular-files-only read every file read of placemen
 """
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
 import functools
@@ -318,3 +322,162 @@ def probe_mempolicy(mode: str, nodes) -> Optional[int]:
     t.start()
     t.join()
     return result[0]
+
+
+# ---- maps, numa_maps, move_pages: where a process's pages are ------------------------------
+MAPS_MAX = 16 * 1024 * 1024  # ~100 bytes a mapping: 160k mappings (torch+CUDA have a few thousand)
+NUMA_MAPS_MAX = 64 * 1024 * 1024  # ~200 bytes a mapping
+# Anonymous mappings the kernel makes itself: no pages of the process's data.
+_SPECIAL_MAPPINGS = ("[vvar]", "[vdso]", "[vsyscall]", "[uprobes]", "[vvar_vclock]")
+
+
+class MapEntry(NamedTuple):
+    start: int
+    end: int
+    perms: str  # "rw-p"
+    inode: int
+    path: str  # "" for an anonymous mapping, "[heap]", "[stack]", "[anon:name]", or a file
+
+    @property
+    def anon_data(self) -> bool:
+        """Private, readable and writable, not backed by a file, not the kernel's own: where
+        the process's data (heap, malloc arenas, tensors' storage, stacks) lives."""
+        return (self.inode == 0 and self.perms.startswith("rw") and self.perms.endswith("p")
+                and (self.path == "" or self.path.startswith("[")) and self.path not in _SPECIAL_MAPPINGS)
+
+
+def parse_maps(raw: bytes) -> list[MapEntry]:
+    """/proc/<pid>/maps: `start-end perms offset dev inode [path]` per line (proc(5))."""
+    out = []
+    for line in raw.splitlines():
+        parts = line.split(None, 5)
+        if len(parts) < 5:
+            continue
+        try:
+            lo, hi = parts[0].split(b"-")
+            out.append(MapEntry(int(lo, 16), int(hi, 16), parts[1].decode(), int(parts[4]),
+                                parts[5].strip().decode(errors="replace") if len(parts) > 5 else ""))
+        except ValueError:
+            raise ValueError(f"not a /proc maps line: {line[:60]!r}") from None
+    return out
+
+
+def _read_listing(pid, name: str, limit: int, proc: str) -> bytes:
+    """A /proc listing that may be megabytes, read in LISTING_CHUNK pieces (read_bounded asks
+    for its whole limit at once: a 16 MiB buffer per read of a 10 KiB file)."""
+    path = _task_path(pid, None, name, proc)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            raise ThreadGone(pid) from None
+        raise
+    try:
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(errno.EINVAL, "not a regular file", path)
+        chunks, size = [], 0
+        while chunk := os.read(fd, LISTING_CHUNK):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise FileTooLarge(errno.EFBIG, f"larger than {limit} bytes", path)
+        return b"".join(chunks)
+    except OSError as e:
+        if e.errno in GONE_ERRNOS:
+            raise ThreadGone(pid) from None
+        raise
+    finally:
+        os.close(fd)
+
+
+LISTING_CHUNK = 256 * 1024
+
+
+def maps(pid="self", proc: str = "/proc") -> list[MapEntry]:
+    """The process's mappings. Reading maps takes the mmap lock briefly but walks no page table."""
+    return parse_maps(_read_listing(pid, "maps", MAPS_MAX, proc))
+
+
+class NumaMapsEntry(NamedTuple):
+    start: int
+    policy: str  # "default", "bind:0", "interleave:0-1", "prefer:1", ...
+    pages: dict  # node -> pages of this mapping resident there (N<node>=<pages>)
+    page_kb: int  # kernelpagesize_kB: 4, or 2048 / 1048576 for huge pages
+    file: Optional[str]  # file=..., None for anonymous memory
+    kind: Optional[str]  # "heap", "stack" or None
+
+    @property
+    def anon_data(self) -> bool:
+        return self.file is None
+
+
+def parse_numa_maps(raw: bytes) -> list[NumaMapsEntry]:
+    """/proc/<pid>/numa_maps (Documentation/admin-guide/mm/numa_memory_policy.rst; format
+    written by show_numa_map() in fs/proc/task_mmu.c): `addr policy key=value ... N<n>=<pages>`."""
+    out = []
+    for line in raw.splitlines():
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        try:
+            start = int(parts[0], 16)
+        except ValueError:
+            raise ValueError(f"not a /proc numa_maps line: {line[:60]!r}") from None
+        pages: dict[int, int] = {}
+        page_kb, file, kind = 4, None, None
+        for word in parts[2:]:
+            key, eq, value = word.partition(b"=")
+            if not eq:
+                if key in (b"heap", b"stack"):
+                    kind = key.decode()
+                continue
+            try:
+                if key[:1] == b"N" and key[1:].isdigit():
+                    pages[int(key[1:])] = int(value)
+                elif key == b"kernelpagesize_kB":
+                    page_kb = int(value)
+                elif key == b"file":
+                    file = value.decode(errors="replace")
+            except ValueError:
+                raise ValueError(f"not a /proc numa_maps field: {word[:40]!r}") from None
+        out.append(NumaMapsEntry(start, parts[1].decode(errors="replace"), pages, page_kb, file, kind))
+    return out
+
+
+def numa_maps(pid="self", proc: str = "/proc") -> list[NumaMapsEntry]:
+    """Every mapping's pages per node. The kernel walks every page table of the process for
+    this, under its mmap lock: costly on a big process (benchmarks/residence.py measures it)."""
+    return parse_numa_maps(_read_listing(pid, "numa_maps", NUMA_MAPS_MAX, proc))
+
+
+# move_pages syscall numbers (glibc does not wrap it; libnuma does, but is optional).
+_MOVE_PAGES = {"x86_64": 279, "aarch64": 239, "arm64": 239, "riscv64": 239, "loongarch64": 239,
+               "ppc64le": 301, "ppc64": 301, "s390x": 310}
+MOVE_PAGES_BATCH = 4096  # addresses per call: the kernel takes the mmap lock per call, not per page
+
+
+def move_pages_supported() -> bool:
+    return platform.machine() in _MOVE_PAGES and _libc() is not None
+
+
+def move_pages_query(addresses, pid: int = 0) -> list[int]:
+    """The node each address's page sits on, or a negative errno (-ENOENT: no page there yet,
+    -EFAULT: not mapped): move_pages(2) with nodes = NULL, which moves nothing, only reports
+    (mm/migrate.c, do_pages_stat). pid 0 = the calling process; another process needs
+    PTRACE_MODE_READ on it (same user). OSError when the call itself fails (ESRCH: gone ->
+    ThreadGone; EPERM, ENOSYS)."""
+    if not move_pages_supported():
+        raise OSError(errno.ENOSYS, f"move_pages is not known on {platform.machine()}")
+    out: list[int] = []
+    number = _MOVE_PAGES[platform.machine()]
+    for at in range(0, len(addresses), MOVE_PAGES_BATCH):
+        pages = array.array("Q", addresses[at:at + MOVE_PAGES_BATCH])  # one C array, no per-item ctypes
+        status = array.array("i", bytes(4 * len(pages)))
+        if _syscall(number, ctypes.c_int(pid), ctypes.c_ulong(len(pages)), ctypes.c_void_p(pages.buffer_info()[0]),
+                    None, ctypes.c_void_p(status.buffer_info()[0]), ctypes.c_int(0)) != 0:
+            code = ctypes.get_errno() or errno.EINVAL
+            if code in GONE_ERRNOS and pid:
+                raise ThreadGone(pid)
+            raise OSError(code, f"move_pages: {os.strerror(code)}")
+        out.extend(status.tolist())
+    return out

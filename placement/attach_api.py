@@ -30,18 +30,33 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import logging
 import os
-import socket
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Optional, Union
 
+from placement import _procfs
+from placement.bind import session as session_mod
+from placement.bind.affinity import apply_process_mask
+from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
-from placement.events import LogDirError  # noqa: F401  (raised by attach(); importable from here)
-
-if TYPE_CHECKING:
-    from placement._procfs import Mempolicy
+from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
+from placement.identity import RankIdentity, process_group
+from placement.monitor import exitflush
+# The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
+# stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
+from placement.monitor import comm as monitor_comm
+from placement.monitor.comm_groups import default_backend
+from placement.monitor.exchange import Exchange, default_store
+from placement.monitor.step_monitor import StepMonitor
+from placement.monitor.threads import RoleSampler, ThreadScan
+from placement.monitor.warn import WarnOnce
+from placement.monitor.watch import WatchedIterable
+from placement.plan.node import plan_for_node
+from placement.plan.table import warnings_summary
+from placement.tune.tuner import Tuner
 
 log = logging.getLogger("placement")
 
@@ -90,46 +105,13 @@ def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], o
 
 
 def _open_event_log(log_dir: str, rank: int):
-    from placement.events import open_rank_log
-
     return open_rank_log(log_dir, rank)  # LogDirError, one line: the same decision as placerun's
 
 
-# ---- who am I ------------------------------------------------------------------------
-def _dist():
-    try:
-        import torch.distributed as dist
-    except ImportError:
-        return None
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def _env_int(environ, name: str, default: int, lo: int) -> int:
-    """An integer the launcher puts in the environment; ConfigError (one line) when it is not one."""
-    text = environ.get(name)
-    if text is None:
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < lo:
-        raise ConfigError(f"{name}={text!r} is not valid; valid: an integer >= {lo} (torchrun and placerun set it), "
-                          f"or unset for {default}")
-    return value
-
-
-def _identity(environ=os.environ) -> tuple[int, int, int, int]:
-    """(rank, local_rank, world_size, local_world_size), from the process group when there is one."""
-    local_rank = _env_int(environ, "LOCAL_RANK", 0, 0)
-    local_world = _env_int(environ, "LOCAL_WORLD_SIZE", 1, 1)
-    if local_rank >= local_world:
-        raise ConfigError(f"LOCAL_RANK={local_rank} is not valid with LOCAL_WORLD_SIZE={local_world}; "
-                          f"valid: 0..{local_world - 1}")
-    dist = _dist()
-    if dist is not None:
-        return dist.get_rank(), local_rank, dist.get_world_size(), local_world
-    return _env_int(environ, "RANK", 0, 0), local_rank, _env_int(environ, "WORLD_SIZE", 1, 1), local_world
+def _identity(environ=os.environ) -> RankIdentity:
+    """This rank without placerun: from the process group when there is one, else torchrun's env
+    (unset: rank 0 of 1 on a node of 1)."""
+    return RankIdentity.find(environ, default_rank=0, default_local_world_size=1)
 
 
 # ---- binding without placerun ------------------------------------------------------------
@@ -137,13 +119,11 @@ def _identity(environ=os.environ) -> tuple[int, int, int, int]:
 class FoundPlacement:
     """What this process ran with before attach() bound it, for close() to put back."""
     cpus: frozenset[int]  # the calling thread's affinity
-    memory: Optional["Mempolicy"]  # the calling thread's memory policy; None: unreadable here
+    memory: Optional[_procfs.Mempolicy]  # the calling thread's memory policy; None: unreadable here
     torch_threads: Optional[int]  # torch.get_num_threads() when torch was imported, else None
 
     @classmethod
     def read(cls) -> "FoundPlacement":
-        from placement import _procfs
-
         torch = sys.modules.get("torch")
         threads = torch.get_num_threads() if torch is not None and hasattr(torch, "get_num_threads") else None
         return cls(frozenset(os.sched_getaffinity(0)), _procfs.get_mempolicy(), threads)
@@ -151,51 +131,35 @@ class FoundPlacement:
     def restore(self, events, rank: int) -> None:
         """Every thread of the process back on the CPUs found, the calling thread's memory policy
         and torch's thread count as found; one `restore` event says what the kernel reports."""
-        from placement import _procfs
-        from placement.bind.affinity import apply_process_mask
-
         mask = apply_process_mask(self.cpus)
         memory_errno = None if self.memory is None else _procfs.set_mempolicy(self.memory.mode, self.memory.nodes)
         torch = sys.modules.get("torch")
         if self.torch_threads is not None and torch is not None:
             torch.set_num_threads(self.torch_threads)
-        events.event("restore", cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
+        events.event(EventKind.RESTORE, cpus=sorted(self.cpus), applied=sorted(mask.applied), ok=mask.ok, error=mask.error,
                      memory=None if self.memory is None else {"mode": self.memory.mode, "nodes": list(self.memory.nodes),
                                                               "errno": memory_errno},
                      torch_threads=self.torch_threads)
         if not mask.ok:
-            from placement.bind.stage1 import warn_rank
-
             warn_rank(events, rank, f"close() could not put back the CPU affinity attach() found: {mask.error}")
 
 
-def _bind_here(cfg: PlacementConfig, events, rank: int, local_rank: int, world_size: int, local_world: int):
-    """Plan this rank and run the same stage 1 as placerun's workers, then stage 2; None when
-    binding is unavailable. The plan's warnings: every one in the event log, one line on stderr."""
-    try:
-        from placement.bind.stage1 import run_stage1, start_stage2
-        from placement.plan import plan_for_node
-        from placement.plan.table import warnings_summary
-    except ImportError as e:
-        log.warning("placement: binding is not available (%s); monitoring only", e)
-        return None
-    topo, plan = plan_for_node(cfg, local_world)  # PlanError (one line) on a shortfall with strict
+def _bind_here(cfg: PlacementConfig, events, identity: RankIdentity):
+    """Plan this node in-process (no placerun, so no hand-off) and run the same stage 1 as
+    placerun's workers, then stage 2. The plan's warnings: every one in the event log, one line
+    on stderr."""
+    _, plan = plan_for_node(cfg, identity.local_world_size)  # PlanError (one line) on a shortfall with strict
     for w in plan.warnings:
-        events.event("warning", source="plan", message=w)
-    summary = warnings_summary(plan.warnings, f"the event log {events.path or ''}".rstrip())
+        events.event(EventKind.WARNING, source="plan", message=w)
+    summary = warnings_summary(plan, f"the event log {events.path or ''}".rstrip())
     if summary:
-        print(f"placement: rank {rank}: plan warning: {summary}", file=sys.stderr, flush=True)
-    s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank, world_size=world_size,
-                   entry="attach")
+        print(f"placement: rank {identity.rank}: plan warning: {summary}", file=sys.stderr, flush=True)
+    s = run_stage1(cfg, plan, events, identity, entry="attach")
     start_stage2(s)
     return s
 
 
 def _current_session():
-    try:
-        from placement.bind import session as session_mod
-    except ImportError:
-        return None
     s = session_mod.current()
     return None if s is None or s.closed else s
 
@@ -283,8 +247,6 @@ class Handle:
         """Wrap a DataLoader or iterator: time blocked in it counts as data wait."""
         if self.monitor is None:
             return iterable
-        from placement.monitor.watch import WatchedIterable
-
         return WatchedIterable(iterable, self.monitor)
 
     @contextlib.contextmanager
@@ -329,8 +291,6 @@ class Handle:
             except Exception as e:
                 log.warning("placement: tuner close failed: %s", e)
         if self._owns_session and self.session is not None:
-            from placement.bind import session as session_mod
-
             self.session.binder.stop_watcher()  # before the restore: it would bind the threads again
             if self._found is not None:
                 try:
@@ -377,22 +337,20 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     if session is not None:
         # Stage 1 bound this process before the program ran, from a plan made for the whole node:
         # one rank cannot re-plan it, so placerun's plan wins and the line names what is dropped.
-        dropped = [f"placement.{k}={getattr(cfg, k)!r}" for k in BINDING_KEYS
+        dropped = [f"placement.{k}={_as_written(getattr(cfg, k))}" for k in BINDING_KEYS
                    if getattr(cfg, k) != getattr(session.config, k)]
         cfg = dataclasses.replace(cfg, **{k: getattr(session.config, k) for k in BINDING_KEYS})
-    rank, local_rank, world_size, local_world = _identity()
+    identity = _identity() if session is None else session.identity
+    rank = identity.rank
     owns_session = owns_events = False
     found = None
     if session is not None:
-        rank, local_rank, world_size = session.rank, session.local_rank, session.world_size
         if os.path.abspath(cfg.monitor.log_dir) == os.path.abspath(session.config.monitor.log_dir) \
                 and session.events.path is not None:
             events = session.events
         else:
             events, owns_events = _open_event_log(cfg.monitor.log_dir, rank), True
         if dropped:
-            from placement.bind.stage1 import warn_rank
-
             warn_rank(events, rank, f"placerun's plan wins: attach() settings dropped: {', '.join(dropped)} "
                                "(placerun bound this rank before the program started; give them to placerun)")
         session.binder.rescan()
@@ -402,14 +360,14 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
         if cfg.policy != "none":
             found = FoundPlacement.read()
             try:
-                session = _bind_here(cfg, events, rank, local_rank, world_size, local_world)
+                session = _bind_here(cfg, events, identity)
             except BaseException:
                 events.close()
                 raise
             owns_session = session is not None
     monitor = comm = tuner = None
     if cfg.monitor.enabled:
-        monitor, comm = _start_monitor(cfg, events, session, model, rank, local_rank, world_size)
+        monitor, comm = _start_monitor(cfg, events, session, model, identity)
         tuner = _start_tuner(cfg, session, events, monitor)
     handle = Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events,
                     found if owns_session else None)
@@ -421,15 +379,13 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     return handle
 
 
-def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, local_rank: int, world_size: int):
-    from placement.monitor import exitflush
-    from placement.monitor.comm import OriginalCollectives, install_ddp_hook, make_comm_timing
-    from placement.monitor.comm_groups import default_backend
-    from placement.monitor.exchange import Exchange, default_store, node_rank_from_env
-    from placement.monitor.step_monitor import StepMonitor
-    from placement.monitor.threads import RoleSampler, ThreadScan
-    from placement.monitor.warn import WarnOnce
+def _as_written(value: Any) -> str:
+    """A setting as the user wrote it: a vocabulary member by its value ('none', not <Policy.NONE>)."""
+    return repr(value.value if isinstance(value, enum.Enum) else value)
 
+
+def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankIdentity):
+    rank, world_size = identity.rank, identity.world_size
     warn = WarnOnce(events)
     # The thread list, looked at each span (on the monitor thread) and re-read when the
     # threads or children changed: through the binder's rescan when its watcher keeps binding
@@ -437,21 +393,21 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
     binder = None if session is None else session.binder
     full = binder.current_threads if binder is not None and binder.watching else None
     sampler = RoleSampler(ThreadScan(full), warn)
-    dist = _dist()
+    dist = process_group()
     # From the group's backend config: get_backend() says "undefined" or "cpu:gloo,cuda:nccl" as given.
     backend = None if dist is None else default_backend()
-    comm = make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
+    comm = monitor_comm.make_comm_timing(cfg.monitor.comm_timing, backend, warn, window=cfg.monitor.exchange_every,
                             budget_pct=cfg.monitor.budget_pct)
     original = None
     if dist is not None or cfg.monitor.comm_timing != "off":
         try:
-            original = OriginalCollectives()
+            original = monitor_comm.OriginalCollectives()
             comm.install(original)
         except ImportError:
             original = None
     ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
-                     and install_ddp_hook(model, comm.clock, original, warn))
-    monitor = StepMonitor(cfg, events, rank=rank, local_rank=local_rank, world_size=world_size,
+                     and monitor_comm.install_ddp_hook(model, comm.clock, original, warn))
+    monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
                           sampler=sampler, comm=comm, warn=warn)
     if dist is not None and world_size > 1:
         store = None
@@ -462,12 +418,12 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
                              "straggler naming is off")
         if store is not None:
             monitor.exchange = Exchange(rank, world_size, store, warn,
-                                        slots=cfg.monitor.exchange_every, node_rank=node_rank_from_env())
+                                        slots=cfg.monitor.exchange_every, node_rank=identity.node_rank)
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
-    events.event("start", source="monitor", pid=os.getpid(), host=socket.gethostname(),
-                 node_rank=node_rank_from_env(), backend=backend, comm_timing=comm.name,
+    events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host,
+                 node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
@@ -478,15 +434,13 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, rank: int, loca
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     if not cfg.tune.enabled or session is None or monitor is None or not session.rank_plan.roles:
         return None
-    from placement.tune.tuner import Tuner
-
     try:
         # The step in progress when a move is applied ran partly before it: the move is in
-        # force from the step after (monitor.step counts finished steps).
-        tuner = Tuner(session.rank_plan, session.topology, cfg.tune, session.binder, events,
-                      next_step=lambda: monitor.step + 2)
+        # force from the step after (monitor.step counts finished steps). The tuner works from
+        # the plan's cores and the binder's role sets: no topology in a worker.
+        tuner = Tuner(session.binder, cfg.tune, events, next_step=lambda: monitor.step + 2)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
-        events.event("warning", source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
+        events.event(EventKind.WARNING, source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
     monitor.add_observer(tuner.observe, tuner.window_end)
     return tuner

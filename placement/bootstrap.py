@@ -8,104 +8,44 @@ How a worker gets here (placement.launcher chooses by the way torchrun starts th
     --run-path SCRIPT: torch runs this file with runpy in its spawned child, argv --run-path SCRIPT
         [ARGS]; torch sets the worker env only inside that child, after any startup hook could run
 
-placerun hands the node's plan over in files named by PLACEMENT_PLAN_FILE (plan JSON),
-PLACEMENT_CONFIG_FILE (config JSON) and PLACEMENT_TOPOLOGY_FILE (topology JSON); the rank's part
-is picked by its local rank (LOCAL_RANK; under --virtual-local-rank, where torch gives every
-worker LOCAL_RANK=0, from the CUDA_VISIBLE_DEVICES entry torch gave it). Stage 1 runs before any
-user code and so before torch starts threads: process mask = the rank's whole share, memory
-policy, env, event log, Session (placement.bind.stage1). Stage 2 (Python programs) binds threads
-by role and keeps doing so. Nothing here stops a job torchrun would run: a stage 1 that cannot
-run says so in one line and the program runs unbound.
+placerun hands the node's plan over in one file named by PLACEMENT_PLAN_FILE (placement.handoff:
+the config, the plan with each rank's roles and the cores of its share, the env names the user
+set, the device list under --virtual-local-rank); the rank's part is picked by its local rank
+(LOCAL_RANK; under --virtual-local-rank, where torch gives every worker LOCAL_RANK=0, from the
+CUDA_VISIBLE_DEVICES entry torch gave it). No worker reads the node's topology. Stage 1 runs
+before any user code and so before torch starts threads: process mask = the rank's whole share,
+memory policy, env, event log, Session (placement.bind.stage1). Stage 2 (Python programs) binds
+threads by role and keeps doing so. Nothing here stops a job torchrun would run: a stage 1 that
+cannot run says so in one line and the program runs unbound.
 """
 from __future__ import annotations
 
 import atexit
-import json
 import os
 import runpy
 import sys
 from typing import MutableMapping, Optional
 
+from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.errors import PlacementError
-
-PLAN_FILE_ENV = "PLACEMENT_PLAN_FILE"
-CONFIG_FILE_ENV = "PLACEMENT_CONFIG_FILE"
-TOPOLOGY_FILE_ENV = "PLACEMENT_TOPOLOGY_FILE"
-KEEP_ENV_ENV = "PLACEMENT_KEEP_ENV"  # comma list: env names the user set before placerun
-HANDOFF_MAX = 256 * 1024 * 1024  # the topology of an 8192-CPU node is a few MB
-# Set under --virtual-local-rank: JSON of the CUDA_VISIBLE_DEVICES list placerun itself saw (null: unset).
-VIRTUAL_LOCAL_RANK_ENV = "PLACEMENT_VIRTUAL_LOCAL_RANK"
-
-
-class HandoffError(PlacementError):
-    """The plan/config files placerun hands to its workers are missing or unreadable."""
-
-
-def load_handoff(environ: MutableMapping[str, str] = os.environ):
-    """(PlacementConfig, Plan, Topology | None) from the files placerun wrote."""
-    from placement.config import PlacementConfig
-    from placement.plan.model import Plan
-    from placement.topology.model import Topology
-
-    plan_file = environ.get(PLAN_FILE_ENV)
-    if not plan_file:
-        raise HandoffError(f"{PLAN_FILE_ENV} is not set: placement.bootstrap runs under placerun, "
-                           "e.g. `placerun --nproc-per-node 2 train.py`")
-    plan = _read_json(plan_file, Plan.from_dict, "plan")
-    config_file = environ.get(CONFIG_FILE_ENV)
-    cfg = _read_json(config_file, PlacementConfig.from_dict, "config") if config_file else PlacementConfig()
-    topo_file = environ.get(TOPOLOGY_FILE_ENV)
-    topo = _read_json(topo_file, Topology.from_dict, "topology") if topo_file else None
-    return cfg, plan, topo
-
-
-def _read_json(path: str, build, what: str):
-    from placement._procfs import read_bounded
-
-    try:
-        return build(json.loads(read_bounded(path, HANDOFF_MAX)))
-    except OSError as e:
-        raise HandoffError(f"cannot read the {what} file {path!r}: {e.strerror or e}") from None
-    except (PlacementError, ValueError, KeyError, TypeError) as e:
-        raise HandoffError(f"the {what} file {path!r} is not a placement {what}: {e}") from None
-
-
-def local_rank_of(environ: MutableMapping[str, str] = os.environ) -> int:
-    """This worker's local rank. Under --virtual-local-rank torch sets LOCAL_RANK=0 for every worker
-    and CUDA_VISIBLE_DEVICES to the local rank's entry of the agent's own CUDA_VISIBLE_DEVICES list,
-    or to str(local_rank) when the agent has none (torch/distributed/elastic/agent/server/
-    local_elastic_agent.py, LocalElasticAgent._set_local_rank_env, torch 2.13), so the rank is
-    found back from that entry."""
-    virtual = environ.get(VIRTUAL_LOCAL_RANK_ENV)
-    if virtual is None:
-        return int(environ.get("LOCAL_RANK", "0"))
-    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    parent = json.loads(virtual)
-    try:
-        return int(visible) if parent is None else [d.strip() for d in parent].index(visible)
-    except ValueError:
-        raise HandoffError(f"--virtual-local-rank: CUDA_VISIBLE_DEVICES={visible!r} is not an entry of the "
-                           f"launcher's list {parent!r}, so this worker's local rank is unknown") from None
+from placement.events import open_rank_log
+from placement.handoff import Handoff, HandoffError
+from placement.identity import RankIdentity
 
 
 def stage1(environ: MutableMapping[str, str] = os.environ):
-    """Stage 1 from placerun's hand-off files (placement.bind.stage1.run_stage1); the Session."""
-    from placement.bind.stage1 import run_stage1
-    from placement.events import open_rank_log
-
-    cfg, plan, topo = load_handoff(environ)
-    local_rank = local_rank_of(environ)
-    rank = int(environ.get("RANK", str(local_rank)))
+    """Stage 1 from placerun's hand-off (placement.bind.stage1.run_stage1); the Session."""
+    handoff = Handoff.load(environ)
+    identity = RankIdentity.find(environ, local_rank=handoff.local_rank(environ))
+    cfg = handoff.config
     # placerun checked the directory before starting any worker; should it have become
     # unwritable since, this is the same one-line error (LogDirError), never a silent null log;
     # start_worker says it and the program runs unbound, as it would under torchrun.
-    events = open_rank_log(cfg.monitor.log_dir, rank)
+    events = open_rank_log(cfg.monitor.log_dir, identity.rank)
     try:
-        s = run_stage1(cfg, plan, topo, events, rank=rank, local_rank=local_rank,
-                       world_size=int(environ.get("WORLD_SIZE", "1")), entry="placerun", environ=environ,
-                       keep=environ.get(KEEP_ENV_ENV, "").split(","),
-                       restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
-    except KeyError as e:
+        s = run_stage1(cfg, handoff.plan, events, identity, entry="placerun", environ=environ,
+                       keep=handoff.keep_env, restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    except KeyError as e:  # the plan has no such local rank
         raise HandoffError(str(e.args[0])) from None
     atexit.register(s.close)  # registered first, so it runs after the monitor's own exit hooks
     return s
@@ -124,12 +64,8 @@ def start_worker(environ: MutableMapping[str, str] = os.environ, *, stage2: bool
         return None
     if stage2:
         try:
-            from placement.bind.stage1 import start_stage2
-
             start_stage2(s)
         except Exception as e:  # binding never stops training
-            from placement.bind.stage1 import warn_rank
-
             warn_rank(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
                                         "threads stay on the stage-1 mask")
     return s

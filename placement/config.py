@@ -9,19 +9,70 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
+import sys
 import typing
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from placement.cpuset import MAX_CPUS
+from placement._procfs import read_bounded
+from placement.cpuset import MAX_CPUS, parse_cpulist
 from placement.errors import ConfigError
+from placement.vocab import Vocabulary
 
-POLICIES = ("auto", "node", "socket", "exclusive", "core-complex", "none")
-MEMORY_MODES = ("bind", "preferred", "interleave", "none")
-SMT_MODES = ("avoid", "use")
-COMM_TIMING = ("auto", "wall", "flight_recorder", "hook", "off")
-NCCL_TIMING = ("auto", "on", "off")  # placement.monitor.nccl_env.NcclTimingMode
+
+class Policy(Vocabulary):
+    """placement.policy: per thread role (`auto`), one CPU set per process (torchrun's
+    --numa-binding modes), or no binding (`none`)."""
+
+    AUTO = "auto"
+    NODE = "node"
+    SOCKET = "socket"
+    EXCLUSIVE = "exclusive"
+    CORE_COMPLEX = "core-complex"
+    NONE = "none"
+
+
+# The process-level policies: torchrun's --numa-binding modes (plan/process_level.py).
+PROCESS_LEVEL_POLICIES = (Policy.NODE, Policy.SOCKET, Policy.EXCLUSIVE, Policy.CORE_COMPLEX)
+
+
+class MemoryMode(Vocabulary):
+    """placement.memory: the memory policy a plan asks for (the kernel's read-back may name more
+    modes, placement._procfs.MEMPOLICY_NAMES)."""
+
+    BIND = "bind"
+    PREFERRED = "preferred"
+    INTERLEAVE = "interleave"
+    NONE = "none"
+
+
+class SmtMode(Vocabulary):
+    """placement.smt."""
+
+    AVOID = "avoid"
+    USE = "use"
+
+
+class CommTimingMode(Vocabulary):
+    """placement.monitor.comm_timing: how collectives are timed (monitor/comm.py)."""
+
+    AUTO = "auto"
+    WALL = "wall"
+    FLIGHT_RECORDER = "flight_recorder"
+    HOOK = "hook"
+    OFF = "off"
+
+
+class NcclTimingMode(Vocabulary):
+    """placement.monitor.nccl_timing (monitor/nccl_env.py)."""
+
+    AUTO = "auto"  # on, unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing would break comm/compute overlap)
+    ON = "on"
+    OFF = "off"
+
+
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
@@ -44,15 +95,22 @@ class MonitorConfig:
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
-    comm_timing: str = _key("auto", "how collectives are timed (docs/monitor.md)")
-    nccl_timing: str = _key("auto", "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
+    comm_timing: CommTimingMode = _key(CommTimingMode.AUTO, "how collectives are timed (docs/monitor.md)")
+    nccl_timing: NcclTimingMode = _key(NcclTimingMode.AUTO, "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
                                     "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
                                     "overlap) (docs/nccl_timing.md)")
     budget_pct: float = _key(0.3, "share of step time the step hook may take on the training thread; above it "
                                   "the hot threads' counters are read every k-th step (monitor/budget.py); 0 = every step")
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
                                      "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
-    stall_min_s: float = _key(30.0, "the floor of that stall limit, in seconds")
+    stall_min_s: float = _key(7.0, "the floor of that stall limit, in seconds")
+    stall_pause_s: float = _key(120.0, "a rank of many stalled outside any collective is named at once by rank 0 "
+                                       "when peers wait for it; its own `stall` event waits this long, as every "
+                                       "rank pausing together (a checkpoint) is not a fault")
+    residence_every_s: float = _key(60.0, "seconds between looks at where the rank's memory pages are (a move_pages "
+                                          "sample on the monitor thread, docs/monitor.md); 0 = off")
+    residence_min_pct: float = _key(90.0, "share of the rank's resident pages on its planned NUMA node(s) below which "
+                                          "a `warning` event names where the others are")
 
 
 @dataclass
@@ -72,25 +130,32 @@ class TuneConfig:
 
 @dataclass
 class PlacementConfig:
-    policy: str = _key("auto", "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
-    memory: str = _key("bind", "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
+    policy: Policy = _key(Policy.AUTO, "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
+    memory: MemoryMode = _key(MemoryMode.BIND, "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
     reserved_cpus: str = _key("", "kernel cpu list of housekeeping CPUs never used, e.g. `0,1`")
-    smt: str = _key("avoid", "`avoid`: hot roles get a whole core, one thread per core used; `use`: SMT siblings too")
+    smt: SmtMode = _key(SmtMode.AVOID, "`avoid`: hot roles get a whole core, one thread per core used; `use`: SMT siblings too")
     prefer_fast_cores: bool = _key(True, "hot roles on the cores of lowest `perf_rank`")
     strict: bool = _key(False, "`true`: refuse a plan that cannot be met (one line, exit 2) instead of running "
                                "a degraded plan with warnings")
     dataloader_workers: int = _key(2, "DataLoader workers per rank the plan sizes for")
     nccl_topo_file: str = _key("", "NCCL topology XML whose GPU/NIC/NUMA facts win over sysfs (cloud VMs); "
                                    "empty = `$NCCL_TOPO_FILE` if set")
-    monitor: MonitorConfig = field(default_factory=MonitorConfig)
-    tune: TuneConfig = field(default_factory=TuneConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig,
+                                   metadata={"doc": "per-step records in <log_dir>/rank<R>.jsonl"})
+    tune: TuneConfig = field(default_factory=TuneConfig,
+                             metadata={"doc": "the self-tuner: moves threads when a window's figures say it pays"})
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Plain values only (a choice as its text), as YAML and JSON hold them."""
+        return dataclasses.asdict(self, dict_factory=lambda items: {k: _plain(v) for k, v in items})
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "PlacementConfig":
         return load_config(base=d)
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, Vocabulary) else value
 
 
 def _choices(key: str, value: Any, valid: Iterable[str]) -> None:
@@ -106,11 +171,14 @@ def _range(key: str, value: float, lo: float, hi: float | None = None) -> None:
 
 def validate(cfg: PlacementConfig) -> PlacementConfig:
     """Check every value; raise ConfigError with one line naming the value and the valid choices."""
-    from placement.cpuset import parse_cpulist
-
-    _choices("policy", cfg.policy, POLICIES)
-    _choices("memory", cfg.memory, MEMORY_MODES)
-    _choices("smt", cfg.smt, SMT_MODES)
+    for key, kind in CHOICES.items():
+        if isinstance(kind, type):  # a choice field: a member of its set, given as one or as its text
+            *parents, leaf = key.split(".")
+            node = cfg
+            for name in parents:
+                node = getattr(node, name)
+            _choices(key, getattr(node, leaf), kind.values())
+            setattr(node, leaf, kind(getattr(node, leaf)))
     try:
         parse_cpulist(cfg.reserved_cpus)
     except ValueError as e:
@@ -123,8 +191,6 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
                           "e.g. placement_logs (empty would write into the working directory)")
     if "\x00" in cfg.nccl_topo_file:
         raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
-    _choices("monitor.comm_timing", m.comm_timing, COMM_TIMING)
-    _choices("monitor.nccl_timing", m.nccl_timing, NCCL_TIMING)
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
@@ -132,6 +198,10 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
     _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)
+    _range("monitor.stall_pause_s", m.stall_pause_s, 0.0, 86400.0)
+    if m.residence_every_s != 0:
+        _range("monitor.residence_every_s", m.residence_every_s, 1.0, 86400.0)
+    _range("monitor.residence_min_pct", m.residence_min_pct, 0.0, 100.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)
@@ -175,9 +245,7 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
 
 def read_config_file(path: str) -> dict[str, Any]:
     """The placement keys of a YAML file (top level or under `placement:`); one-line errors."""
-    import yaml
-
-    from placement._procfs import read_bounded
+    import yaml  # third-party, needed only when a file is given
 
     try:
         text = read_bounded(path, CONFIG_FILE_MAX).decode("utf-8")  # bounded; a FIFO is refused, not waited on
@@ -310,8 +378,8 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
                 raise bad("a finite number")
             return converted
         raise bad("an integer" if kind is int else "a number")
-    if kind is str:
-        if isinstance(value, str):
+    if kind is str or (isinstance(kind, type) and issubclass(kind, Vocabulary)):
+        if isinstance(value, str):  # a choice is checked against its set, and made a member, by validate()
             return value
         if full == "placement.reserved_cpus" and isinstance(value, int) and not isinstance(value, bool):
             return str(value)  # reserved_cpus: 3 in YAML; a number is never a path or a choice
@@ -328,9 +396,17 @@ def _subconfigs(cls: type) -> dict[str, type]:
     return {"monitor": MonitorConfig, "tune": TuneConfig} if cls is PlacementConfig else {}
 
 
-# Keys whose values are a closed set (validate() checks each against its tuple).
-CHOICES = {"policy": POLICIES, "memory": MEMORY_MODES, "smt": SMT_MODES, "monitor.comm_timing": COMM_TIMING,
-           "monitor.nccl_timing": NCCL_TIMING, "tune.rules": TUNE_RULES}
+# Keys whose values are a closed set: a Vocabulary (the field holds a member), or the tuple of
+# names a list key takes (tune.rules: the rules' own names, tune/rules/__init__.py).
+CHOICES: dict[str, Any] = {"policy": Policy, "memory": MemoryMode, "smt": SmtMode,
+                           "monitor.comm_timing": CommTimingMode, "monitor.nccl_timing": NcclTimingMode,
+                           "tune.rules": TUNE_RULES}
+
+
+def choice_values(key: str) -> tuple[str, ...]:
+    """The valid values of a closed-set key, in order."""
+    kind = CHOICES[key]
+    return kind.values() if isinstance(kind, type) else tuple(kind)
 
 
 def valid_values(key: str) -> str:
@@ -338,7 +414,7 @@ def valid_values(key: str) -> str:
     (for an unknown key) the valid keys."""
     key = key.lstrip("+").removeprefix("placement.")
     if key in CHOICES:
-        return "choose one of: " + ", ".join(CHOICES[key])
+        return "choose one of: " + ", ".join(choice_values(key))
     node: Any = PlacementConfig
     *parents, leaf = key.split(".")
     for name in parents:
@@ -390,7 +466,7 @@ def keys_table() -> str:
                 continue
             key = prefix + f.name
             doc = f.metadata["doc"]
-            choices = CHOICES.get(key)
+            choices = choice_values(key) if key in CHOICES else None
             if choices:
                 doc += ("; any of " if f.type == "list[str]" else "; one of ") + ", ".join(f"`{c}`" for c in choices)
             rows.append(f"| `placement.{key}` | `{_default_text(getattr(instance, f.name))}` | {doc} |")
@@ -399,5 +475,45 @@ def keys_table() -> str:
     return "\n".join(rows)
 
 
-if __name__ == "__main__":
-    print(keys_table())
+_EXAMPLE_HEAD = f"""\
+# A plain placement config: every key with its default value. Copy it, change what you need, drop the rest:
+#   placerun --placement-config my_placement.yaml train.py     or     placement.attach(config="my_placement.yaml")
+# (The files under configs/placement/ are Hydra configs for Hydra apps; see README "Hydra apps".)
+# Generated from placement/config.py by `python -m placement.config --example > {EXAMPLE_CONFIG}`."""
+_EXAMPLE_COLUMN = 26  # where the comments start
+
+
+def _yaml_text(value: Any) -> str:
+    """`value` as YAML that reads back as itself (a string YAML would take for another type is quoted)."""
+    import yaml  # third-party, needed only here
+
+    text = _default_text(value)
+    return text if yaml.safe_load(text) == _plain(value) else json.dumps(str(value))
+
+
+def example_yaml() -> str:
+    """configs/placement.example.yaml: every key, its default and its description as a comment
+    (tests/test_config.py holds the file equal to this)."""
+    lines = _EXAMPLE_HEAD.splitlines()
+
+    def walk(cls: type, indent: str, prefix: str) -> None:
+        instance = cls()
+        for f in dataclasses.fields(cls):
+            key = prefix + f.name
+            doc = f.metadata["doc"]
+            sub = _subconfigs(cls).get(f.name)
+            if sub is not None:
+                lines.append(f"{indent}{f.name}:".ljust(_EXAMPLE_COLUMN) + f"# {doc}")
+                walk(sub, indent + "  ", key + ".")
+                continue
+            if key in CHOICES:
+                doc += ("; any of " if f.type == "list[str]" else "; one of ") + " | ".join(choice_values(key))
+            line = f"{indent}{f.name}: {_yaml_text(getattr(instance, f.name))}"
+            lines.append(line.ljust(_EXAMPLE_COLUMN - 1) + f" # {doc}")
+
+    walk(PlacementConfig, "", "")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # README's keys table; with --example, configs/placement.example.yaml
+    sys.stdout.write(example_yaml() if sys.argv[1:] == ["--example"] else keys_table() + "\n")

@@ -18,6 +18,27 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from placement.errors import PlacementError
+from placement.vocab import Vocabulary
+
+
+class EventKind(Vocabulary):
+    """The `type` of every line of a rank's JSONL log: a step record or an event. Readers
+    (placement report) compare it with these values."""
+
+    STEP = "step"  # one step's record (monitor/record.py)
+    START = "start"  # stage 1 bound the process (source absent) / the monitor started (source "monitor")
+    END = "end"  # the session or the monitor ended
+    BIND = "bind"  # a mask applied to the process or a thread
+    RESTORE = "restore"  # attach() put back the mask the process had before it
+    MEMORY = "memory"  # the memory policy planned, applied and read back
+    WARNING = "warning"
+    MONITOR = "monitor"  # what the monitor says of itself (budget, comm source figures)
+    TUNE = "tune"  # a tuner action: dry run, applied, kept
+    ROLLBACK = "rollback"  # a tuner action not applied or rolled back
+    STRAGGLER = "straggler"  # rank 0's verdict on an exchange window
+    STALL = "stall"  # a rank stopped stepping, or resumed
+    RESIDENCE = "residence"  # where a rank's resident pages sit (bind/residence.py), at a low rate
+    LOST = "lost"  # records this log could not write (a full disk)
 
 
 def rank_log_path(log_dir: str, rank: int) -> str:
@@ -67,9 +88,17 @@ def open_rank_log(log_dir: str, rank: int) -> "EventLog":
 _open_logs: "weakref.WeakSet[EventLog]" = weakref.WeakSet()
 BUFFER_BYTES = 1 << 16  # lines are written when this much is buffered, at flush() and at close()
 CLOSE_WAIT_S = 5.0  # close() waits this long for another thread's write, never for its own
-# Set by placement.monitor.exitflush: delivers a signal whose flush waited for a log's lock
-# to be released by the thread the signal interrupted.
-after_release: Optional[Callable[[], None]] = None
+# Called after a log's lock is released (on_release): placement.monitor.exitflush registers the
+# one that delivers a signal whose flush waited for the thread the signal interrupted.
+_release_hooks: tuple[Callable[[], None], ...] = ()
+
+
+def on_release(hook: Callable[[], None]) -> None:
+    """Call `hook` (no arguments, never raising) each time a thread lets go of an event log's
+    lock, and when a wait for it gives up. Registering the same hook twice keeps one."""
+    global _release_hooks
+    if hook not in _release_hooks:
+        _release_hooks = _release_hooks + (hook,)
 
 
 def _after_fork_in_child() -> None:
@@ -153,8 +182,7 @@ class EventLog:
 
     @staticmethod
     def _run_hook() -> None:
-        hook = after_release
-        if hook is not None:
+        for hook in _release_hooks:
             hook()
 
     # ---- writing --------------------------------------------------------------------------
@@ -181,7 +209,7 @@ class EventLog:
         finally:
             self._release()
 
-    def event(self, kind: str, **fields: Any) -> dict[str, Any]:
+    def event(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
         """Write one event record and return it."""
         rec = {"type": kind, "t": time.time(), "rank": self.rank, **fields}
         self.write(rec)
@@ -231,7 +259,7 @@ class EventLog:
         records = blob.count("\n")
         prefix = "\n" if self._torn else ""  # a torn last line stays alone (a reader skips it)
         if self.dropped > self._dropped_logged:
-            prefix += json.dumps({"type": "lost", "t": time.time(), "rank": self.rank, "records": self.dropped,
+            prefix += json.dumps({"type": EventKind.LOST, "t": time.time(), "rank": self.rank, "records": self.dropped,
                                   "error": self.error}, separators=(",", ":")) + "\n"
         if not blob and not prefix:
             return
@@ -248,7 +276,7 @@ class EventLog:
             self._count_lost(records - whole, f"{errno.errorcode.get(e.errno or 0, e.errno)} {e.strerror}")
             return
         self._torn = False
-        if "\"lost\"" in prefix:
+        if f'"{EventKind.LOST}"' in prefix:
             self._dropped_logged = self.dropped
 
     def _count_lost(self, n: int, why: str) -> None:

@@ -5,8 +5,9 @@
 Every torchrun flag is parsed by torch's own parser and handled by torch's own `run`, so
 rendezvous, elastic restarts, exit codes, signals and torch's own errors (ValueError from
 `main()`, exit 1 from the console script) are torchrun's. Placement adds the node's plan, computed
-once before the elastic agent starts (restarts reuse it) and written to files handed to the
-workers by env, and stage 1 in each worker before its program runs.
+once before the elastic agent starts (restarts reuse it) and written to one hand-off file
+(placement.handoff: config and plan, no topology) named to the workers by one env variable,
+and stage 1 in each worker before its program runs.
 
 How stage 1 reaches a worker, and why. A Python worker (torchrun's default and `-m`) runs exactly
 torchrun's command line: placerun only puts placement/_worker_hook first on PYTHONPATH, whose
@@ -27,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import os
 import re
 import shutil
@@ -35,9 +35,18 @@ import socket
 import sys
 import tempfile
 from dataclasses import dataclass
-from typing import Optional
+from typing import Mapping, Optional
 
+from placement import bootstrap
+from placement.config import PlacementConfig, load_config, valid_values
+from placement.cpuset import format_cpulist
 from placement.errors import ConfigError, PlacementError
+from placement.events import check_log_dir
+from placement.handoff import PLAN_FILE_ENV, Handoff, VirtualLocalRank
+from placement.plan.model import Plan
+from placement.plan.node import plan_for_node
+from placement.plan.table import format_plan_table, warnings_summary
+from placement.roles import ThreadRole
 
 # A Hydra-style placement override before the script: placement.policy=exclusive, +placement.x=y.
 _OVERRIDE = re.compile(r"^\+?placement\.[A-Za-z_][\w.]*=")
@@ -89,8 +98,6 @@ def parse_placerun_args(argv: list[str]) -> PlacerunArgs:
         # Flags may follow an override; re-parse the rest on top of what was parsed so far.
         ns = parser.parse_args(rest, namespace=ns)
     if _OVERRIDE_WITHOUT_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):
-        from placement.config import valid_values
-
         raise ConfigError(f"placement override {ns.training_script!r} has no value; write "
                           f"{ns.training_script.lstrip('+')}=VALUE ({valid_values(ns.training_script)})")
     if _BARE_KEY_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):
@@ -113,13 +120,8 @@ class WorkerLaunch:
 def worker_launch(torch_args: argparse.Namespace, environ=os.environ) -> WorkerLaunch:
     """torchrun's args, changed only where a non-hook way into the worker is needed (see the
     module docstring); `environ` is the launcher's env the workers inherit."""
-    import placement.bootstrap as bootstrap
-
     a = copy.copy(torch_args)
     env: dict[str, str] = {}
-    if a.virtual_local_rank:
-        env[bootstrap.VIRTUAL_LOCAL_RANK_ENV] = json.dumps(
-            None if environ.get("CUDA_VISIBLE_DEVICES") is None else environ["CUDA_VISIBLE_DEVICES"].split(","))
     if a.no_python and a.module:  # torch's own ValueError, raised by torch's config_from_args
         return WorkerLaunch(a, env, "")
     if a.run_path:
@@ -182,7 +184,7 @@ def _main(argv: list[str]) -> int:
     try:
         pa = parse_placerun_args(argv)
         launch = worker_launch(pa.torch_args)
-        topo, plan, cfg, numa = _plan(pa)
+        plan, cfg, numa = _plan(pa)
     except PlacementError as e:
         print(f"placerun: {e}", file=sys.stderr)
         return e.exit_code
@@ -191,49 +193,52 @@ def _main(argv: list[str]) -> int:
         if not numa.torch_binds:
             launch.torch_args.numa_binding = None
     if pa.dry_run:
-        from placement.plan import format_plan_table
-
         print(f"host: {socket.gethostname()}")  # one table per node of a multi-node job: whose it is
         print(format_plan_table(plan))
         print("worker command: " + " ".join(_command_line(launch)))
         return 0
     print(concise_plan(plan), file=sys.stderr, flush=True)
     saved = dict(os.environ)
-    handoff = tempfile.mkdtemp(prefix="placerun-")
+    directory = tempfile.mkdtemp(prefix="placerun-")
     try:
-        _hand_over(handoff, topo, plan, cfg)
+        _hand_over(directory, make_handoff(cfg, plan, launch.torch_args))
         os.environ.update(launch.environ)
         _run(launch)
     finally:
         os.environ.clear()
         os.environ.update(saved)
-        shutil.rmtree(handoff, ignore_errors=True)
+        shutil.rmtree(directory, ignore_errors=True)
     return 0
 
 
-def _plan(pa: PlacerunArgs):
-    """Config, this node's topology and plan: what `placement plan` prints with the same arguments."""
-    from placement.config import load_config
-    from placement.events import check_log_dir
-    from placement.plan import plan_for_node
-
+def _plan(pa: PlacerunArgs) -> tuple[Plan, PlacementConfig, Optional[NumaBindingChoice]]:
+    """Config and this node's plan: what `placement plan` prints with the same arguments."""
     cfg = load_config(pa.overrides, pa.config_file)
     check_log_dir(cfg.monitor.log_dir)  # every rank writes its event log there: fail here, not in a worker
     numa = numa_binding_choice(getattr(pa.torch_args, "numa_binding", None), cfg.policy)
     nproc = _local_world_size(pa.torch_args.nproc_per_node)
     root = os.environ.get(TEST_MACHINE_ROOT_ENV) or "/"
-    topo, plan = plan_for_node(cfg, nproc, root=root, within=None if numa is None else numa.within)
-    return topo, plan, cfg, numa
+    _, plan = plan_for_node(cfg, nproc, root=root, within=None if numa is None else numa.within)
+    return plan, cfg, numa
+
+
+def make_handoff(cfg: PlacementConfig, plan: Plan, torch_args: argparse.Namespace,
+                 environ: Mapping[str, str] = os.environ) -> Handoff:
+    """What every worker of this node is handed: the config, the plan (each rank's roles and the
+    cores of its share: no topology), the env names the user set that the plan's env must leave
+    alone, and under --virtual-local-rank the CUDA_VISIBLE_DEVICES list torch divides."""
+    planned_env = {k for r in plan.ranks for k in r.env}
+    virtual = None
+    if torch_args.virtual_local_rank:
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        virtual = VirtualLocalRank(None if visible is None else tuple(visible.split(",")))
+    return Handoff(cfg, plan, tuple(sorted(k for k in planned_env if k in environ)), virtual)
 
 
 def concise_plan(plan) -> str:
     """The launch banner: one line per local rank (role -> CPUs), then one warning line saying what
     the plan gave up. `placerun --dry-run` and `placement plan` print the full table with reasons
     and every warning."""
-    from placement.cpuset import format_cpulist
-    from placement.plan.table import warnings_summary
-    from placement.roles import ThreadRole
-
     lines = [f"placerun: {socket.gethostname()}: policy {plan.policy}, {len(plan.ranks)} local rank(s) "
              "(--dry-run shows the reasons)"]
     for r in plan.ranks:
@@ -242,7 +247,7 @@ def concise_plan(plan) -> str:
         roles = "  ".join(f"{role.value} {format_cpulist(r.roles[role].cpus)}"
                           for role in ThreadRole if role in r.roles) or "not bound (monitor only)"
         lines.append(f"  rank {r.local_rank}  {gpu}  memory {memory}  {roles}")
-    summary = warnings_summary(plan.warnings, "--dry-run")  # one line per node
+    summary = warnings_summary(plan, "--dry-run")  # one line per node
     if summary:
         lines.append(f"  warning: {summary}")
     return "\n".join(lines)
@@ -255,20 +260,10 @@ def _local_world_size(nproc_per_node: str) -> int:
     return determine_local_world_size(nproc_per_node)
 
 
-def _hand_over(directory: str, topo, plan, cfg) -> None:
-    """Write the plan, config and topology for the workers and point the env at them."""
-    from placement import bootstrap
-
-    files = {bootstrap.PLAN_FILE_ENV: ("plan.json", plan.to_dict()),
-             bootstrap.CONFIG_FILE_ENV: ("config.json", cfg.to_dict()),
-             bootstrap.TOPOLOGY_FILE_ENV: ("topology.json", topo.to_dict())}
-    for env_name, (name, data) in files.items():
-        path = os.path.join(directory, name)
-        with open(path, "w") as f:
-            json.dump(data, f)
-        os.environ[env_name] = path
-    planned_env = {k for r in plan.ranks for k in r.env}
-    os.environ[bootstrap.KEEP_ENV_ENV] = ",".join(sorted(k for k in planned_env if k in os.environ))
+def _hand_over(directory: str, handoff: Handoff) -> None:
+    """Write the hand-off file for the workers and name it in the env they inherit."""
+    os.environ[PLAN_FILE_ENV] = handoff.write(directory)
+    plan = handoff.plan
     # torchrun sets OMP_NUM_THREADS=1 with a warning when it is unset; the plan sizes it per rank
     # (bootstrap sets each rank's own), so hand torchrun the first rank's value instead.
     if "OMP_NUM_THREADS" not in os.environ and plan.ranks and "OMP_NUM_THREADS" in plan.ranks[0].env:

@@ -15,6 +15,7 @@ from placement.bind.fork import rehome_forked_children, stop_rehoming
 from placement.bind.stage1 import run_stage1
 from placement.config import PlacementConfig
 from placement.events import EventLog
+from placement.identity import RankIdentity
 from placement.plan.model import GpuRef, MemoryPolicy, Plan, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
 from nccl_standin import StandInComm
@@ -89,7 +90,7 @@ class Autograd:
 
 def stage1(tmp_path, environ, entry="placerun"):
     events = EventLog(str(tmp_path / "rank0.jsonl"), 0)
-    return run_stage1(PlacementConfig(), gpu_plan(), None, events, rank=0, local_rank=0, world_size=1,
+    return run_stage1(PlacementConfig(), gpu_plan(), events, RankIdentity(0, 0, 1, 1, None, "test"),
                       entry=entry, environ=environ)
 
 

@@ -15,7 +15,10 @@ from placement.bind.fork import rehome_forked_children, stop_rehoming
 from placement.events import EventLog
 from placement.plan.model import GpuRef, MemoryPolicy, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
+from placement.tune.rules.base import Proposal, Rule
+from placement.tune.tuner import Tuner
 from placerun_helpers import allowed
+from tune_fakes import FakeFacts, ListEvents, tune_cfg, window
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="role sets that differ need 2 allowed CPUs")
@@ -267,3 +270,61 @@ def test_workers_are_niced_only_while_they_share_a_hot_threads_cpu():
     binder.set_role_cpus(ThreadRole.DATALOADER, A, "test: onto main's cpu")
     assert _worker_nice(worker) == {5}
     del it
+
+
+def test_the_binder_keeps_one_record_per_thread(threads):
+    """What the binder knows of a thread is one ThreadRecord: its role, the set it gave it, what
+    the kernel reported after it; gone with the thread."""
+    binder = RoleBinder(rank_plan(), None)
+    pin = threads("pt_data_pin")
+    before = time.monotonic()
+    binder.rescan()
+    rec = binder.record(os.getpid(), pin.tid)
+    assert rec.info.role is ThreadRole.PIN_MEMORY and rec.info.tid == pin.tid
+    assert rec.applied == B and rec.kernel == allowed(os.getpid(), pin.tid) == B
+    assert rec.first_seen <= before + 1.0 and rec.nice is None  # nice is only kept for DataLoader workers
+    main = binder.record(os.getpid(), os.getpid())
+    assert main.info.role is ThreadRole.MAIN and main.applied == A
+    pin.close()
+    deadline = time.monotonic() + 10
+    while binder.record(os.getpid(), pin.tid) is not None and time.monotonic() < deadline:
+        binder.rescan()
+        time.sleep(0.01)
+    assert binder.record(os.getpid(), pin.tid) is None
+
+
+class MovePin(Rule):
+    """A tune rule that moves pin_memory onto main's CPU once, whatever the window says."""
+
+    name = "runqueue"
+
+    def propose(self, ctx):
+        if ctx.layout.cpus(ThreadRole.PIN_MEMORY) == A:
+            return None
+        return Proposal(self.name, ThreadRole.PIN_MEMORY, A, "test: pin_memory next to main")
+
+
+def test_a_tuner_move_goes_through_the_binder_and_proc_shows_it(threads, tmp_path):
+    """The binder owns each role's set: the tuner reads it, proposes a move, the binder applies
+    and records it, and the kernel's Cpus_allowed_list of the live thread shows it."""
+    from placement.tune.tuner import Tuner
+    from tune_fakes import FakeFacts, ListEvents, tune_cfg, window
+
+    log = EventLog(str(tmp_path / "rank0.jsonl"))
+    binder = RoleBinder(rank_plan(), log)
+    pin = threads("pt_data_pin")
+    binder.rescan()
+    assert allowed(os.getpid(), pin.tid) == B
+    tuner = Tuner(binder, tune_cfg(window=5), ListEvents(), facts=FakeFacts())
+    tuner.rules = [MovePin()]
+    assert tuner.role_cpus(ThreadRole.PIN_MEMORY) == B  # the plan's set, as the binder holds it
+    for r in window(5 * 3):  # two warm-up windows, then the rule is asked
+        tuner.observe(r)
+    assert binder.role_cpus(ThreadRole.PIN_MEMORY) == A == tuner.role_cpus(ThreadRole.PIN_MEMORY)
+    assert allowed(os.getpid(), pin.tid) == A  # /proc/<pid>/task/<tid>/status Cpus_allowed_list
+    assert binder.record(os.getpid(), pin.tid).applied == A
+    binder.set_role_cpus(ThreadRole.PIN_MEMORY, B, "test: someone else moved it back")
+    assert tuner.role_cpus(ThreadRole.PIN_MEMORY) == B  # one owner: the tuner keeps no copy
+    log.close()
+    moved = [e for e in events_of(tmp_path / "rank0.jsonl") if e["type"] == "bind" and e["tid"] == pin.tid]
+    assert moved[-2]["reason"].startswith("tune runqueue: test: pin_memory next to main") and moved[-2]["applied"] == sorted(A)

@@ -13,6 +13,7 @@ import pytest
 
 from placement.config import PlacementConfig
 from placement.cpuset import parse_cpulist
+from placement.handoff import Handoff, VirtualLocalRank
 from placement.plan.model import MemoryPolicy, Plan, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
 
@@ -58,15 +59,13 @@ def make_plan(policy="auto", memory="bind"):
 
 @pytest.fixture
 def handoff(tmp_path):
-    def write(plan=None, **env):
+    def write(plan=None, keep_env=(), virtual=None, **env):
         cfg = PlacementConfig()
         cfg.monitor.log_dir = str(tmp_path / "logs")
-        (tmp_path / "plan.json").write_text(json.dumps((plan or make_plan()).to_dict()))
-        (tmp_path / "config.json").write_text(json.dumps(cfg.to_dict()))
+        path = Handoff(cfg, plan or make_plan(), tuple(keep_env), virtual).write(str(tmp_path))
         base = {k: v for k, v in os.environ.items()
                 if not k.startswith(("PLACEMENT_", "OMP_", "NCCL_", "CUDA_"))}
-        base.update(PLACEMENT_PLAN_FILE=str(tmp_path / "plan.json"), PLACEMENT_CONFIG_FILE=str(tmp_path / "config.json"),
-                    LOCAL_RANK="1", RANK="5", WORLD_SIZE="8")
+        base.update(PLACEMENT_PLAN_FILE=path, LOCAL_RANK="1", RANK="5", WORLD_SIZE="8")
         base.update(env)
         return base
     return write
@@ -121,7 +120,7 @@ def test_module_mode_and_exit_code_pass_through(tmp_path, handoff):
 
 def test_user_set_env_is_kept(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
-    env = handoff(OMP_NUM_THREADS="7", PLACEMENT_KEEP_ENV="OMP_NUM_THREADS", CUDA_DEVICE_ORDER="FASTEST_FIRST")
+    env = handoff(OMP_NUM_THREADS="7", keep_env=["OMP_NUM_THREADS"], CUDA_DEVICE_ORDER="FASTEST_FIRST")
     out = json.loads(bootstrap(["t.py"], env, cwd=tmp_path).stdout)
     assert out["env"]["OMP_NUM_THREADS"] == "7" and out["env"]["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"
 
@@ -154,15 +153,15 @@ def test_memory_fallback_is_logged_and_printed(tmp_path, handoff):
     assert memory["planned"] == {"mode": "bind", "nodes": [4000]} and memory["applied"]["mode"] == "none"
 
 
-@pytest.mark.parametrize("env_change, message", [
-    ({"PLACEMENT_PLAN_FILE": "/nonexistent/plan.json"}, "cannot read the plan file '/nonexistent/plan.json'"),
-    ({"LOCAL_RANK": "9"}, "plan has no local rank 9"),
-    ({"PLACEMENT_VIRTUAL_LOCAL_RANK": '["4", "6"]', "CUDA_VISIBLE_DEVICES": "5"}, "'5' is not an entry"),
+@pytest.mark.parametrize("virtual, env_change, message", [
+    (None, {"PLACEMENT_PLAN_FILE": "/nonexistent/plan.json"}, "cannot read the plan file '/nonexistent/plan.json'"),
+    (None, {"LOCAL_RANK": "9"}, "plan has no local rank 9"),
+    (VirtualLocalRank(("4", "6")), {"CUDA_VISIBLE_DEVICES": "5"}, "'5' is not an entry"),
 ])
-def test_a_stage1_that_cannot_run_is_one_line_and_the_program_runs_unbound(tmp_path, handoff, env_change,
+def test_a_stage1_that_cannot_run_is_one_line_and_the_program_runs_unbound(tmp_path, handoff, virtual, env_change,
                                                                             message):
     (tmp_path / "t.py").write_text("open('ran', 'w')")
-    env = handoff()
+    env = handoff(virtual=virtual)
     env.update(env_change)
     p = bootstrap(["t.py"], env, cwd=tmp_path)
     assert p.returncode == 0 and (tmp_path / "ran").exists()
@@ -195,7 +194,8 @@ def test_virtual_local_rank_is_found_from_the_device_torch_gave_the_worker(tmp_p
                                                                            local_rank):
     """torch sets LOCAL_RANK=0 for every worker under --virtual-local-rank; the plan is the rank's own."""
     (tmp_path / "t.py").write_text(REPORT)
-    env = handoff(LOCAL_RANK="0", CUDA_VISIBLE_DEVICES=visible, PLACEMENT_VIRTUAL_LOCAL_RANK=json.dumps(parent))
+    env = handoff(LOCAL_RANK="0", CUDA_VISIBLE_DEVICES=visible,
+                  virtual=VirtualLocalRank(None if parent is None else tuple(parent)))
     p = bootstrap(["t.py"], env, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["session"]["local_rank"] == local_rank
@@ -216,10 +216,19 @@ def test_missing_script_fails_as_python_does(tmp_path, handoff):
     assert p.returncode == 2 and "can't open file" in p.stderr and "nope.py" in p.stderr
 
 
+def rewrite_handoff(env, part, value):
+    """The hand-off file with one part (plan, config) replaced."""
+    with open(env["PLACEMENT_PLAN_FILE"]) as f:
+        d = json.load(f)
+    d[part] = value
+    with open(env["PLACEMENT_PLAN_FILE"], "w") as f:
+        json.dump(d, f)
+
+
 def test_corrupt_plan_file_is_one_line(tmp_path, handoff):
     env = handoff()
     (tmp_path / "t.py").write_text("")
-    (tmp_path / "plan.json").write_text('{"schema": "placement.plan/9", "policy": "auto", "ranks": []}')
+    rewrite_handoff(env, "plan", {"schema": "placement.plan/9", "policy": "auto", "ranks": []})
     p = bootstrap(["t.py"], env, cwd=tmp_path)
     assert p.returncode == 0 and "is not a placement plan" in p.stderr and p.stderr.count("\n") == 1
 
@@ -227,7 +236,7 @@ def test_corrupt_plan_file_is_one_line(tmp_path, handoff):
 def test_config_file_with_an_unknown_key_is_one_line(tmp_path, handoff):
     env = handoff()
     (tmp_path / "t.py").write_text("")
-    (tmp_path / "config.json").write_text('{"polcy": "auto"}')
+    rewrite_handoff(env, "config", {"polcy": "auto"})
     p = bootstrap(["t.py"], env, cwd=tmp_path)
     assert p.returncode == 0 and "is not a placement config" in p.stderr and "polcy" in p.stderr
     assert p.stderr.count("\n") == 1

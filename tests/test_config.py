@@ -4,7 +4,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from placement.config import PlacementConfig, load_config
+from placement.config import (CommTimingMode, MemoryMode, PlacementConfig, Policy, SmtMode, example_yaml, load_config,
+                              validate)
 from placement.errors import ConfigError
 
 
@@ -28,6 +29,22 @@ def test_the_example_config_holds_every_key_with_its_default_and_a_comment(capsy
     assert not uncommented
     assert launcher.main(["--nproc-per-node", "1", "--placement-config", str(EXAMPLE), "--dry-run", "t.py"]) == 0
     assert "plan: policy auto" in capsys.readouterr().out
+
+
+def test_the_example_config_is_the_one_generated_from_the_dataclasses():
+    """Its keys, defaults, comments and choices come from config.py (one place): regenerate it with
+    `python -m placement.config --example > configs/placement.example.yaml`."""
+    assert EXAMPLE.read_text() == example_yaml()
+
+
+def test_a_choice_key_holds_its_enum_member_and_writes_its_text():
+    cfg = load_config(["placement.policy=core-complex", "monitor.comm_timing=hook"], base={"memory": "interleave"})
+    assert (cfg.policy, cfg.memory, cfg.monitor.comm_timing) == (Policy.CORE_COMPLEX, MemoryMode.INTERLEAVE,
+                                                                 CommTimingMode.HOOK)
+    d = cfg.to_dict()
+    assert (type(d["policy"]), d["policy"], d["monitor"]["comm_timing"]) == (str, "core-complex", "hook")
+    assert yaml.safe_load(yaml.safe_dump(d)) == d  # plain values: safe_dump refuses an Enum
+    assert validate(PlacementConfig(smt="use")).smt is SmtMode.USE  # a config built in code is made members
 
 
 def test_layers_apply_in_order(tmp_path):

@@ -1,6 +1,5 @@
 """placerun's argument handling against torch's own torchrun parser and config_from_args; bad
 input ends before any worker with one line and exit 2. No workers are started here."""
-import json
 import os
 import sys
 
@@ -8,7 +7,10 @@ import pytest
 from torch.distributed import run as torchrun
 
 from placement import launcher
-from placement.launcher import main, parse_placerun_args, worker_launch
+from placement.config import PlacementConfig
+from placement.handoff import PLAN_FILE_ENV, Handoff
+from placement.launcher import main, make_handoff, parse_placerun_args, worker_launch
+from placement.plan.model import Plan
 
 TORCH_FLAGS = ["--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                "127.0.0.1:29999", "--rdzv-id", "job7", "--max-restarts", "3", "--monitor-interval", "0.5",
@@ -70,9 +72,10 @@ def test_run_path_stays_in_process_through_bootstrap():
 
 def test_virtual_local_rank_hands_over_the_launchers_device_list():
     pa = parse_placerun_args(["--nproc-per-node", "2", "--virtual-local-rank", "t.py"])
-    assert worker_launch(pa.torch_args, environ={"CUDA_VISIBLE_DEVICES": "3,5"}).environ[
-        "PLACEMENT_VIRTUAL_LOCAL_RANK"] == '["3", "5"]'
-    assert worker_launch(pa.torch_args, environ={}).environ["PLACEMENT_VIRTUAL_LOCAL_RANK"] == "null"
+    cfg, plan = PlacementConfig(), Plan("none", [])
+    assert make_handoff(cfg, plan, pa.torch_args, environ={"CUDA_VISIBLE_DEVICES": "3,5"}).to_dict()[
+        "virtual_local_rank"] == {"devices": ["3", "5"]}
+    assert make_handoff(cfg, plan, pa.torch_args, environ={}).to_dict()["virtual_local_rank"] == {"devices": None}
 
 
 def test_the_rest_of_torch_distributed_run_is_reachable_here():
@@ -174,14 +177,10 @@ def test_torch_numa_binding_runs_and_one_line_says_who_binds(monkeypatch, capsys
     """torchrun runs `--numa-binding node`, so placerun does: never exit 2. Where placement binds,
     torch's own binding (a numactl wrapper) is taken out of torch's args and the plan is the one
     handed to the workers; with policy none torch keeps its flag."""
-    from placement import bootstrap
-    from placement.plan import Plan
-
     started = []
 
     def record(launch):
-        with open(os.environ[bootstrap.PLAN_FILE_ENV]) as f:
-            started.append((launch.torch_args.numa_binding, Plan.from_dict(json.load(f))))
+        started.append((launch.torch_args.numa_binding, Handoff.read(os.environ[PLAN_FILE_ENV]).plan))
 
     monkeypatch.setattr(launcher, "_run", record)
     argv = ["--standalone", "--nproc-per-node", "2", "--numa-binding", "node", *overrides,

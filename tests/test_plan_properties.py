@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placement.config import POLICIES, load_config
+from placement.config import Policy, load_config
 from placement.cpuset import format_cpulist
 from placement.errors import PlanError
 from placement.plan import JobSpec, make_plan
@@ -47,7 +47,7 @@ def draw_config(data, topo, policy=None):
     ids = sorted(c.id for c in topo.cpus)
     reserved = data.draw(st.frozensets(st.sampled_from(ids), max_size=max(1, len(ids) // 4)), label="reserved")
     overrides = [
-        f"policy={policy or data.draw(st.sampled_from(['auto'] * 3 + list(POLICIES)), label='policy')}",
+        f"policy={policy or data.draw(st.sampled_from(['auto'] * 3 + list(Policy.values())), label='policy')}",
         f"smt={data.draw(st.sampled_from(['avoid', 'use']), label='smt')}",
         f"prefer_fast_cores={data.draw(st.booleans(), label='prefer_fast')}",
         f"memory={data.draw(st.sampled_from(['bind', 'preferred', 'interleave', 'none']), label='memory')}",

@@ -65,10 +65,10 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
     monitor = handle.monitor
     settle_steps_late(monitor.comm, LAG_STEPS)  # NCCL's durations come after the step: the last 2 steps wait
     binder = SteppingBinder()
+    binder.rank_plan = rank_plan({"main": [0], "other": [2, 3]}, topo=topology(4))
     binder.monitor = monitor
     events = ListEvents()
-    tuner = Tuner(rank_plan({"main": [0], "other": [2, 3]}), topology(4), tune_cfg(window=WINDOW), binder,
-                  events, facts=FakeFacts(), next_step=lambda: monitor.step + 2)
+    tuner = Tuner(binder, tune_cfg(window=WINDOW), events, facts=FakeFacts(), next_step=lambda: monitor.step + 2)
     tuner.rules = [SlowStepsRule()]
     handle.add_observer(tuner.observe, tuner.window_end if early else None)
     try:

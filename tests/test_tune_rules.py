@@ -18,7 +18,7 @@ MAIN, NCCL, PIN, DL, OTHER = (ThreadRole.MAIN, ThreadRole.NCCL, ThreadRole.PIN_M
 
 def ctx(records, roles, *, topo=None, facts=None, niced=True, memory="bind", **cfg):
     topo = topo or topology(8)
-    return RuleContext(stats=summarize(records), layout=RoleLayout.from_plan(rank_plan(roles, memory), topo),
+    return RuleContext(stats=summarize(records), layout=RoleLayout.from_plan(rank_plan(roles, memory, topo)),
                        cfg=tune_cfg(**cfg), facts=facts or FakeFacts(), memory_mode=memory,
                        background_niced=niced)
 

@@ -21,9 +21,10 @@ class Run:
     def __init__(self, plan=PLAN, facts=None, binder=None, **cfg):
         self.cfg = tune_cfg(**cfg)
         self.binder = binder or FakeBinder()
+        self.binder.rank_plan = rank_plan(plan, topo=topology(4))
         self.events = ListEvents()
         self.facts = facts or FakeFacts(foreign=[hog(0)])
-        self.tuner = Tuner(rank_plan(plan), topology(4), self.cfg, self.binder, self.events, facts=self.facts)
+        self.tuner = Tuner(self.binder, self.cfg, self.events, facts=self.facts)
         self.step = 0
 
     def feed(self, windows=1, **kw):

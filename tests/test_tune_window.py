@@ -104,7 +104,7 @@ def test_back_off_doubles_per_revert_up_to_the_cap_and_resets_on_keep():
 def test_layout_bounds_are_the_share_within_usable_cpus():
     topo = topology(8)
     topo.cpus[3].allowed = False
-    layout = RoleLayout.from_plan(rank_plan({"main": [0], "other": [2, 3, 4]}), topo)
+    layout = RoleLayout.from_plan(rank_plan({"main": [0], "other": [2, 3, 4]}, topo=topo))
     assert layout.bounds == {0, 2, 4}
     assert layout.cpus(ThreadRole.OTHER) == {2, 4}
     with pytest.raises(ValueError):
@@ -113,7 +113,8 @@ def test_layout_bounds_are_the_share_within_usable_cpus():
 
 
 def test_core_map_without_topology_is_one_core_per_cpu():
-    cm = CoreMap.from_topology(None, frozenset({0, 1}))
+    cm = CoreMap.from_plan(rank_plan({"other": [0, 1]}))
     assert cm.cores == (frozenset({0}), frozenset({1})) and cm.rank_of({0, 1}) is None
-    smt = CoreMap.from_topology(topology(4, smt=True, perf_rank={1: 0, 3: 0, 0: 1, 2: 1}), frozenset(range(4)))
+    smt = CoreMap.from_plan(rank_plan({"other": [0, 1, 2, 3]},
+                                      topo=topology(4, smt=True, perf_rank={1: 0, 3: 0, 0: 1, 2: 1})))
     assert smt.core_of(2) == {0, 2} and smt.cores_of({3}) == {1, 3} and smt.rank_of({0, 1}) == 0

@@ -10,6 +10,7 @@ from typing import Any, Optional
 from placement.bind.affinity import BindResult
 from placement.config import TuneConfig
 from placement.monitor.record import RoleSample, StepRecord
+from placement.plan.cores import share_cores
 from placement.plan.model import MemoryPolicy, RankPlan, RoleAssignment
 from placement.roles import ThreadInfo, ThreadRole
 from placement.topology.model import Cpu, NumaNode, Topology
@@ -24,9 +25,13 @@ def topology(n_cpus: int, perf_rank: Optional[dict[int, int]] = None, smt: bool 
     return Topology(cpus=cpus, numa_nodes=[NumaNode(0, list(range(n_cpus)))])
 
 
-def rank_plan(roles: dict[str, list[int]], memory: str = "bind") -> RankPlan:
-    return RankPlan(local_rank=0, gpu=None, numa=[0], memory=MemoryPolicy(memory, [0]),
+def rank_plan(roles: dict[str, list[int]], memory: str = "bind", topo: Optional[Topology] = None) -> RankPlan:
+    """A rank's plan; with `topo`, the cores of its share as the planner lists them (RankPlan.cores)."""
+    plan = RankPlan(local_rank=0, gpu=None, numa=[0], memory=MemoryPolicy(memory, [0]),
                     roles={ThreadRole(r): RoleAssignment(list(c), "test") for r, c in roles.items()})
+    if topo is not None:
+        plan.cores = share_cores(topo, plan.share())
+    return plan
 
 
 def record(step: int, step_ms: float = 10.0, *, data_ms: float = 0.0, comm_ms: float = 0.0,
@@ -82,16 +87,24 @@ def hog(cpu: int, pid: int = 4242) -> ForeignThread:
 
 
 class FakeBinder:
-    """Records set_role_cpus calls; every live thread of the role 'moves' (ok)."""
+    """Records set_role_cpus calls; every live thread of the role 'moves' (ok). Owns each role's
+    set as RoleBinder does: the plan's (`rank_plan`, set before use), then what it was asked."""
 
-    def __init__(self, threads: Optional[list[ThreadInfo]] = None, refuse: bool = False):
+    def __init__(self, threads: Optional[list[ThreadInfo]] = None, refuse: bool = False,
+                 rank_plan: Optional[RankPlan] = None):
         self.calls: list[tuple[ThreadRole, frozenset[int], str]] = []
         self._threads = threads or [ThreadInfo(1, 1, "python", ThreadRole.MAIN)]
         self.refuse = refuse
+        self.rank_plan = rank_plan
+        self._moved: dict[ThreadRole, frozenset[int]] = {}
+
+    def role_cpus(self, role: ThreadRole) -> frozenset[int]:
+        return self._moved[role] if role in self._moved else self.rank_plan.cpus(role)
 
     def set_role_cpus(self, role: ThreadRole, cpus, reason: str) -> list[BindResult]:
         cpus = frozenset(cpus)
         self.calls.append((role, cpus, reason))
+        self._moved[role] = cpus
         return [BindResult(t.pid, t.tid, t.name, role, cpus, frozenset() if self.refuse else cpus,
                            not self.refuse, "EINVAL refused" if self.refuse else None)
                 for t in self._threads if t.role is role]

@@ -13,6 +13,7 @@ import sys
 
 _HOOK_DIR = os.path.dirname(os.path.abspath(__file__))
 _USER_PYTHONPATH = "PLACEMENT_USER_PYTHONPATH"  # placement.launcher.USER_PYTHONPATH_ENV
+_PLAN_FILE = "PLACEMENT_PLAN_FILE"  # placement.handoff.PLAN_FILE_ENV: placerun's one hand-off file
 
 
 def _undo_traces():
@@ -49,6 +50,6 @@ def _chain():
 
 
 _undo_traces()
-if os.environ.get("PLACEMENT_PLAN_FILE") and "LOCAL_RANK" in os.environ:
+if os.environ.get(_PLAN_FILE) and "LOCAL_RANK" in os.environ:
     _stage1()
 _chain()

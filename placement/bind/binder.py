@@ -24,10 +24,12 @@ import os
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Optional
 
 from placement.bind.affinity import BindResult, bind_thread, read_allowed
 from placement.cpuset import format_cpulist
+from placement.events import EventKind
 from placement.plan.model import RankPlan
 from placement import _procfs
 from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, name_this_thread, scan_threads
@@ -45,8 +47,22 @@ CHILD_SETTLE_S = 30.0
 MAIN_WAIT_S = 10.0
 
 
+@dataclass
+class ThreadRecord:
+    """What the binder knows of one thread of the rank or of one of its child processes."""
+
+    first_seen: float  # time.monotonic() when a rescan first listed it
+    info: Optional[ThreadInfo] = None  # name and role at the last full rescan; None: listed, not read
+    applied: Optional[frozenset[int]] = None  # the set this binder gave it
+    kernel: Optional[frozenset[int]] = None  # Cpus_allowed_list the kernel reported after that
+    nice: Optional[int] = None  # a DataLoader worker thread's nice as this binder last saw or set it
+
+
 class RoleBinder:
-    """Binds the threads of process `pid` (default: this one) to the CPU set of their role."""
+    """Binds the threads of process `pid` (default: this one) to the CPU set of their role.
+
+    The one owner of each role's current CPU set: the plan's at first, then whatever
+    set_role_cpus (the tuner) moved it to."""
 
     def __init__(self, rank_plan: RankPlan, events, pid: Optional[int] = None, *, background_nice: int = 0):
         self.rank_plan = rank_plan
@@ -56,13 +72,9 @@ class RoleBinder:
         self._role_cpus: dict[ThreadRole, frozenset[int]] = {
             role: frozenset(a.cpus) for role, a in rank_plan.roles.items() if a.cpus}
         self._reasons: dict[ThreadRole, str] = {role: a.reason for role, a in rank_plan.roles.items()}
-        self._threads: dict[tuple[int, int], ThreadInfo] = {}
-        self._applied: dict[tuple[int, int], frozenset[int]] = {}  # what this binder set, per thread
-        self._kernel: dict[tuple[int, int], frozenset[int]] = {}  # what the kernel reported after it
-        self._first_seen: dict[tuple[int, int], float] = {}
+        self._records: dict[tuple[int, int], ThreadRecord] = {}  # by (pid, tid), in scan order
         # Workers inherit the rank's nice (the at-fork hook may raise it before we see them).
         self._own_nice = os.getpriority(os.PRIO_PROCESS, 0)
-        self._nice: dict[tuple[int, int], int] = {}  # worker thread -> the nice it has now
         self._nice_warned = False
         self._main_released = rank_plan.gpu is None
         self._main_deadline = time.monotonic() + MAIN_WAIT_S
@@ -79,9 +91,14 @@ class RoleBinder:
     def threads(self) -> list[ThreadInfo]:
         """The threads as of the last rescan (rescans first if none was done)."""
         with self._lock:
-            if not self._threads:
+            if not self._scanned():
                 self.rescan()
-            return list(self._threads.values())
+            return self._scanned()
+
+    def record(self, pid: int, tid: int) -> Optional[ThreadRecord]:
+        """What the binder knows of thread `tid` of process `pid` (None: not seen)."""
+        with self._lock:
+            return self._records.get((pid, tid))
 
     def current_threads(self) -> list[ThreadInfo]:
         """The threads after a rescan now: what the monitor's span refresh reads when its
@@ -91,7 +108,7 @@ class RoleBinder:
         not up to two watcher periods later; a step of a few ms makes those hundreds of steps."""
         self.rescan()
         with self._lock:
-            return list(self._threads.values())
+            return self._scanned()
 
     def rescan(self) -> list[BindResult]:
         """Bind threads that are new, renamed or whose role set changed. Never raises."""
@@ -144,6 +161,9 @@ class RoleBinder:
             if self.events is not None:
                 self.events.flush()
 
+    def _scanned(self) -> list[ThreadInfo]:
+        return [r.info for r in self._records.values() if r.info is not None]
+
     def _keys(self) -> set[tuple[int, int]]:
         """(pid, tid) of this process's threads and its children's threads: directory listings only."""
         keys = {(self.pid, t) for t in _task_ids(self.pid)}
@@ -158,22 +178,26 @@ class RoleBinder:
     def _rescan(self, force: bool = False) -> list[BindResult]:
         now = time.monotonic()
         keys = self._keys()
-        if not force and self._main_released and keys == set(self._first_seen) \
+        if not force and self._main_released and keys == set(self._records) \
                 and not any(self._young(k, now) for k in keys):
             return self._check_drift()
-        self._threads = {(t.pid, t.tid): t for t in scan_threads(self.pid)}
-        for k in keys:
-            self._first_seen.setdefault(k, now)
-        for k in set(self._first_seen) - keys:
-            del self._first_seen[k]
-            self._applied.pop(k, None)
-            self._kernel.pop(k, None)
-            self._nice.pop(k, None)
+        # Rebuilt in scan order: the threads read now, then those listed but gone before the
+        # read (kept, unread, until a listing no longer shows them); the rest have exited.
+        old, self._records = self._records, {}
+        for t in scan_threads(self.pid):
+            key = (t.pid, t.tid)
+            rec = old.pop(key, None) or ThreadRecord(first_seen=now)
+            rec.info = t
+            self._records[key] = rec
+        for k in keys - set(self._records):
+            rec = old.get(k) or ThreadRecord(first_seen=now)
+            rec.info = None
+            self._records[k] = rec
         if not self._main_released:
             self._release_main(now)
         results = self._check_drift()
         worker_nice = self.dataloader_nice()
-        for t in self._threads.values():
+        for t in self._scanned():
             if t.role is ThreadRole.DATALOADER:
                 self._set_nice(t, worker_nice)
             r = self._bind(t)
@@ -182,8 +206,9 @@ class RoleBinder:
         return results
 
     def _young(self, key: tuple[int, int], now: float) -> bool:
-        age = now - self._first_seen[key]
-        if key[0] != self.pid and key not in self._threads:
+        rec = self._records[key]
+        age = now - rec.first_seen
+        if key[0] != self.pid and rec.info is None:
             return age < CHILD_SETTLE_S
         return age < SETTLE_S
 
@@ -199,21 +224,19 @@ class RoleBinder:
 
     def _bind(self, t: ThreadInfo) -> Optional[BindResult]:
         """Bind one thread to its role's set unless this binder already did; log the read-back."""
-        key = (t.pid, t.tid)
         cpus = self._target(t)
-        if not cpus or self._applied.get(key) == cpus:
+        if not cpus or self._records[(t.pid, t.tid)].applied == cpus:
             return None
         return self._apply(t, cpus, self._reasons.get(t.role, ""))
 
     def _apply(self, t: ThreadInfo, cpus: frozenset[int], reason: str, **extra) -> Optional[BindResult]:
-        key = (t.pid, t.tid)
         r = bind_thread(t.pid, t.tid, t.name, t.role, cpus)
         if r is None:  # exited meanwhile
             return None
-        self._applied[key] = cpus
-        self._kernel[key] = r.applied
+        rec = self._records[(t.pid, t.tid)]
+        rec.applied, rec.kernel = cpus, r.applied
         if self.events is not None:
-            self.events.event("bind", **r.to_dict(), reason=reason, **extra)
+            self.events.event(EventKind.BIND, **r.to_dict(), reason=reason, **extra)
         if not r.ok:
             self._warn(r.error or "")
         return r
@@ -221,7 +244,7 @@ class RoleBinder:
     def _release_main(self, now: float) -> None:
         """Narrow main from now on: NCCL's hot threads exist, NCCL is not this rank's backend,
         or MAIN_WAIT_S passed without either (said once, in a `bind` event's reason)."""
-        if self._nccl_started(self._threads.values()):
+        if self._nccl_started(self._scanned()):
             self._main_released = True
         elif now >= self._main_deadline:
             self._main_released = True
@@ -233,15 +256,15 @@ class RoleBinder:
         """Re-apply the set of every hot thread whose mask something else rewrote since this
         binder set it (NCCL's restore of its caller's saved mask, a user's taskset)."""
         results = []
-        for key, t in list(self._threads.items()):
-            want = self._applied.get(key)
-            if t.role not in HOT_ROLES or want is None:
+        for rec in list(self._records.values()):
+            t, want = rec.info, rec.applied
+            if t is None or t.role not in HOT_ROLES or want is None:
                 continue
             try:
                 found = read_allowed(t.pid, t.tid)
             except (_procfs.ThreadGone, OSError, ValueError):  # ended since the scan: nothing to keep
                 continue
-            if found == self._kernel.get(key):
+            if found == rec.kernel:
                 continue
             r = self._apply(t, want, f"drift: {t.role.value} thread {t.tid} ({t.name!r}) was moved to cpus "
                                      f"{format_cpulist(found)} by someone else (NCCL restores its caller's saved "
@@ -258,16 +281,16 @@ class RoleBinder:
         work, e.g. after the tuner moved them off a hot thread's core."""
         if self.background_nice <= 0:
             return 0
-        live = {t.role for t in self._threads.values()} | {ThreadRole.MAIN}
+        live = {t.role for t in self._scanned()} | {ThreadRole.MAIN}
         hot = frozenset().union(*(self._role_cpus.get(r, frozenset()) for r in HOT_ROLES if r in live))
         return self.background_nice if self._role_cpus.get(ThreadRole.DATALOADER, frozenset()) & hot else 0
 
     def _set_nice(self, t: ThreadInfo, nice: int) -> None:
         """Raise a worker thread's nice to `nice`, or lower it back to the rank's own value
         (raising needs no privilege; lowering may need CAP_SYS_NICE: refused, it stays, once said)."""
-        key = (t.pid, t.tid)
+        rec = self._records[(t.pid, t.tid)]
         try:
-            now = self._nice[key] if key in self._nice else os.getpriority(os.PRIO_PROCESS, t.tid)
+            now = rec.nice if rec.nice is not None else os.getpriority(os.PRIO_PROCESS, t.tid)
         except OSError:
             return  # exited, or not ours: nice is best effort
         want = max(self._own_nice, nice)
@@ -282,7 +305,7 @@ class RoleBinder:
                                f"({e.strerror}; needs CAP_SYS_NICE or RLIMIT_NICE): workers stay at nice {now}")
             except OSError:
                 return
-        self._nice[key] = now
+        rec.nice = now
 
     def _nccl_started(self, threads) -> bool:
         if any(t.role is ThreadRole.NCCL for t in threads):  # hot NCCL threads: init is under way
@@ -298,7 +321,7 @@ class RoleBinder:
 
     def _warn(self, message: str) -> None:
         if self.events is not None:
-            self.events.event("warning", message=message)
+            self.events.event(EventKind.WARNING, message=message)
         if not self._warned:  # once on stderr; every one is in the event log
             self._warned = True
             log.warning("placement: %s", message)

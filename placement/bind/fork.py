@@ -18,29 +18,33 @@ from __future__ import annotations
 import os
 import sys
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 from placement.roles import ThreadRole
 
 _binder: Optional[weakref.ref] = None
+_forget_rank: Optional[Callable[[], None]] = None
 _registered = False
 _WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
 _FRAMES_UP = 16  # os.fork is called from Popen._launch, a couple of frames above the hook
 
 
-def rehome_forked_children(binder) -> None:
+def rehome_forked_children(binder, forget_rank: Optional[Callable[[], None]] = None) -> None:
     """From now on every child forked from this process starts on `binder`'s dataloader set
-    (DataLoader workers) or on the rank's share (any other child)."""
-    global _binder, _registered
+    (DataLoader workers) or on the rank's share (any other child). `forget_rank` runs first in
+    each such child (the Session module's set_current(None): placement code in the child must
+    not act for the rank); given by the caller so that this module needs no Session."""
+    global _binder, _forget_rank, _registered
     _binder = weakref.ref(binder)
+    _forget_rank = forget_rank
     if not _registered:
         os.register_at_fork(after_in_child=_after_fork_in_child)
         _registered = True
 
 
 def stop_rehoming() -> None:
-    global _binder
-    _binder = None
+    global _binder, _forget_rank
+    _binder = _forget_rank = None
 
 
 def forking_dataloader_worker(frame=None) -> bool:
@@ -57,14 +61,14 @@ def forking_dataloader_worker(frame=None) -> bool:
 
 
 def _after_fork_in_child() -> None:
-    global _binder
+    global _binder, _forget_rank
     binder = _binder() if _binder is not None else None
-    _binder = None  # the child is not the rank: its own forks inherit its mask already
+    forget = _forget_rank
+    _binder = _forget_rank = None  # the child is not the rank: its own forks inherit its mask already
     if binder is None:
         return
-    from placement.bind import session
-
-    session.set_current(None)  # placement code in the child must not act for the rank
+    if forget is not None:
+        forget()
     worker = forking_dataloader_worker(sys._getframe(1))
     cpus = binder.role_cpus(ThreadRole.DATALOADER) if worker else binder.rank_plan.share()
     try:

@@ -9,7 +9,9 @@ print on error, so the order is:
   verify  with the raw get_mempolicy syscall;
 (probe and verify are placement._procfs's, the one memory-policy get/set/probe.)
 stepping down bind/interleave -> preferred -> none when a step is refused. What was applied
-is returned and logged as a `memory` event, never assumed.
+is returned and logged as a `memory` event, never assumed, with where the pages already
+resident are (residence.py: a move_pages sample; pages touched before the policy was set stay
+where they were, and the event says so).
 """
 from __future__ import annotations
 
@@ -21,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from placement import _procfs
+from placement.events import EventKind
+from placement.bind import residence
 from placement.plan.model import MemoryPolicy
 
 @dataclass
@@ -29,11 +33,22 @@ class AppliedMemory:
     applied: MemoryPolicy  # as read back with get_mempolicy ("none" = the kernel's default policy)
     verified: bool  # applied was read back, not assumed
     fallback: Optional[str] = None  # why applied differs from planned; None when it matches
+    resident: Optional[residence.Residence] = None  # where the process's pages are, sampled after applying
+    resident_null: Optional[str] = None  # why `resident` could not be read
 
     def to_dict(self) -> dict[str, Any]:
         return {"planned": {"mode": self.planned.mode, "nodes": list(self.planned.nodes)},
                 "applied": {"mode": self.applied.mode, "nodes": list(self.applied.nodes)},
-                "verified": self.verified, "fallback": self.fallback}
+                "verified": self.verified, "fallback": self.fallback,
+                "resident": None if self.resident is None else self.resident.to_dict(),
+                **({"resident_null": self.resident_null} if self.resident_null else {})}
+
+
+def with_residence(outcome: AppliedMemory, query: Optional[residence.Query] = None) -> AppliedMemory:
+    """The outcome with the process's residence on the planned nodes sampled now."""
+    planned = residence.planned_nodes(outcome.planned.mode, outcome.planned.nodes)
+    outcome.resident, outcome.resident_null = residence.safe(lambda: residence.sample_process(planned, query=query))
+    return outcome
 
 
 def read_mempolicy() -> Optional[MemoryPolicy]:
@@ -44,11 +59,11 @@ def read_mempolicy() -> Optional[MemoryPolicy]:
 
 def apply_memory_policy(policy: MemoryPolicy, events=None) -> AppliedMemory:
     """Set the calling thread's memory policy, stepping down on refusal; log and return what holds."""
-    outcome = _apply(policy)
+    outcome = with_residence(_apply(policy))
     if events is not None:
-        events.event("memory", **outcome.to_dict())
+        events.event(EventKind.MEMORY, **outcome.to_dict())
         if outcome.fallback:
-            events.event("warning", message=f"memory policy: {outcome.fallback}")
+            events.event(EventKind.WARNING, message=f"memory policy: {outcome.fallback}")
     return outcome
 
 

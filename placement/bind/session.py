@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from placement.bind.binder import RoleBinder
+from placement.bind.fork import stop_rehoming
 from placement.bind.memory import AppliedMemory
 from placement.config import PlacementConfig
-from placement.events import EventLog
+from placement.events import EventKind, EventLog
+from placement.identity import RankIdentity
 from placement.plan.model import Plan, RankPlan
-from placement.topology.model import Topology
 
 
 @dataclass
@@ -21,25 +22,32 @@ class Session:
     config: PlacementConfig
     plan: Plan
     rank_plan: RankPlan
-    topology: Optional[Topology]
     events: EventLog
-    binder: RoleBinder
-    rank: int
-    local_rank: int
-    world_size: int
+    binder: RoleBinder  # owns each role's current CPU set (the tuner moves roles through it)
+    identity: RankIdentity
     memory: Optional[AppliedMemory] = None  # what stage 1 applied (None: policy none, untouched)
     closed: bool = field(default=False, init=False)
+
+    @property
+    def rank(self) -> int:
+        return self.identity.rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.identity.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.identity.world_size
 
     def close(self) -> None:
         """Stop the watcher, log the end, flush and close the event log. Idempotent."""
         if self.closed:
             return
         self.closed = True
-        from placement.bind.fork import stop_rehoming
-
         stop_rehoming()
         self.binder.stop_watcher()
-        self.events.event("end")
+        self.events.event(EventKind.END)
         self.events.close()
 
 

@@ -17,26 +17,28 @@ from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.binder import RoleBinder
 from placement.bind.env import apply_env, apply_torch_threads
+from placement.bind.fork import rehome_forked_children
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
+from placement.events import EventKind
+from placement.identity import RankIdentity
 from placement.monitor.nccl_env import NcclTimingMode, decide_nccl_env
 from placement.plan.model import Plan
-from placement.topology.model import Topology
 
 WATCH_INTERVAL_S = 1.0  # the stage-2 watcher's rescan period; a rescan of an unchanged rank is a few listdirs
 LATE_NCCL_FIX = ("call placement.attach() before init_process_group, or launch with placerun "
                  "(its workers get the env before any user code)")
 
 
-def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], events, *, rank: int,
-               local_rank: int, world_size: int, entry: str,
+def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity, *, entry: str,
                environ: MutableMapping[str, str] = os.environ, keep: Iterable[str] = (),
-               restart: int = 0) -> "session_mod.Session":
-    """Bind this process for `local_rank` of `plan` and make it the current Session.
+               restart: int = 0) -> session_mod.Session:
+    """Bind this process for `identity.local_rank` of `plan` and make it the current Session.
 
     entry: "placerun" (bootstrap, before user code) or "attach" (inside the user's program).
     KeyError when the plan has no such local rank (the caller says it in its own words)."""
+    rank, local_rank = identity.rank, identity.local_rank
     rank_plan = plan.for_local_rank(local_rank)
     binding = plan.policy != "none" and bool(rank_plan.roles)
     late = entry == "attach" and rank_plan.gpu is not None and nccl_communicator_started()
@@ -45,7 +47,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
     if rank_plan.gpu is not None and cfg.monitor.enabled:
         nccl_note = apply_nccl_timing_env(cfg, environ, env_set, keep, entry)
     torch_threads = apply_torch_threads(env_set) if environ is os.environ else None
-    events.event("start", pid=os.getpid(), local_rank=local_rank, world_size=world_size, restart=restart,
+    events.event(EventKind.START, pid=os.getpid(), local_rank=local_rank, world_size=identity.world_size, restart=restart,
                  policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry)
     if late:
         warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
@@ -53,7 +55,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
                             f"are unnamed and bound as `other`, and main was narrowed by NCCL's init; "
                             f"{LATE_NCCL_FIX}")
     elif environ.get(SET_THREAD_NAME) != "1":
-        events.event("warning", message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
+        events.event(EventKind.WARNING, message=f"{SET_THREAD_NAME}={environ.get(SET_THREAD_NAME)!r}: "
                                         "NCCL threads are not named, so they are bound as `other`")
     if nccl_note is not None:
         warn_rank(events, rank, nccl_note)
@@ -61,7 +63,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
     memory = None
     if binding:
         mask = apply_process_mask(rank_plan.share())
-        events.event("bind", **mask.to_dict(),
+        events.event(EventKind.BIND, **mask.to_dict(),
                      reason=f"stage 1 ({entry}): the rank's whole share, inherited by every thread")
         if not mask.ok:
             warn_rank(events, rank, mask.error or "")
@@ -69,22 +71,24 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, topo: Optional[Topology], event
         if memory.fallback:
             warn_rank(events, rank, f"memory policy {memory.planned.mode} {memory.planned.nodes}: {memory.fallback}",
                   event=False)
-    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, topology=topo, events=events,
-                            binder=binder, rank=rank, local_rank=local_rank, world_size=world_size,
-                            memory=memory)
+    s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, events=events, binder=binder,
+                            identity=identity, memory=memory)
     session_mod.set_current(s)
     return s
 
 
 def start_stage2(s) -> None:
     """Bind threads by role now and from then on (new threads, DataLoader workers, NCCL)."""
-    from placement.bind.fork import rehome_forked_children
-
     if s.plan.policy == "none" or not s.rank_plan.roles:
         return
-    rehome_forked_children(s.binder)
+    rehome_forked_children(s.binder, forget_rank=_forget_session)
     s.binder.rescan()
     s.binder.start_watcher(WATCH_INTERVAL_S)
+
+
+def _forget_session() -> None:
+    """In a child forked from the rank: placement code there must not act for the rank."""
+    session_mod.set_current(None)
 
 
 def apply_nccl_timing_env(cfg: PlacementConfig, environ: MutableMapping[str, str], env_set: dict,
@@ -105,5 +109,5 @@ def apply_nccl_timing_env(cfg: PlacementConfig, environ: MutableMapping[str, str
 def warn_rank(events, rank: int, message: str, *, event: bool = True) -> None:
     """One line on stderr naming the rank, and (unless event=False) a `warning` event."""
     if event:
-        events.event("warning", message=message)
+        events.event(EventKind.WARNING, message=message)
     print(f"placement: rank {rank}: {message}", file=sys.stderr)

@@ -8,6 +8,8 @@ import json
 import sys
 
 from placement.config import load_config
+from placement.plan.node import plan_for_node
+from placement.plan.table import format_plan_table
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,8 +26,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.plan import format_plan_table, plan_for_node
-
     overrides = list(args.overrides)
     if args.policy is not None:
         overrides.append(f"placement.policy={args.policy}")

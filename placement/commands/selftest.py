@@ -6,6 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from placement.errors import PlacementError
+from placement.selftest.runner import run_selftest, table
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc-per-node", type=int, default=None, metavar="N",
@@ -14,9 +17,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.errors import PlacementError
-    from placement.selftest.runner import run_selftest, table
-
     if args.nproc_per_node is not None and args.nproc_per_node < 1:
         raise PlacementError(f"--nproc-per-node={args.nproc_per_node} is not valid; give a positive number of ranks")
     result = run_selftest(args.nproc_per_node)

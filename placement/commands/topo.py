@@ -7,6 +7,10 @@ import argparse
 import json
 import sys
 
+from placement.topology import discover, gpus
+from placement.topology.nccl_xml import topo_file_for
+from placement.topology.render import format_topology
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", default="/", help="root dir holding sys/ and proc/ (default: /, the live system)")
@@ -18,19 +22,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def nvml_note(topo) -> str | None:
     """One line when the live system's GPUs came from PCI sysfs because NVML is unavailable."""
-    from placement.topology import gpus
-
     if topo.root != "/" or gpus.nvml_unavailable is None:
         return None
     return f"GPUs from PCI sysfs ({len(topo.gpus)} found): NVML is unavailable: {gpus.nvml_unavailable}"
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.topology import discover
-    from placement.topology.render import format_topology
-
-    from placement.topology.nccl_xml import topo_file_for
-
     topo = discover(root=args.root, nccl_topo_file=topo_file_for(args.root, args.nccl_topo_file))
     for warning in topo.warnings:
         print(f"placement topo: warning: {warning}", file=sys.stderr)

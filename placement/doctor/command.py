@@ -11,10 +11,17 @@ import sys
 from dataclasses import asdict, replace
 from typing import Optional
 
+from placement.bind.memory import _load_libnuma
+from placement.commands.topo import nvml_note
 from placement.config import load_config
 from placement.doctor import facts as doctor_facts
 from placement.doctor.checks import STATUSES, Check, Facts, run_checks
 from placement.errors import ConfigError, PlanError
+from placement.plan.make import make_plan
+from placement.plan.model import JobSpec
+from placement.plan.node import MAX_LOCAL_RANKS
+from placement.topology import discover
+from placement.topology.nccl_xml import topo_file_for
 
 SCHEMA = "placement.doctor/1"
 
@@ -33,13 +40,6 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
            overrides: tuple[str, ...] | list[str] = ()) -> Facts:
     """Read every fact the checks need, once. Raises TopologyError for an unreadable root and
     ConfigError for a bad override; a plan that cannot be met is recorded, not raised."""
-    from placement.plan import make_plan
-    from placement.plan.model import JobSpec
-    from placement.topology import discover
-    from placement.topology.nccl_xml import topo_file_for
-
-    from placement.plan.node import MAX_LOCAL_RANKS
-
     if nproc_per_node is not None and not 1 <= nproc_per_node <= MAX_LOCAL_RANKS:
         raise ConfigError(f"--nproc-per-node={nproc_per_node} is not valid; valid: an integer 1..{MAX_LOCAL_RANKS}")
     cfg = load_config(overrides)
@@ -68,8 +68,6 @@ def gather(root: str = "/", *, nccl_topo_file: Optional[str] = None, nproc_per_n
 
 
 def _libnuma_error() -> Optional[str]:
-    from placement.bind.memory import _load_libnuma
-
     return _load_libnuma()[1]
 
 
@@ -94,8 +92,6 @@ def format_report(root: str, checks: list[Check]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from placement.commands.topo import nvml_note
-
     facts = gather(args.root, nccl_topo_file=args.nccl_topo_file, nproc_per_node=args.nproc_per_node,
                    overrides=args.overrides)
     note = nvml_note(facts.topology)

@@ -16,6 +16,9 @@ import os
 from time import perf_counter_ns
 from typing import Any, Optional
 
+import placement
+from placement.attach_api import _current_session
+
 
 class FrameworkSteps:
     def __init__(self, config: Any = None, overrides: Optional[dict[str, Any]] = None):
@@ -30,9 +33,6 @@ class FrameworkSteps:
         """placement.attach(model, optimizer) with the callback's settings; `default_log_dir` (where
         the framework keeps its own output) when no monitor.log_dir was given and placerun's is not there;
         `env_defaults` set in os.environ where missing (attach() reads them), until close()."""
-        import placement
-        from placement.attach_api import _current_session
-
         for key, value in (env_defaults or {}).items():
             if key not in os.environ:
                 os.environ[key] = value

@@ -25,8 +25,7 @@ import sys
 import typing
 from typing import Any
 
-from placement.config import (COMM_TIMING, NCCL_TIMING, MEMORY_MODES, POLICIES, SMT_MODES, TUNE_RULES,
-                              MonitorConfig, PlacementConfig, TuneConfig, load_config)
+from placement.config import (CHOICES, MonitorConfig, PlacementConfig, TuneConfig, choice_values, load_config)
 
 GROUP = "placement"
 
@@ -65,20 +64,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 PRESET_PACKAGES = {"policy": GROUP, "monitor": f"{GROUP}.monitor", "tune": f"{GROUP}.tune"}
 
-# Fields whose valid values are a closed set: typed as Enums in the schema.
+# Fields whose valid values are a closed set (config.CHOICES: Policy, MemoryMode, ...): typed as
+# Enums in the schema.
+_PREFIX = {"PlacementConfig": "", "MonitorConfig": "monitor.", "TuneConfig": "tune."}
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("PlacementConfig", "policy"): POLICIES,
-    ("PlacementConfig", "memory"): MEMORY_MODES,
-    ("PlacementConfig", "smt"): SMT_MODES,
-    ("MonitorConfig", "comm_timing"): COMM_TIMING,
-    ("MonitorConfig", "nccl_timing"): NCCL_TIMING,
-    ("TuneConfig", "rules"): TUNE_RULES,
-}
+    (cls, key[len(prefix):]): choice_values(key)
+    for key in CHOICES for cls, prefix in _PREFIX.items()
+    if key.startswith(prefix) and "." not in key[len(prefix):]}
 
 
 def _choice_enum(qualname: str, values: tuple[str, ...]) -> type[enum.Enum]:
-    # Member names are the values themselves ("core-complex" included): OmegaConf converts a
-    # string by member name and lists the names when it rejects one.
+    # The config's own Enums are named by upper-case names (Policy.CORE_COMPLEX); the schema's
+    # members are named by their values ("core-complex" included): OmegaConf converts a string by
+    # member name and lists the names when it rejects one.
     e = enum.Enum(qualname, [(v, v) for v in values], type=str, module=__name__, qualname=qualname)
     setattr(sys.modules[__name__], qualname, e)  # importable by name, so pickling works
     return e
@@ -99,7 +97,7 @@ def _schema(cls: type, nested: dict[str, type]) -> type:
             fields.append((f.name, list[e], dataclasses.field(default_factory=lambda d=default: list(d))))
         elif values is not None:
             e = _choice_enum(f"{cls.__name__}_{f.name}", values)
-            fields.append((f.name, e, dataclasses.field(default=e[f.default])))
+            fields.append((f.name, e, dataclasses.field(default=e[str(f.default)])))
         else:
             fields.append((f.name, hints[f.name],
                            dataclasses.field(default=f.default, default_factory=f.default_factory)))

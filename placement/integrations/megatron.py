@@ -28,6 +28,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import placement
 from placement.errors import ConfigError
 
 
@@ -132,8 +133,6 @@ def attach_megatron(optimizer: Any, data_iterator: Any = None, *, model: Any = N
         (a torch DDP comm hook when it is one).
     config / overrides: as placement.attach (PlacementConfig or dict; keyword overrides).
     """
-    import placement
-
     inner = torch_optimizers(optimizer)
     # Megatron-LM's model is a list of chunks (several with a virtual pipeline). attach() takes one
     # module, for a torch DDP comm hook; Megatron's own DDP issues its bucket collectives through

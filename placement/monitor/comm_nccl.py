@@ -41,7 +41,9 @@ import threading
 import time
 from typing import Optional
 
-from placement.monitor.comm import CommTiming
+from placement.config import CommTimingMode
+from placement.events import EventKind
+from placement.monitor.comm_base import CommTiming
 from placement.monitor.comm_groups import nccl_groups
 from placement.monitor.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
                                                 settled_test)
@@ -485,7 +487,7 @@ class NcclFlightRecorderComm(NcclTiming):
         events = getattr(self.warn, "events", None)
         if events is not None and self.polls:
             try:
-                events.event("monitor", source="comm", comm_timing=self.name, flight_recorder=self.stats(),
+                events.event(EventKind.MONITOR, source="comm", comm_timing=self.name, flight_recorder=self.stats(),
                              message=f"flight recorder: {self.polls} polls, {self.stats()['gil_ms_per_poll']} ms "
                                      f"GIL each, {self.reader.overflow} records lost to the ring, "
                                      f"{self.null_steps[NullCause.UNSETTLED]} steps null as unsettled")
@@ -494,10 +496,10 @@ class NcclFlightRecorderComm(NcclTiming):
         super().close()
 
 
-def choose_nccl_timing(mode: str, warn: WarnOnce, *, window: int = 20, budget_pct: float = 0.3) -> CommTiming:
+def choose_nccl_timing(mode: CommTimingMode, warn: WarnOnce, *, window: int = 20, budget_pct: float = 0.3) -> CommTiming:
     """hook -> the completion hook (adds CUDA events and a GIL hop per collective); auto and
     flight_recorder -> the flight recorder, which adds nothing (auto never registers the
     hook: it could not be removed again)."""
-    if mode == "hook":
+    if mode == CommTimingMode.HOOK:
         return NcclHookComm(warn, window)
     return NcclFlightRecorderComm(warn, window, budget_pct)

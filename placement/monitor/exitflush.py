@@ -37,7 +37,7 @@ def register(monitor) -> bool:
         return _previous_sigterm is not None
     _installed = True
     _owner_pid = os.getpid()
-    events.after_release = resume_deferred
+    events.on_release(resume_deferred)
     atexit.register(_flush_all, "exit")
     _previous_excepthook = sys.excepthook
     sys.excepthook = _excepthook

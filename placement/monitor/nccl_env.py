@@ -22,10 +22,11 @@ Upstream (torch 2.13, include/torch/csrc/distributed/c10d/):
 """
 from __future__ import annotations
 
-import enum
 import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
+
+from placement.config import NcclTimingMode
 
 TIMING_VAR = "TORCH_NCCL_ENABLE_TIMING"
 TIMING_VARS = (TIMING_VAR, "NCCL_ENABLE_TIMING")  # ProcessGroupNCCL.hpp:88-94
@@ -34,14 +35,6 @@ MAX_CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
 RING_VAR = "TORCH_FR_BUFFER_SIZE"  # the one torch reads first (FlightRecorder.hpp:110-111)
 # Holds three steps of a TP=8 sequence-parallel Megatron step (~3,000 collectives) between polls.
 PLACEMENT_RING = 10000
-
-
-class NcclTimingMode(enum.Enum):
-    """placement.monitor.nccl_timing."""
-
-    AUTO = "auto"  # on, unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing would break comm/compute overlap)
-    ON = "on"
-    OFF = "off"
 
 
 # c10d's getCvarBool (torch/csrc/distributed/c10d/Utils.hpp:151-189, the same in torch 2.11.0

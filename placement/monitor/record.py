@@ -17,7 +17,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from placement.events import EventKind
+from placement.roles import ThreadRole
+
 VERDICTS = ("cpu-bound", "comm-bound", "data-bound", "balanced")
+_ROLE_NAMES = frozenset(r.value for r in ThreadRole)
 
 
 def _num(v: Any) -> str:
@@ -73,7 +77,8 @@ class StepRecord:
     data_ms: float = 0.0  # time blocked waiting for the next batch
     comm_ms: float = 0.0  # time in collectives (NCCL: PyTorch's own timing; gloo: call wall time)
     comm_count: int = 0
-    roles: dict[str, RoleSample] = field(default_factory=dict)
+    # Keyed by role (a ThreadRole is also its name: rec.roles["main"] finds it); JSON keys are the names.
+    roles: dict[ThreadRole, RoleSample] = field(default_factory=dict)
     verdict: str = "balanced"
     local_rank: int = 0
     # When this rank entered its first collective of the step (time.time()); tells the late
@@ -86,7 +91,7 @@ class StepRecord:
 
     def to_dict(self) -> dict[str, Any]:
         # Built by hand: dataclasses.asdict costs ~50 us per record, a whole step's budget.
-        return {"type": "step", "rank": self.rank, "step": self.step, "t": self.t,
+        return {"type": EventKind.STEP, "rank": self.rank, "step": self.step, "t": self.t,
                 "step_ms": self.step_ms, "data_ms": self.data_ms, "comm_ms": self.comm_ms,
                 "comm_count": self.comm_count,
                 "roles": {name: s.to_dict() for name, s in self.roles.items()},
@@ -107,5 +112,7 @@ class StepRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":
         kw = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
-        kw["roles"] = {r: RoleSample.from_dict(s) for r, s in (d.get("roles") or {}).items()}
+        # A role this version does not know (a newer writer's) is left out: nothing here could read it.
+        kw["roles"] = {ThreadRole(r): RoleSample.from_dict(s) for r, s in (d.get("roles") or {}).items()
+                       if r in _ROLE_NAMES}
         return cls(**kw)

@@ -53,7 +53,9 @@ import collections
 import faulthandler
 import json
 import logging
+import math
 import os
+import time
 import socket
 import statistics
 import tempfile
@@ -62,6 +64,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from placement import _procfs
+from placement.cpuset import format_cpulist
+from placement.events import EventKind
+from placement.roles import name_this_thread
 
 log = logging.getLogger("placement")
 
@@ -96,10 +101,14 @@ class MainWhere:
 class StallWatch:
     """Fed by the monitor thread: progress (the step counter it sees move) and step times."""
 
-    def __init__(self, factor: float, min_s: float):
+    def __init__(self, factor: float, min_s: float, pause_s: float = math.inf):
         self.factor = factor
         self.min_s = min_s
-        self.poll_s = max(0.05, min_s / 4)  # the watch looks this often: named within min_s + 2 polls
+        self.pause_s = pause_s  # a stall outside any collective in a job of many ranks is written after this
+        self.poll_s = max(0.05, min_s / 8)  # the watch looks this often: named within min_s + 1 poll
+        self.unwritten: Optional[tuple[str, dict]] = None  # a stall posted, its own event held (held_until)
+        self.held_until_s = math.inf
+        self.post: Optional[dict[str, Any]] = None  # what the current stall posted (rank 0's peer watch reads it)
         self._times: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self._step = 0
         self._since_ns: Optional[int] = None
@@ -122,6 +131,7 @@ class StallWatch:
         if self._since_ns is None or step != self._step:
             if self.stalled is not None and self._since_ns is not None:
                 self.resumed = step
+                self.post = None
             self.progress(step, now_ns)
             return None
         if self.stalled is not None:
@@ -135,11 +145,15 @@ class StallWatch:
         return self.stalled
 
     def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None,
-               in_collective_null: Optional[str] = None) -> dict[str, Any]:
+               in_collective_null: Optional[str] = None, *, hold: bool = False) -> dict[str, Any]:
         """Write the `stall` event (and flush it); returns what a peer post carries.
         `in_collective` (comm.CollectiveClock.in_collective): whether the rank waits inside a
         collective call, i.e. for a peer, or stopped outside any (None: cannot tell, and
-        `in_collective_null` says why when the comm source gave a reason)."""
+        `in_collective_null` says why when the comm source gave a reason).
+        `hold`: a rank of many stopped outside any collective: it is the hung rank (its peers wait
+        for it inside one: rank 0 names it from the posts) or every rank paused together (a
+        checkpoint: a job-wide pause, not a fault); so the post goes now and its own event is
+        written only once the stall outlasts pause_s (write_held)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
@@ -149,29 +163,56 @@ class StallWatch:
         if innermost:
             msg += f", Python at {innermost}"
         msg += collective_words(in_collective)
-        log.warning("placement: %s", msg)
-        if where.stack:
-            log.warning("placement: rank %d main thread's Python stack (most recent call first):\n  %s",
-                        rank, "\n  ".join(where.stack))
-        events.event("stall", phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
-                     threshold_s=round(s.threshold_s, 3),
-                     median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
-                     in_collective=in_collective, main=where.to_dict(), message=msg,
-                     **({"in_collective_null": in_collective_null} if in_collective_null else {}))
-        events.flush()  # a hung job may be killed next: the event must be on disk now
+        fields = dict(phase="stalled", rank=rank, last_step=s.last_step, stalled_s=round(s.stalled_s, 3),
+                      threshold_s=round(s.threshold_s, 3),
+                      median_step_ms=None if s.median_step_ms is None else round(s.median_step_ms, 3),
+                      in_collective=in_collective, main=where.to_dict(), message=msg,
+                      **({"in_collective_null": in_collective_null} if in_collective_null else {}))
+        if hold:
+            self.unwritten = (msg, fields)
+            self.held_until_s = max(self.pause_s, s.threshold_s)
+        else:
+            self._write(events, rank, msg, fields)
         main = where.to_dict()
         main["stack"] = main["stack"][:POSTED_FRAMES]
-        return {"phase": "stalled", "rank": rank, "host": socket.gethostname(), "last_step": s.last_step,
-                "stalled_s": round(s.stalled_s, 3), "threshold_s": round(s.threshold_s, 3),
-                "in_collective": in_collective, "main": main, "python": innermost}
+        self.post = {"phase": "stalled", "rank": rank, "host": socket.gethostname(), "last_step": s.last_step,
+                     "stalled_s": round(s.stalled_s, 3), "threshold_s": round(s.threshold_s, 3),
+                     "in_collective": in_collective, "main": main, "python": innermost}
+        return self.post
+
+    def _write(self, events, rank: int, msg: str, fields: dict) -> None:
+        self.unwritten = None
+        log.warning("placement: %s", msg)
+        stack = fields["main"]["stack"]
+        if stack:
+            log.warning("placement: rank %d main thread's Python stack (most recent call first):\n  %s",
+                        rank, "\n  ".join(stack))
+        events.event(EventKind.STALL, **fields)
+        events.flush()  # a hung job may be killed next: the event must be on disk now
+
+    def write_held(self, events, rank: int, now_ns: int) -> bool:
+        """Write a held stall event once the stall has lasted held_until_s (True when written)."""
+        if self.unwritten is None or self.stalled is None or self._since_ns is None \
+                or (now_ns - self._since_ns) / 1e9 <= self.held_until_s:
+            return False
+        msg, fields = self.unwritten
+        waited = (now_ns - self._since_ns) / 1e9
+        fields["stalled_s"] = round(waited, 3)
+        msg = msg.replace(f"for {self.stalled.stalled_s:.1f} s", f"for {waited:.1f} s", 1)
+        fields["message"] = msg
+        self._write(events, rank, msg, fields)
+        return True
 
     def report_resumed(self, events, rank: int) -> dict[str, Any]:
+        """The `resumed` event (only when the stall's own event was written) and its post."""
         s, step = self.stalled, self.resumed
-        self.stalled = self.resumed = None
-        msg = f"rank {rank} resumed: step {step} completed after the stall at step {s.last_step}"
-        log.warning("placement: %s", msg)
-        events.event("stall", phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
-        events.flush()
+        self.stalled = self.resumed = self.post = None
+        written, self.unwritten = self.unwritten is None, None
+        if written:
+            msg = f"rank {rank} resumed: step {step} completed after the stall at step {s.last_step}"
+            log.warning("placement: %s", msg)
+            events.event(EventKind.STALL, phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
+            events.flush()
         return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
 
 
@@ -243,8 +284,6 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     stalls (`holds_first`: outside any collective, then the lowest last step) are named one
     event each, the rest in one event per (last step, in a collective, state, wait channel,
     innermost frame) with their ranks in list form; resumes likewise."""
-    from placement.cpuset import format_cpulist
-
     out = []
     for phase in ("stalled", "resumed"):
         these = sorted((p for p in posts if p.get("phase", "stalled") == phase), key=holds_first)
@@ -276,7 +315,7 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def write_peer_stall(events, fields: dict[str, Any]) -> None:
     """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
     log.warning("placement: %s", fields.get("message", fields))
-    events.event("stall", **fields)
+    events.event(EventKind.STALL, **fields)
     events.flush()
 
 
@@ -286,11 +325,18 @@ class PeerWatch:
     rows, and hands rank 0's `stall` events (as fields) to `write`."""
 
     def __init__(self, exchange, threshold_s: Callable[[], float], write: Callable[[dict], None],
-                 poll_s: float):
+                 poll_s: float, own: Callable[[], Optional[dict]] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic):
         self.exchange = exchange
         self.threshold_s = threshold_s
         self.write = write
         self.poll_s = poll_s
+        self.own = own  # rank 0's own current stall post (it posts nothing to the store)
+        self.clock = clock
+        self._stalled: dict[int, dict] = {}  # peers' stall posts not followed by a resume
+        self._held: dict[int, tuple[dict, float]] = {}  # stalled outside any collective, not judged yet
+        self._job_paused: Optional[dict] = None  # the job-wide pause reported and not over
+        self._own_seen: Optional[dict] = None
         self._stop = threading.Event()
         self._failed = False
         self._thread = threading.Thread(target=self._run, name="placement_peers", daemon=True)
@@ -303,8 +349,6 @@ class PeerWatch:
         self._stop.set()
 
     def _run(self) -> None:
-        from placement.roles import name_this_thread
-
         name_this_thread(b"placement_peers")
         while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
             if not self.poll():
@@ -317,7 +361,7 @@ class PeerWatch:
             return False
         try:
             threshold = self.threshold_s()
-            for fields in peer_events(ex.stall_posts()):
+            for fields in self.judge(ex.stall_posts(), ex.world_size):
                 self.write(fields)
             for fields in ex.overdue(threshold):
                 self.write(fields)
@@ -327,6 +371,66 @@ class PeerWatch:
                 log.warning("placement: rank 0's watch over its peers' stalls failed (%s: %s); it goes on",
                             type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return True
+
+
+    def judge(self, posts: list[dict], world_size: int) -> list[dict]:
+        """Rank 0's events for the posts read in one look, and for those held before.
+
+        A rank stalled inside a collective waits for a peer: named at once (peer_events). One
+        stalled outside any collective is held until it is told apart: some rank waits inside a
+        collective -> it holds them: named (the hung rank); every rank of the job stopped,
+        none inside a collective -> a job-wide pause (a checkpoint, an evaluation), one event
+        for the job and none per rank; neither within HOLD_POLLS watch polls -> named as it
+        posted (a job without a collective per step)."""
+        now = self.clock()
+        out_now: list[dict] = []
+        resumed: list[dict] = []
+        for p in posts:
+            rank = p["rank"]
+            if p.get("phase", "stalled") == "stalled":
+                self._stalled[rank] = p
+                if p.get("in_collective") is True:
+                    out_now.append(p)
+                else:
+                    self._held[rank] = (p, now)
+            else:
+                self._stalled.pop(rank, None)
+                if self._held.pop(rank, None) is None and self._job_paused is None:
+                    resumed.append(p)  # a held stall that resumes was never named: nor is its resume
+        own = self.own()
+        if own is not None and own is not self._own_seen and own.get("in_collective") is not True:
+            self._held[own["rank"]] = (own, now)  # rank 0 itself stopped outside any collective
+        self._own_seen = own
+        stalled = dict(self._stalled)
+        if own is not None:
+            stalled[own["rank"]] = own
+        out: list[dict] = []
+        if self._job_paused is not None and len(stalled) < world_size:
+            out.append(self._job_event("resumed", self._job_paused, world_size))
+            self._job_paused = None
+        if self._held:
+            waiting = any(p.get("in_collective") is True for p in stalled.values())
+            if waiting or min(t for _, t in self._held.values()) < now - HOLD_POLLS * self.poll_s:
+                out_now.extend(p for p, _ in self._held.values())
+                self._held.clear()
+            elif len(stalled) >= world_size and self._job_paused is None:
+                self._job_paused = min(stalled.values(), key=lambda p: p.get("last_step") or 0)
+                out.append(self._job_event("stalled", self._job_paused, world_size))
+                self._held.clear()
+        return out + peer_events(out_now + resumed)
+
+    @staticmethod
+    def _job_event(phase: str, first: dict, world_size: int) -> dict:
+        if phase == "stalled":
+            msg = (f"every rank ({world_size}) stopped stepping together after step {first.get('last_step')}, "
+                   "none inside a collective: a job-wide pause (a checkpoint, an evaluation), not a hung rank")
+        else:
+            msg = f"the job-wide pause after step {first.get('last_step')} is over: ranks step again"
+        return {"phase": phase, "scope": "job", "ranks": f"0-{world_size - 1}", "count": world_size,
+                "last_step": first.get("last_step"), "reported_by": 0, "how": "posted", "message": msg}
+
+
+HOLD_POLLS = 3  # watch polls rank 0 holds a stall outside any collective before naming it as posted
 
 
 def main_thread_where() -> MainWhere:

@@ -47,13 +47,17 @@ import time
 from time import perf_counter_ns
 from typing import Callable, Optional
 
+from placement.bind import session as session_mod
+from placement.bind.residence import planned_nodes
 from placement.config import PlacementConfig
+from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
-from placement.monitor.comm import CommStep, CommTiming
+from placement.monitor.comm_base import CommStep, CommTiming
 from placement.monitor.exchange import NAMED, Exchange, Verdict, straggler_event
 from placement.monitor.record import StepRecord
+from placement.monitor.residence_watch import ResidenceWatch
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
 from placement.monitor.sinks import (ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink, TensorBoardSink,
                                      close_sinks, write_to_sinks)
@@ -135,6 +139,7 @@ class StepMonitor:
         # -- training thread ------------------------------------------------------------
         self.step = 0
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
+        self.last_batch = None  # the last batch handle.watch() handed out (the residence watch reads it)
         self._raw: list[RawStep] = []  # steps measured since the last hand-over
         self._probe_in = 1  # steps until the next probe step
         self._span_due = self.cfg.rescan_every
@@ -173,8 +178,15 @@ class StepMonitor:
                                         SummarySink(rank, self.cfg.summary_every)]
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
-        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s)
+        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
         self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
+        self.residence: Optional[ResidenceWatch] = None  # where the rank's pages are (residence_watch.py)
+        session = session_mod.current()
+        planned = () if session is None else planned_nodes(session.rank_plan.memory.mode,
+                                                           session.rank_plan.memory.nodes)
+        if planned and self.cfg.residence_every_s > 0:
+            self.residence = ResidenceWatch(planned, self.cfg.residence_every_s, self.cfg.residence_min_pct, events,
+                                            rank, lambda: self.last_batch)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -186,7 +198,8 @@ class StepMonitor:
         self._start_thread()  # the stall watch runs from step 1 on
         if self.exchange is not None and self.rank == 0 and self._peers is None:
             self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
-                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s).start()
+                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s,
+                                    own=lambda: self.stall.post).start()
 
     def add_observer(self, observe: Callable[[StepRecord], None],
                      window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
@@ -300,6 +313,7 @@ class StepMonitor:
             if self.state is not MonitorState.RUNNING:
                 return
             self._watch_stall()
+            self._watch_residence()
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
@@ -322,19 +336,33 @@ class StepMonitor:
         """Between hand-overs: has the training thread completed a step lately? (Read without
         _lock: a stalled main thread may hold it.)"""
         try:
-            stalled = self.stall.check(self.step, perf_counter_ns())
+            now = perf_counter_ns()
+            stalled = self.stall.check(self.step, now)
             post = None
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
+                # outside any collective with peers to judge it: hung, or a job-wide pause (stall.py)
+                hold = inside is False and self.exchange is not None and self.exchange.enabled
                 post = self.stall.report(stalled, self.events, self.rank, inside,
-                                         self.comm.null_why if inside is None else None)
+                                         self.comm.null_why if inside is None else None, hold=hold)
+            elif self.stall.write_held(self.events, self.rank, now):
+                pass
             elif self.stall.resumed is not None:
                 post = self.stall.report_resumed(self.events, self.rank)
             if post is not None and self.exchange is not None:
                 self.exchange.post_stall(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
+
+    def _watch_residence(self) -> None:
+        """Between hand-overs, at its own low rate: where the rank's pages are."""
+        if self.residence is None:
+            return
+        try:
+            self.residence.tick()
+        except Exception as e:
+            self.warn(f"residence:{type(e).__name__}", f"residence watch failed ({type(e).__name__}: {first_line(e)})")
 
     @contextlib.contextmanager
     def _holding(self, timeout: float = -1):
@@ -400,7 +428,7 @@ class StepMonitor:
         was = self.budget.every
         now = self.budget.update(hook_us, step_ms)
         if now is not None:
-            self.events.event("monitor", message=(
+            self.events.event(EventKind.MONITOR, message=(
                 f"kernel counters read every {now} step(s), was {was}: the step hook costs {hook_us:.1f} us "
                 f"per step on this machine, {hook_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
                 f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
@@ -541,7 +569,7 @@ class StepMonitor:
         if verdict is None or not verdict.report.stragglers:
             return
         fields = straggler_event(verdict)
-        self.events.event("straggler", **fields)
+        self.events.event(EventKind.STRAGGLER, **fields)
         first, last = fields["steps"]
         for s in verdict.report.stragglers[:NAMED]:
             hosts = sorted({verdict.hosts[r] for r in s.ranks if r in verdict.hosts}) if isinstance(s.ranks, list) else []
@@ -604,7 +632,7 @@ class StepMonitor:
         self.sampler.close()
         close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
-        self.events.event("end", source="monitor", steps=self.step,
+        self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           probe_every=self.budget.every)
         self.events.flush()

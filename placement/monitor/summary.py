@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from placement.monitor.record import StepRecord
+from placement.roles import ThreadRole
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> Optional[float]:
@@ -26,8 +27,8 @@ def cpu_stall_ms(main_runq_ms: Optional[float], nccl_runq_ms: Optional[float]) -
 
 def stall_ms(rec: StepRecord) -> Optional[float]:
     """CPU stall of a step (cpu_stall_ms of its main and NCCL roles)."""
-    main = rec.roles.get("main")
-    nccl = rec.roles.get("nccl")
+    main = rec.roles.get(ThreadRole.MAIN)
+    nccl = rec.roles.get(ThreadRole.NCCL)
     return cpu_stall_ms(None if main is None else main.runq_ms, None if nccl is None else nccl.runq_ms)
 
 

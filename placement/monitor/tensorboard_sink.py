@@ -12,6 +12,7 @@ from typing import Optional, Sequence
 from placement.monitor.record import StepRecord
 from placement.monitor.summary import stall_ms
 from placement.monitor.warn import WarnOnce, first_line
+from placement.roles import ThreadRole
 
 
 def open_writer(log_dir: str, rank: int, warn: WarnOnce):
@@ -34,7 +35,7 @@ def write_batch(writer, records: Sequence[StepRecord]) -> None:
     if writer is None or not records:
         return
     step = records[-1].step
-    main = [r.roles.get("main") for r in records]
+    main = [r.roles.get(ThreadRole.MAIN) for r in records]
     for tag, value in (("placement/step_ms", _mean(r.step_ms for r in records)),
                        ("placement/data_ms", _mean(r.data_ms for r in records)),
                        ("placement/comm_ms", _mean(r.comm_ms for r in records)),

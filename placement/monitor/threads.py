@@ -32,8 +32,8 @@ from placement.monitor.record import RoleSample
 from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadInfo, ThreadRole, scan_threads
 
-MAIN = ThreadRole.MAIN.value
-EVERY_STEP_ROLES = (ThreadRole.BACKWARD.value, ThreadRole.NCCL.value, ThreadRole.PIN_MEMORY.value)
+MAIN = ThreadRole.MAIN
+EVERY_STEP_ROLES = (ThreadRole.BACKWARD, ThreadRole.NCCL, ThreadRole.PIN_MEMORY)
 
 
 @dataclass(slots=True)
@@ -80,17 +80,17 @@ class RoleSampler:
         self.freq = CoreFreq(self._fail, root)
         self.main = MainThreadProbe(self._fail, proc)
         self.rebase()
-        self._last_cpus: dict[str, list[int]] = {}
+        self._last_cpus: dict[ThreadRole, list[int]] = {}
         if self._main_span_prev[2] is not None:
             self._last_cpus[MAIN] = [self._main_span_prev[2]]
-        self._probes: dict[int, tuple[str, ThreadProbe]] = {}  # tid -> (role, probe)
+        self._probes: dict[int, tuple[ThreadRole, ThreadProbe]] = {}  # tid -> (role, probe)
         self._hot: tuple[_HotProbe, ...] = ()  # the EVERY_STEP_ROLES probes
         self.has_hot = False  # whether _hot holds any (an attribute: read on every probe step)
         self._hot_lock = threading.Lock()
         self._gone: set[int] = set()  # hot threads read_hot found gone; dropped at the next refresh
         self._hot_prev: dict[int, HotRead] = {}  # tid -> its last read
         self._span_prev: dict[int, ThreadCounters] = {}
-        self._last_mhz: dict[str, Optional[float]] = {}
+        self._last_mhz: dict[ThreadRole, Optional[float]] = {}
         self.refresh()
 
     def rebase(self) -> None:
@@ -117,10 +117,10 @@ class RoleSampler:
         me = os.getpid()
         gone = set(self._gone)
         self._gone -= gone  # each set operation is atomic: a tid read_hot adds meanwhile stays
-        seen: dict[int, str] = {}
+        seen: dict[int, ThreadRole] = {}
         for t in infos:
             if not (t.pid == me and t.tid == me) and t.tid not in gone:  # main has its own probe
-                seen[t.tid] = t.role.value if isinstance(t.role, ThreadRole) else str(t.role)
+                seen[t.tid] = ThreadRole(t.role)
         for tid in [tid for tid, (role, _) in self._probes.items() if seen.get(tid) != role]:
             self._drop(tid)
         for t in infos:
@@ -131,7 +131,7 @@ class RoleSampler:
                 self._probes[t.tid] = (role, ThreadProbe(t.pid, t.tid, self._fail, self._proc))
             except ThreadGone:
                 continue
-        hot = tuple(_HotProbe(tid, ThreadRole(role), probe) for tid, (role, probe) in self._probes.items()
+        hot = tuple(_HotProbe(tid, role, probe) for tid, (role, probe) in self._probes.items()
                     if role in EVERY_STEP_ROLES)
         with self._hot_lock:
             self._hot = hot
@@ -160,7 +160,7 @@ class RoleSampler:
         return tuple(out)
 
     # ---- on the monitor thread: raw reads -> per-step RoleSamples ---------------------
-    def samples(self, main: MainRead, hot: Iterable[HotRead], steps: int = 1) -> dict[str, RoleSample]:
+    def samples(self, main: MainRead, hot: Iterable[HotRead], steps: int = 1) -> dict[ThreadRole, RoleSample]:
         """Per-step samples from one probe step's raw reads, the counters' deltas since the
         probe step before spread over the `steps` steps between; called in step order."""
         main.parse(self._fail)
@@ -173,7 +173,7 @@ class RoleSampler:
         for h in hot:
             before = self._hot_prev.get(h.tid)
             self._hot_prev[h.tid] = h
-            role = h.role.value
+            role = h.role
             s = roles.get(role)
             if s is None:
                 s = roles[role] = RoleSample(threads=0, cpus=self._last_cpus.get(role, []), mhz=self._last_mhz.get(role))
@@ -183,13 +183,13 @@ class RoleSampler:
                 s.runq_ms = _add_ms(s.runq_ms, _delta(h.runq_ns, before.runq_ns), steps)
         return roles
 
-    def unread(self) -> dict[str, RoleSample]:
+    def unread(self) -> dict[ThreadRole, RoleSample]:
         """Samples of a step whose counters were not read (measured after the last probe
         step, at exit): main's CPUs as last seen, no figures."""
         return {MAIN: RoleSample(threads=1, mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
 
     # ---- every span ------------------------------------------------------------------
-    def read_span(self, span_steps: int) -> dict[str, RoleSample]:
+    def read_span(self, span_steps: int) -> dict[ThreadRole, RoleSample]:
         """Read every thread in full: per-step means over the last `span_steps` steps.
         For main and the every-step roles only the span figures are set (merge them with
         `merge_span`); dataloader and other get whole samples."""
@@ -204,7 +204,7 @@ class RoleSampler:
                                 nivcsw=_per_step(_delta(nivcsw, p_nivcsw), span),
                                 migrations=None if cpu is None or p_cpu is None else _per_step(int(cpu != p_cpu), span),
                                 mhz=self._last_mhz[MAIN], cpus=self._last_cpus[MAIN], span_steps=span)}
-        per_role: dict[str, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
+        per_role: dict[ThreadRole, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
         gone = []
         for tid, (role, probe) in self._probes.items():
             try:
@@ -244,7 +244,7 @@ class RoleSampler:
             close_list()
 
 
-def merge_span(step_roles: dict[str, RoleSample], span: dict[str, RoleSample]) -> None:
+def merge_span(step_roles: dict[ThreadRole, RoleSample], span: dict[ThreadRole, RoleSample]) -> None:
     """Fold a span reading into the samples of the step it was taken at."""
     for role, s in span.items():
         mine = step_roles.get(role)

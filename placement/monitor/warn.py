@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import logging
 
+from placement.events import EventKind
+
 log = logging.getLogger("placement")
 
 
@@ -20,7 +22,7 @@ class WarnOnce:
         log.warning("placement: %s", message)
         if self.events is not None:
             try:
-                self.events.event("warning", source="monitor", message=message)
+                self.events.event(EventKind.WARNING, source="monitor", message=message)
             except Exception:  # a broken log must not turn a warning into an error
                 pass
 

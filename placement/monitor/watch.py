@@ -12,6 +12,7 @@ from typing import Iterable, Iterator, Protocol
 
 class DataWaitSink(Protocol):
     data_ns: int  # data wait of the current step, taken by the step hook
+    last_batch: object  # the last batch handed out: the residence watch asks where its buffers are
 
 
 class WatchedIterator:
@@ -27,9 +28,11 @@ class WatchedIterator:
     def __next__(self):
         t0 = perf_counter_ns()
         try:
-            return next(self._it)
+            batch = next(self._it)
         finally:
             self._sink.data_ns += perf_counter_ns() - t0
+        self._sink.last_batch = batch
+        return batch
 
 
 class WatchedIterable:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 from itertools import chain, zip_longest
 
+from placement.config import Policy
 from placement.cpuset import format_cpulist
 from placement.plan.context import PlanContext, RankSlot
 from placement.plan.cores import Core, physical_cores, threads_of
@@ -66,7 +67,7 @@ def plan_auto(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) -> list[Ran
     return [plans[s.local_rank] for s in slots]
 
 
-def plan_auto_within(ctx: PlanContext, slots: list[RankSlot], job: JobSpec, mode: str) -> list[RankPlan]:
+def plan_auto_within(ctx: PlanContext, slots: list[RankSlot], job: JobSpec, mode: Policy) -> list[RankPlan]:
     """Per-role plans inside the CPU sets of torchrun's --numa-binding=`mode` (the process-level
     policy of that name computes them as torch does): ranks given the same set split its cores
     into compact shares as `auto` splits a node, and each share gets auto's roles. So every

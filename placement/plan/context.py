@@ -11,6 +11,7 @@ from typing import Optional
 from placement.config import PlacementConfig
 from placement.cpuset import format_cpulist, parse_cpulist
 from placement.errors import PlanError
+from placement.plan.model import Shortfall
 from placement.topology.model import Gpu, Topology
 
 
@@ -33,6 +34,7 @@ class PlanContext:
     reserved: frozenset[int] = frozenset()
     usable: frozenset[int] = frozenset()
     warnings: list[str] = field(default_factory=list)
+    shortfalls: list[Shortfall] = field(default_factory=list)
 
     @classmethod
     def create(cls, topo: Topology, cfg: PlacementConfig) -> "PlanContext":
@@ -52,7 +54,9 @@ class PlanContext:
         """Raise PlanError for `problem` under strict; else warn that the plan gives up `given_up`."""
         if self.cfg.strict:
             raise PlanError(f"{problem}; set placement.strict=false to run a degraded plan")
-        self.warn(f"{problem}; degraded plan: {given_up}")
+        s = Shortfall(problem, given_up)
+        self.shortfalls.append(s)
+        self.warn(s.warning())
 
     def node_distance(self, a: int, b: int) -> int:
         if a == b:

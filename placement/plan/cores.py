@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from placement.config import SmtMode
+from placement.plan.model import PlannedCore
 from placement.topology.model import Topology
 
 # perf_rank of a core without speed evidence: after every ranked core.
@@ -46,9 +48,9 @@ class Core:
         """Sort key for hot roles: whole cores first, then (when asked) lowest perf_rank."""
         return (not self.whole, self.perf if prefer_fast else 0) + self.compact_order
 
-    def use(self, smt: str) -> frozenset[int]:
+    def use(self, smt: SmtMode) -> frozenset[int]:
         """The threads a role placed on this core gets: the first thread only when SMT is avoided."""
-        return self.cpus if smt == "use" else frozenset({min(self.cpus)})
+        return self.cpus if smt == SmtMode.USE else frozenset({min(self.cpus)})
 
     def gain_over(self, other: "Core") -> Optional[float]:
         """How much faster this core is expected to run one thread than `other`, as a fraction
@@ -116,8 +118,19 @@ def physical_cores(topo: Topology, usable: frozenset[int]) -> list[Core]:
     return sorted(cores, key=lambda c: c.compact_order)
 
 
-def threads_of(cores: list[Core] | tuple[Core, ...], smt: str) -> frozenset[int]:
+def threads_of(cores: list[Core] | tuple[Core, ...], smt: SmtMode) -> frozenset[int]:
     out: frozenset[int] = frozenset()
     for c in cores:
         out |= c.use(smt)
     return out
+
+
+def share_cores(topo: Topology, share: frozenset[int]) -> list[PlannedCore]:
+    """The physical cores of a rank's share, cut to its usable CPUs, each CPU with its perf_rank:
+    what RankPlan.cores hands the tuner. Without CPUs in the topology, every CPU is its own core."""
+    if not topo.cpus:
+        return [PlannedCore(frozenset({c})) for c in sorted(share)]
+    by_id = {c.id: c for c in topo.cpus}
+    return [PlannedCore(core.cpus, tuple((c, by_id[c].perf_rank) for c in sorted(core.cpus)
+                                         if by_id[c].perf_rank is not None))
+            for core in physical_cores(topo, frozenset(share) & topo.usable())]

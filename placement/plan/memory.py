@@ -6,8 +6,10 @@ nearer by distance than the other socket's DRAM, but binding there is a choice t
 """
 from __future__ import annotations
 
+from placement.config import MemoryMode
 from placement.plan.context import PlanContext
 from placement.plan.model import MemoryPolicy
+from placement.topology.model import NodeKind
 
 
 def _package_of_node(ctx: PlanContext, node: int):
@@ -23,7 +25,7 @@ def _has_memory(ctx: PlanContext, node: int) -> bool:
 
 
 def _holds_cpus(ctx: PlanContext, node: int) -> bool:
-    return any(n.id == node and n.kind == "cpu" for n in ctx.topo.numa_nodes)
+    return any(n.id == node and n.kind == NodeKind.CPU for n in ctx.topo.numa_nodes)
 
 
 def memory_policy(ctx: PlanContext, nodes: list[int]) -> MemoryPolicy:
@@ -31,13 +33,13 @@ def memory_policy(ctx: PlanContext, nodes: list[int]) -> MemoryPolicy:
     (the design's "two nodes of one package"), `none` for no policy. Memory-less nodes are
     replaced by the nearest node that holds CPUs and has memory; without one, no policy."""
     mode = ctx.cfg.memory
-    if mode == "none" or not nodes:
-        return MemoryPolicy("none", [])
-    if ctx.topo.kernel.membind_allowed is False and mode == "bind":
+    if mode == MemoryMode.NONE or not nodes:
+        return MemoryPolicy(MemoryMode.NONE, [])
+    if ctx.topo.kernel.membind_allowed is False and mode == MemoryMode.BIND:
         ctx.warn("this container refuses membind (probed at discovery): memory bind will step down "
                  "to preferred when applied")
     chosen = set(nodes)
-    if mode == "interleave":
+    if mode == MemoryMode.INTERLEAVE:
         packages = {_package_of_node(ctx, n) for n in nodes} - {None}
         chosen |= {n.id for n in ctx.topo.numa_nodes if _package_of_node(ctx, n.id) in packages}
     with_memory = {n for n in chosen if _has_memory(ctx, n)}
@@ -46,7 +48,7 @@ def memory_policy(ctx: PlanContext, nodes: list[int]) -> MemoryPolicy:
         if not candidates:
             ctx.warn(f"node(s) {', '.join(map(str, sorted(chosen)))} have no memory and no other node with "
                      f"CPUs has any (memory-only nodes are not chosen for a rank); no memory policy")
-            return MemoryPolicy("none", [])
+            return MemoryPolicy(MemoryMode.NONE, [])
         origin = min(nodes)
         near = min(candidates, key=lambda n: (ctx.node_distance(origin, n), n))
         ctx.warn(f"node(s) {', '.join(map(str, sorted(chosen)))} have no memory; "

@@ -1,7 +1,9 @@
-"""The Plan as data: schema `placement.plan/1` of DESIGN.md.
+"""The Plan as data: schema `placement.plan/1` (docs/design.md).
 
-Per local rank: its GPU, NUMA node(s), memory policy, env to set, and a CPU set per
-thread role with a one-line reason. A plan of policy `none` has no roles (no binding).
+Per local rank: its GPU, NUMA node(s), memory policy, env to set, a CPU set per thread role
+with a one-line reason, and the physical cores of its share with each CPU's perf_rank (what the
+tuner moves roles between, so no worker needs the node's Topology). A plan of policy `none` has
+no roles (no binding).
 """
 from __future__ import annotations
 
@@ -31,6 +33,22 @@ class RoleAssignment:
     reason: str
 
 
+@dataclass(frozen=True)
+class PlannedCore:
+    """One physical core of a rank's share: its usable hardware threads there (SMT siblings) and
+    the perf_rank of each (0 = fastest; absent where the machine gives no speed evidence)."""
+    cpus: frozenset[int]
+    perf_rank: tuple[tuple[int, int], ...] = ()  # (cpu, perf_rank) pairs, in CPU order
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpus": sorted(self.cpus), "perf_rank": {str(c): r for c, r in self.perf_rank}}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PlannedCore":
+        ranks = d.get("perf_rank") or {}
+        return cls(frozenset(d["cpus"]), tuple(sorted((int(c), int(r)) for c, r in ranks.items())))
+
+
 @dataclass
 class RankPlan:
     local_rank: int
@@ -39,6 +57,9 @@ class RankPlan:
     memory: MemoryPolicy
     env: dict[str, str] = field(default_factory=dict)
     roles: dict[ThreadRole, RoleAssignment] = field(default_factory=dict)
+    # The physical cores of share() (plan/cores.py share_cores); empty when the plan was made
+    # without a topology, and then every CPU counts as its own core of unknown speed.
+    cores: list[PlannedCore] = field(default_factory=list)
 
     def share(self) -> frozenset[int]:
         """Every CPU this rank may use: the union of its role sets (the stage-1 process mask)."""
@@ -56,10 +77,11 @@ class RankPlan:
             "local_rank": self.local_rank,
             "gpu": None if self.gpu is None else {"index": self.gpu.index, "pci": self.gpu.pci},
             "numa": list(self.numa),
-            "memory": {"mode": self.memory.mode, "nodes": list(self.memory.nodes)},
+            "memory": {"mode": str(self.memory.mode), "nodes": list(self.memory.nodes)},
             "env": dict(self.env),
             "roles": {r.value: {"cpus": sorted(a.cpus), "reason": a.reason}
                       for r, a in sorted(self.roles.items(), key=lambda kv: list(ThreadRole).index(kv[0]))},
+            "cores": [c.to_dict() for c in self.cores],
         }
 
     @classmethod
@@ -73,14 +95,31 @@ class RankPlan:
             env=dict(d.get("env", {})),
             roles={ThreadRole(r): RoleAssignment(list(a["cpus"]), a.get("reason", ""))
                    for r, a in (d.get("roles") or {}).items()},
+            cores=[PlannedCore.from_dict(c) for c in d.get("cores") or []],
         )
+
+
+@dataclass(frozen=True)
+class Shortfall:
+    """What a plan could not meet, and what the degraded plan it ran instead gives up (under
+    placement.strict the problem is a PlanError instead)."""
+
+    problem: str
+    given_up: str
+
+    def warning(self) -> str:
+        return f"{self.problem}; degraded plan: {self.given_up}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"problem": self.problem, "given_up": self.given_up}
 
 
 @dataclass
 class Plan:
     policy: str
     ranks: list[RankPlan]
-    warnings: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # every warning, the shortfall's included
+    shortfall: Optional[Shortfall] = None  # the first shortfall the plan ran through
 
     def for_local_rank(self, local_rank: int) -> RankPlan:
         for r in self.ranks:
@@ -89,15 +128,20 @@ class Plan:
         raise KeyError(f"plan has no local rank {local_rank} (ranks: {[r.local_rank for r in self.ranks]})")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schema": SCHEMA, "policy": self.policy, "warnings": list(self.warnings),
-                "ranks": [r.to_dict() for r in self.ranks]}
+        out = {"schema": SCHEMA, "policy": str(self.policy), "warnings": list(self.warnings),
+               "ranks": [r.to_dict() for r in self.ranks]}
+        if self.shortfall is not None:
+            out["shortfall"] = self.shortfall.to_dict()
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Plan":
         if d.get("schema", SCHEMA) != SCHEMA:
             raise ValueError(f"plan schema {d.get('schema')!r} is not {SCHEMA!r}")
+        short = d.get("shortfall")
         return cls(policy=d["policy"], ranks=[RankPlan.from_dict(r) for r in d["ranks"]],
-                   warnings=list(d.get("warnings", [])))
+                   warnings=list(d.get("warnings", [])),
+                   shortfall=None if short is None else Shortfall(short["problem"], short["given_up"]))
 
 
 @dataclass

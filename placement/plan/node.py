@@ -4,6 +4,7 @@ plan printed is the plan applied."""
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, field
 from typing import Mapping, Optional, Union
 
 from placement.config import PlacementConfig, validate
@@ -11,8 +12,11 @@ from placement.cpuset import MAX_CPUS
 from placement.errors import PlanError
 from placement.plan.gpus import describe_gpus
 from placement.plan.make import make_plan
-from placement.plan.model import JobSpec, Plan
+from placement.plan.model import JobSpec, Plan, Shortfall
+from placement.topology import discover, gpu_for_local_rank
+from placement.topology.gpus import is_mig_entry, lookup_mig
 from placement.topology.model import Topology
+from placement.topology.nccl_xml import topo_file_for
 
 NPROC_WORDS = ("auto", "gpu", "cpu")
 # Ranks per node: every rank needs at least one CPU, and the kernel has at most MAX_CPUS.
@@ -31,12 +35,10 @@ def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root
     The NCCL topology file is the argument, else placement.nccl_topo_file, else (on the live
     system only) $NCCL_TOPO_FILE.
     """
-    from placement.topology import discover
-    from placement.topology.nccl_xml import topo_file_for
-
     validate(cfg)
     topo = discover(root=root, nccl_topo_file=topo_file_for(root, nccl_topo_file, cfg.nccl_topo_file, environ=environ))
-    visible, warnings = visible_gpu_indices(topo, environ, strict=cfg.strict)
+    seen = visible_gpu_indices(topo, environ, strict=cfg.strict)
+    visible = seen.indices
     n = resolve_nproc(nproc_per_node, topo, visible)
     job = JobSpec(
         nproc_per_node=n,
@@ -46,7 +48,9 @@ def plan_for_node(cfg: PlacementConfig, nproc_per_node: Union[int, str], *, root
         within=within,
     )
     plan = make_plan(topo, job, cfg)
-    plan.warnings[:0] = warnings
+    plan.warnings[:0] = seen.warnings
+    if seen.shortfall is not None:  # found before the planner's own: the first the plan ran through
+        plan.shortfall = seen.shortfall
     return topo, plan
 
 
@@ -69,22 +73,25 @@ def resolve_nproc(value: Union[int, str], topo: Topology, visible: Optional[list
     raise PlanError(f"nproc_per_node={value!r} is not valid; valid: an integer >= 1, {', '.join(NPROC_WORDS)}")
 
 
-def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: bool
-                        ) -> tuple[Optional[list[int]], list[str]]:
+@dataclass
+class VisibleGpus:
+    indices: Optional[list[int]]  # None: CUDA_VISIBLE_DEVICES unset (or no GPU), every GPU by index
+    warnings: list[str] = field(default_factory=list)  # the shortfall's warning included
+    shortfall: Optional[Shortfall] = None
+
+
+def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: bool) -> VisibleGpus:
     """The topology GPU indices the job sees, in CUDA order, from CUDA_VISIBLE_DEVICES (indices,
     UUIDs, or MIG devices standing for their parent GPU, matched by PCI bus id). None: unset,
     every GPU by index. With strict off, an entry that matches no GPU ends the list there, as CUDA
     itself does, and a warning says so. A list mixing MIG devices and GPUs is refused: a MIG
     device's rank would get the parent's CPUs while the same GPU may serve another rank whole."""
-    from placement.topology import gpu_for_local_rank
-    from placement.topology.gpus import is_mig_entry, lookup_mig
-
     cvd = environ.get("CUDA_VISIBLE_DEVICES")
     if not topo.gpus:
         warn = [f"CUDA_VISIBLE_DEVICES={cvd!r} is set but no GPU was found; planning CPU-only ranks"] if cvd else []
-        return None, warn
+        return VisibleGpus(None, warn)
     if cvd is None:
-        return None, []
+        return VisibleGpus(None)
     entries = [e.strip() for e in cvd.split(",")]
     migs = [e for e in entries if is_mig_entry(e)]
     mig = lookup_mig(migs) if migs else None
@@ -104,9 +111,10 @@ def visible_gpu_indices(topo: Topology, environ: Mapping[str, str], *, strict: b
             problem = f"CUDA_VISIBLE_DEVICES entry {entry!r} (position {position} of {cvd!r}) {fault}; {found}"
             if strict:
                 raise PlanError(problem + "; set placement.strict=false to run a degraded plan")
-            return visible, [problem + f"; degraded plan: like CUDA, only the {len(visible)} GPU(s) before it are used"]
+            short = Shortfall(problem, f"like CUDA, only the {len(visible)} GPU(s) before it are used")
+            return VisibleGpus(visible, [short.warning()], short)
         visible.append(gpu.index)
-    return visible, []
+    return VisibleGpus(visible)
 
 
 def _describe_with_uuid(topo: Topology) -> str:

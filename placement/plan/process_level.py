@@ -16,6 +16,7 @@ takes a node by balance and counts as one more participant on it; torch would fa
 from __future__ import annotations
 
 from placement.cpuset import format_cpulist
+from placement.config import Policy
 from placement.plan.context import PlanContext, RankSlot
 from placement.plan.cores import Core, physical_cores
 from placement.plan.gpus import visible_gpus
@@ -52,10 +53,10 @@ def plan_process_level(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) ->
     out = []
     for s in slots:
         node_cpus = _cpus(by_node[s.node])
-        if policy == "node":
+        if policy == Policy.NODE:
             cpus = node_cpus
             why = f"all usable CPUs of node {s.node}, {s.why_node}"
-        elif policy == "socket":
+        elif policy == Policy.SOCKET:
             cpus, why = _socket(ctx, s, by_node)
         else:
             gpu_peers = [g.index for g in visible if torch_node(g) == s.node]
@@ -67,7 +68,7 @@ def plan_process_level(ctx: PlanContext, slots: list[RankSlot], job: JobSpec) ->
                           else len(gpu_peers) + cpu_peers.index(s.local_rank))
             peers = (f"{count} participant(s) on node {s.node}: GPUs {gpu_peers}" if not cpu_peers else
                      f"{count} participant(s) on node {s.node}: GPUs {gpu_peers}, CPU-only ranks {cpu_peers}")
-            if policy == "exclusive":
+            if policy == Policy.EXCLUSIVE:
                 cpus, why = _exclusive(ctx, s, by_node[s.node], slot_index, count, peers)
             else:
                 cpus, why = _core_complex(ctx, s, by_node[s.node], slot_index, count, peers)

@@ -40,11 +40,11 @@ def format_plan_table(plan: Plan) -> str:
     return "\n".join(out)
 
 
-def warnings_summary(warnings: list[str], listed_in: str) -> Optional[str]:
-    """The plan's warnings in one line: the shortfall the plan ran through (PlanContext.shortfall:
-    "...; degraded plan: <given up>") first, else the first one, and how many more `listed_in` lists."""
-    if not warnings:
+def warnings_summary(plan: Plan, listed_in: str) -> Optional[str]:
+    """The plan's warnings in one line: the shortfall the plan ran through first, else the first
+    warning, and how many more `listed_in` lists."""
+    if not plan.warnings:
         return None
-    first = next((w for w in warnings if "; degraded plan: " in w), warnings[0])
-    more = len(warnings) - 1
+    first = plan.shortfall.warning() if plan.shortfall is not None else plan.warnings[0]
+    more = len(plan.warnings) - 1
     return first + (f" (+{more} more: {listed_in} lists them)" if more else "")

@@ -85,7 +85,8 @@ def _describe(e: dict) -> str:
         planned = e.get("planned") or {}
         applied = e.get("applied") or {}
         return (f"memory planned {planned.get('mode')} {planned.get('nodes')} -> applied "
-                f"{applied.get('mode')} {applied.get('nodes')}" + (f" ({e['fallback']})" if e.get("fallback") else ""))
+                f"{applied.get('mode')} {applied.get('nodes')}" + (f" ({e['fallback']})" if e.get("fallback") else "")
+                + _resident_words(e.get("resident")))
     if kind == "end" and e.get("source") == "monitor":
         return f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the monitor"
     if kind == "start" and e.get("source") == "monitor":
@@ -98,6 +99,15 @@ def _describe(e: dict) -> str:
     if kind == "start":
         return f"start pid {e.get('pid')} policy {e.get('policy')}"
     return _generic(e)
+
+
+def _resident_words(r) -> str:
+    """', resident 99.8% on [0] (move_pages)' from a residence dict (bind/residence.py)."""
+    if not isinstance(r, dict):
+        return ""
+    share = r.get("share_pct")
+    where = f"{share}% on {r.get('planned')}" if share is not None else f"by node {r.get('by_node')}"
+    return f", {r.get('what', 'process')} resident {where} ({r.get('source')})"
 
 
 BIND_FOLD_S = 1.0  # bind events of one rank this close together are one line

@@ -15,6 +15,13 @@ import statistics
 import sys
 import time
 
+import placement
+from placement import _procfs
+from placement.bind import session as session_mod
+from placement.events import EventKind
+from placement.roles import scan_threads
+from placement.topology.gpus import nvml_gpus
+
 COLLECTIVES_PER_STEP = 4
 COLLECTIVE_FLOATS = 16 << 20  # 64 MB per all-reduce: long enough that event overheads are noise
 SHORT_FLOATS = 1 << 10  # 4 KB per all-reduce: steps of a few ms, far below the watchdog's 100 ms retire period
@@ -37,9 +44,6 @@ def _gpu_numa(pci: str):
 
 def _threads() -> list[dict]:
     """This process's threads: name, role and Cpus_allowed_list read back from /proc."""
-    from placement import _procfs
-    from placement.roles import scan_threads
-
     out = []
     for t in scan_threads(os.getpid(), include_children=False):
         try:
@@ -51,8 +55,6 @@ def _threads() -> list[dict]:
 
 
 def _main_cpus() -> list[int]:
-    from placement import _procfs
-
     return sorted(_procfs.cpus_allowed(os.getpid(), os.getpid()))
 
 
@@ -61,11 +63,11 @@ def _read_log(path: str) -> tuple[dict, list[dict], dict]:
     with open(path) as f:
         for line in f:
             rec = json.loads(line)
-            if rec.get("type") == "step":
+            if rec.get("type") == EventKind.STEP:
                 steps.append(rec)
-            elif rec.get("type") == "start" and rec.get("source") == "monitor":
+            elif rec.get("type") == EventKind.START and rec.get("source") == "monitor":
                 start = rec
-            elif rec.get("type") == "end" and rec.get("source") == "monitor":
+            elif rec.get("type") == EventKind.END and rec.get("source") == "monitor":
                 end = rec
     return start, steps, end
 
@@ -73,10 +75,6 @@ def _read_log(path: str) -> tuple[dict, list[dict], dict]:
 def run(out: str, steps: int) -> dict:
     import torch
     import torch.distributed as dist
-
-    import placement
-    from placement.bind import session as session_mod
-    from placement.topology.gpus import nvml_gpus
 
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     torch.cuda.set_device(local_rank)

@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
+from placement.errors import PlacementError
 from placement.selftest.checks import Check, gpus_match, rank_checks
 
 SCHEMA = "placement.selftest/1"
@@ -75,8 +76,6 @@ def run_selftest(nproc: Optional[int], steps: int = 100, budget_pct: float = 0.3
     if reason is not None:
         return SelftestResult(True, reason)
     import torch
-
-    from placement.errors import PlacementError
 
     n = nproc or torch.cuda.device_count()
     if n > torch.cuda.device_count():

@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
 
+from placement.vocab import Vocabulary
+
 SCHEMA = "placement.topology/1"
 
 # GPU<->NIC PCI path classes, closest first (the `nvidia-smi topo -m` vocabulary).
@@ -40,16 +42,21 @@ class Cpu:
         return cls(**{k: d.get(k) for k in cls.__dataclass_fields__ if k in d})
 
 
+class NodeKind(Vocabulary):
+    """What a NUMA node is."""
+
+    CPU = "cpu"  # it holds CPUs (their local memory)
+    GPU = "gpu"  # a GPU's memory onlined as a node (Grace Hopper/Blackwell, POWER9+V100)
+    MEMORY = "memory"  # a CPU-less memory tier (CXL, HBM, persistent memory, or an unknown one)
+
+
 @dataclass
 class NumaNode:
     id: int
     cpus: list[int] = field(default_factory=list)  # the CPUs the node holds (empty for a memory-only node)
     memory_bytes: Optional[int] = None
     distances: dict[int, int] = field(default_factory=dict)
-    # What the node is. "cpu": it holds CPUs (their local memory); "gpu": a GPU's memory onlined
-    # as a node (Grace Hopper/Blackwell, POWER9+V100); "memory": a CPU-less memory tier (CXL, HBM,
-    # persistent memory, or an unknown one).
-    kind: str = "cpu"
+    kind: NodeKind = NodeKind.CPU
     # The CPUs this node's memory belongs to (hwloc's NUMA node cpuset): its own CPUs, or for a
     # memory-only node those of the CPU nodes that reach it best (local_nodes). Empty: unknown.
     local_cpus: list[int] = field(default_factory=list)
@@ -63,7 +70,7 @@ class NumaNode:
     def to_dict(self) -> dict[str, Any]:
         return {"id": self.id, "cpus": sorted(self.cpus), "memory_bytes": self.memory_bytes,
                 "distances": {str(k): v for k, v in sorted(self.distances.items())},
-                "kind": self.kind, "local_cpus": sorted(self.local_cpus), "local_nodes": sorted(self.local_nodes),
+                "kind": str(self.kind), "local_cpus": sorted(self.local_cpus), "local_nodes": sorted(self.local_nodes),
                 "locality": self.locality, "gpu": self.gpu}
 
     @classmethod
@@ -73,7 +80,7 @@ class NumaNode:
         cpus = list(d.get("cpus", []))
         return cls(id=d["id"], cpus=cpus, memory_bytes=d.get("memory_bytes"),
                    distances={int(k): v for k, v in (d.get("distances") or {}).items()},
-                   kind=d.get("kind") or ("cpu" if cpus else "memory"),
+                   kind=NodeKind(d.get("kind") or (NodeKind.CPU if cpus else NodeKind.MEMORY)),
                    local_cpus=list(d["local_cpus"] if "local_cpus" in d else cpus),
                    local_nodes=list(d["local_nodes"] if "local_nodes" in d else ([d["id"]] if cpus else [])),
                    locality=d["locality"] if "locality" in d else ("cpus" if cpus else None),

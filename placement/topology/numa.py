@@ -27,7 +27,7 @@ from typing import Optional
 from placement.cpuset import format_cpulist
 from placement.topology._sysfs import NODE_DIR, SysfsReader
 from placement.topology.caches import read_set
-from placement.topology.model import NumaNode
+from placement.topology.model import NodeKind, NumaNode
 
 _NODE_NAME = re.compile(r"node(\d+)$")
 NVIDIA_GPUS_DIR = "proc/driver/nvidia/gpus"
@@ -124,11 +124,11 @@ def _place_memory_only(fs: SysfsReader, node: NumaNode, nodes: list[NumaNode], o
         node.locality = how if node.local_cpus else None
 
     if node.id in gpus:
-        node.kind, node.gpu = "gpu", gpus[node.id]
+        node.kind, node.gpu = NodeKind.GPU, gpus[node.id]
         local = read_set(fs, f"sys/bus/pci/devices/{node.gpu}", ("local_cpus", "local_cpulist")) or frozenset()
         belong_to([n for n in nodes if n.cpus and local & frozenset(n.cpus)], local, "gpu")
         return
-    node.kind = "memory"
+    node.kind = NodeKind.MEMORY
     initiators = _initiators(fs, node.id)
     sources = [by_id[i] for i in sorted(initiators or ()) if i in by_id]
     cpus = frozenset().union(*(s.local_cpus for s in sources))

@@ -3,7 +3,7 @@ tiers, GPUs and NICs, then a GPU x NIC matrix in the `nvidia-smi topo -m` vocabu
 from __future__ import annotations
 
 from placement.cpuset import format_cpulist
-from placement.topology.model import NumaNode, Topology
+from placement.topology.model import NodeKind, NumaNode, Topology
 
 _HOW = {"initiators": "HMAT initiators", "distances": "nearest by distance", "gpu": "the GPU's local CPUs"}
 
@@ -35,7 +35,7 @@ def _fastest(topo: Topology, cpus: frozenset[int]) -> str:
 
 
 def _kind(node: NumaNode) -> str:
-    return f"memory of GPU {node.gpu}" if node.kind == "gpu" else "memory-only tier"
+    return f"memory of GPU {node.gpu}" if node.kind == NodeKind.GPU else "memory-only tier"
 
 
 def _tier_distance(node: NumaNode, topo: Topology) -> str:
@@ -49,7 +49,7 @@ def _tier_lines(topo: Topology, node: NumaNode) -> list[str]:
     """Under a CPU node: the memory-only nodes that belong to its CPUs."""
     return [f"  tier      node {t.id}: {_kind(t)}, {_bytes(t.memory_bytes)}, {_tier_distance(t, topo)} "
             f"({_HOW.get(t.locality, 'unknown')})"
-            for t in topo.numa_nodes if t.kind != "cpu" and t.memory_bytes != 0 and node.id in t.local_nodes]
+            for t in topo.numa_nodes if t.kind != NodeKind.CPU and t.memory_bytes != 0 and node.id in t.local_nodes]
 
 
 def _memory_only_lines(topo: Topology, node: NumaNode) -> list[str]:
@@ -92,7 +92,7 @@ def format_topology(topo: Topology) -> str:
         else:
             lines += ["", f"NUMA node {node.id}  {_bytes(node.memory_bytes)}  distances "
                       + (",".join(str(v) for _, v in sorted(node.distances.items())) or "unknown")]
-            if node.kind == "cpu" and node.cpus:
+            if node.kind == NodeKind.CPU and node.cpus:
                 lines += _node_cpu_lines(topo, frozenset(node.cpus), usable) + _tier_lines(topo, node)
             else:
                 lines += _memory_only_lines(topo, node)

@@ -1,18 +1,18 @@
 """Where each role of one rank may run now, and the cores the tuner may move them to.
 
 Pure set algebra on frozensets of CPU ids. The bounds are the rank's share of the
-plan (the union of its role sets, within the topology's usable CPUs): every set the
-tuner proposes is a subset of them, so a rank never leaves its NUMA share nor takes
-CPUs given to another rank.
+plan (the union of its role sets, within the usable CPUs of the cores the plan lists):
+every set the tuner proposes is a subset of them, so a rank never leaves its NUMA share
+nor takes CPUs given to another rank. The cores and their perf_rank come from the plan
+(RankPlan.cores), the roles' current sets from the binder that owns them: no topology here.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Optional
+from typing import Iterable, Mapping, Optional
 
 from placement.plan.model import RankPlan
 from placement.roles import HOT_ROLES, ThreadRole
-from placement.topology.model import Topology
 
 
 @dataclass(frozen=True)
@@ -23,15 +23,18 @@ class CoreMap:
     perf_rank: dict[int, int] = field(default_factory=dict)
 
     @classmethod
-    def from_topology(cls, topo: Optional[Topology], cpus: frozenset[int]) -> "CoreMap":
-        """Cores of `cpus`; without a topology every CPU counts as its own core."""
-        if topo is None:
-            return cls(tuple(frozenset({c}) for c in sorted(cpus)))
-        grouped = topo.groups("core", within=cpus)
-        seen = frozenset().union(*grouped.values()) if grouped else frozenset()
-        cores = list(grouped.values()) + [frozenset({c}) for c in cpus - seen]
-        ranks = {c.id: c.perf_rank for c in topo.cpus if c.id in cpus and c.perf_rank is not None}
+    def from_plan(cls, rank_plan: RankPlan) -> "CoreMap":
+        """The cores of the rank's share as the plan lists them; a plan without cores (made
+        without a topology) counts every CPU of the share as its own core of unknown speed."""
+        if not rank_plan.cores:
+            return cls(tuple(frozenset({c}) for c in sorted(rank_plan.share())))
+        cores = [c.cpus for c in rank_plan.cores if c.cpus]
+        ranks = {cpu: rank for c in rank_plan.cores for cpu, rank in c.perf_rank}
         return cls(tuple(sorted(cores, key=min)), ranks)
+
+    @property
+    def cpus(self) -> frozenset[int]:
+        return frozenset().union(*self.cores) if self.cores else frozenset()
 
     def core_of(self, cpu: int) -> frozenset[int]:
         for core in self.cores:
@@ -59,12 +62,16 @@ class RoleLayout:
     cores: CoreMap
 
     @classmethod
-    def from_plan(cls, rank_plan: RankPlan, topo: Optional[Topology]) -> "RoleLayout":
-        bounds = rank_plan.share()
-        if topo is not None and topo.cpus:
-            bounds &= topo.usable()
-        roles = {role: frozenset(a.cpus) & bounds for role, a in rank_plan.roles.items()}
-        return cls({r: c for r, c in roles.items() if c}, bounds, CoreMap.from_topology(topo, bounds))
+    def from_plan(cls, rank_plan: RankPlan) -> "RoleLayout":
+        """The plan's own role sets on the plan's cores (where a rank starts)."""
+        return cls.of({role: frozenset(a.cpus) for role, a in rank_plan.roles.items()}, CoreMap.from_plan(rank_plan))
+
+    @classmethod
+    def of(cls, roles: Mapping[ThreadRole, frozenset[int]], cores: CoreMap) -> "RoleLayout":
+        """`roles` (each role's set now: the binder's) cut to the share the cores span."""
+        bounds = cores.cpus
+        cut = {role: frozenset(cpus) & bounds for role, cpus in roles.items()}
+        return cls({r: c for r, c in cut.items() if c}, bounds, cores)
 
     def cpus(self, role: ThreadRole) -> frozenset[int]:
         return self.roles.get(role, frozenset())

@@ -1,7 +1,11 @@
 """The per-rank self-tuner: windows of StepRecords -> rules -> one judged action at a time.
 
-    Tuner(rank_plan, topology, cfg, binder, events, next_step=...).observe(record)  # never raises
+    Tuner(binder, cfg, events, next_step=...).observe(record)  # never raises
     Tuner.close()
+
+The binder owns each role's current CPU set (RoleBinder.role_cpus) and its plan (the share's
+cores and their perf_rank, RankPlan.cores): the tuner reads both, proposes moves, and has the
+binder apply and record them; it keeps no copy of where a role is.
 
 Windows are cut by step number, not by counting arrivals: records reach the tuner in
 batches at the monitor's flush steps, held back by the comm timing's lag (NCCL durations
@@ -14,7 +18,7 @@ window starts there, and the records of the steps measured before it (still arri
 are dropped. The action is judged on that first whole window after it, against the
 quiet baseline (judge.py), then `cfg.cooldown_windows` windows pass before the next.
 Otherwise the rules are asked in priority order and the first proposed move is applied
-through binder.set_role_cpus: at most one action in flight, never outside the rank's
+by binder.set_role_cpus: at most one action in flight, never outside the rank's
 share. Windows where no rule sees anything are quiet: they feed the baseline and the
 noise band. With cfg.dry_run the would-be actions are logged only. The tuner's states
 are one enum (TunerState), as the elastic agent's WorkerState is.
@@ -28,13 +32,12 @@ from typing import Any, Callable, Optional
 
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
+from placement.events import EventKind
 from placement.monitor.record import StepRecord
-from placement.plan.model import RankPlan
 from placement.roles import ThreadRole
-from placement.topology.model import Topology
 from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
 from placement.tune.judge import Backoff, NoiseBand, judge
-from placement.tune.layout import RoleLayout
+from placement.tune.layout import CoreMap, RoleLayout
 from placement.tune.rules import Proposal, RuleContext, make_rules
 from placement.tune.window import WindowStats, summarize
 
@@ -67,16 +70,17 @@ class InFlight:
 
 
 class Tuner:
-    def __init__(self, rank_plan: RankPlan, topology: Optional[Topology], cfg: TuneConfig, binder, events,
-                 *, facts: Optional[HostFacts] = None, next_step: Optional[Callable[[], int]] = None):
-        """`next_step()`: the first step that starts after now on the training thread (the
-        monitor's step counter + 2: the step in progress ran partly before any change).
+    def __init__(self, binder, cfg: TuneConfig, events, *, facts: Optional[HostFacts] = None,
+                 next_step: Optional[Callable[[], int]] = None):
+        """`binder`: the RoleBinder of this rank (its `rank_plan`, `role_cpus`, `set_role_cpus`,
+        `threads`). `next_step()`: the first step that starts after now on the training thread
+        (the monitor's step counter + 2: the step in progress ran partly before any change).
         Without it, the step after the last record seen (records arrive as steps end)."""
         self.cfg = cfg
         self.binder = binder
         self.events = events
-        self.layout = RoleLayout.from_plan(rank_plan, topology)
-        self.memory_mode = rank_plan.memory.mode
+        self.cores = CoreMap.from_plan(binder.rank_plan)
+        self.memory_mode = binder.rank_plan.memory.mode
         self.rules = make_rules(cfg.rules)
         self.facts: HostFacts = facts if facts is not None else LiveFacts(self._own_pids)
         self._next_step = next_step if next_step is not None else self._after_last_record
@@ -117,7 +121,7 @@ class Tuner:
             self.state = TunerState.STOPPED
             msg = f"placement tuner stopped after an internal error ({e!r}); placement stays as it is"
             log.warning("%s", msg)
-            self._event("warning", source="tune", message=msg)
+            self._event(EventKind.WARNING, source="tune", message=msg)
 
     def window_end(self, after: int) -> Optional[int]:
         """The last step of this tuner's first window that ends after step `after`, on its
@@ -137,6 +141,11 @@ class Tuner:
     def close(self) -> None:
         self._records = []
         self.state = TunerState.STOPPED
+
+    @property
+    def layout(self) -> RoleLayout:
+        """Where each role is now, as the binder has it, on the plan's cores."""
+        return RoleLayout.of({role: self.binder.role_cpus(role) for role in ThreadRole}, self.cores)
 
     def _after_last_record(self) -> int:
         return self._last_step + 1
@@ -161,7 +170,7 @@ class Tuner:
         for p in proposals:
             if not p.is_move:
                 log.warning("placement: %s", p.reason)
-                self._event("warning", source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
+                self._event(EventKind.WARNING, source="tune", rule=p.rule, message=p.reason, evidence=p.evidence)
         if not proposals:
             self._noise.add_quiet(stats)
             return
@@ -176,8 +185,8 @@ class Tuner:
         self.state = TunerState.COOLDOWN if self._cooldown > 0 else TunerState.WATCHING
 
     def _ask_rules(self, stats: WindowStats) -> list[Proposal]:
-        ctx = RuleContext(stats=stats, layout=self.layout, cfg=self.cfg,
-                          facts=WindowFacts(self.facts, self.layout.bounds),
+        layout = self.layout
+        ctx = RuleContext(stats=stats, layout=layout, cfg=self.cfg, facts=WindowFacts(self.facts, layout.bounds),
                           memory_mode=self.memory_mode, background_niced=self.cfg.background_nice > 0)
         out = []
         for rule in self.rules:
@@ -189,12 +198,12 @@ class Tuner:
                 self._disabled.add(rule.name)
                 msg = f"tune rule {rule.name} raised {e!r}; it is disabled for the rest of the run"
                 log.warning("placement: %s", msg)
-                self._event("warning", source="tune", rule=rule.name, message=msg)
+                self._event(EventKind.WARNING, source="tune", rule=rule.name, message=msg)
                 continue
             if p is None:
                 continue
-            if p.is_move and (not p.cpus or not p.cpus <= self.layout.bounds or p.cpus == self.layout.cpus(p.role)
-                              or any(not c or not c <= self.layout.bounds for _, c in p.also)):
+            if p.is_move and (not p.cpus or not p.cpus <= layout.bounds or p.cpus == layout.cpus(p.role)
+                              or any(not c or not c <= layout.bounds for _, c in p.also)):
                 continue  # never leave the share; an empty or same set is no action
             out.append(p)
         return out
@@ -205,15 +214,16 @@ class Tuner:
 
     # ---- side effects -----------------------------------------------------------
     def _apply(self, p: Proposal, stats: WindowStats) -> None:
-        previous = self.layout.cpus(p.role)
+        layout = self.layout
+        previous = layout.cpus(p.role)
         change = {"from": sorted(previous), "to": sorted(p.cpus)}
-        also_previous = tuple((role, self.layout.cpus(role)) for role, _ in p.also)
+        also_previous = tuple((role, layout.cpus(role)) for role, _ in p.also)
         also = _also_changes(also_previous, p.also)
         if self.cfg.dry_run:
             sig = (p.rule, p.role.value, p.cpus)
             if sig not in self._dry_run_logged:
                 self._dry_run_logged.add(sig)
-                self._event("tune", message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
+                self._event(EventKind.TUNE, message=f"{p.rule} (dry run, not applied): {p.reason}", phase="dry_run",
                             rule=p.rule, role=p.role.value, change=change, also=also, reason=p.reason,
                             evidence=p.evidence, effect=None)
             self._cool_down()
@@ -224,14 +234,12 @@ class Tuner:
             self.binder.set_role_cpus(p.role, previous, f"rollback of tune {p.rule}: binder refused")
             wait = self._backoff.on_revert((p.rule, p.role.value), self.windows)
             why = f"binding refused: {failed[0].error}"
-            self._event("rollback", message=f"{p.rule} not applied: {why}", rule=p.rule, role=p.role.value,
+            self._event(EventKind.ROLLBACK, message=f"{p.rule} not applied: {why}", rule=p.rule, role=p.role.value,
                         change={"from": change["to"], "to": change["from"]}, evidence=p.evidence, effect=None,
                         backoff_windows=wait, why=why)
             return
-        self.layout = self.layout.with_role(p.role, p.cpus)
         for role, cpus in p.also:
             results += self.binder.set_role_cpus(role, cpus, f"tune {p.rule}: {p.reason}")
-            self.layout = self.layout.with_role(role, cpus)
         failed = [r for r in results if not r.ok]
         # Judged on whole windows from the first step it is in force for; the records of the
         # steps before it (measured before the move, still on their way) are not evidence.
@@ -240,7 +248,7 @@ class Tuner:
         self.state = TunerState.IN_FLIGHT
         self._window_start = first_step
         self._records = [r for r in self._records if r.step >= first_step]
-        self._event("tune", message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
+        self._event(EventKind.TUNE, message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
                     change=change, also=also, reason=p.reason, in_force_step=first_step,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
                     failed=[{"tid": r.tid, "error": r.error} for r in failed])
@@ -257,7 +265,7 @@ class Tuner:
             self._held[p.role] = (f.previous, self.windows + KEPT_HOLD_WINDOWS + 1)
             for role, prev in f.also_previous:
                 self._held[role] = (prev, self.windows + KEPT_HOLD_WINDOWS + 1)
-            self._event("tune", message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
+            self._event(EventKind.TUNE, message=f"{p.rule} kept: {p.role} {_moved(f.previous, p.cpus)}, {v.why}",
                         phase="kept", rule=p.rule, role=p.role.value,
                         change={"from": sorted(f.previous), "to": sorted(p.cpus)},
                         also=_also_changes(f.also_previous, p.also), reason=p.reason,
@@ -265,12 +273,10 @@ class Tuner:
             log.info("placement: tune %s kept: %s", p.rule, v.why)
             return
         results = self.binder.set_role_cpus(p.role, f.previous, f"rollback of tune {p.rule}: {v.why}")
-        self.layout = self.layout.with_role(p.role, f.previous)
         for role, prev in f.also_previous:
             results += self.binder.set_role_cpus(role, prev, f"rollback of tune {p.rule}: {v.why}")
-            self.layout = self.layout.with_role(role, prev)
         wait = self._backoff.on_revert(key, self.windows)
-        self._event("rollback", message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
+        self._event(EventKind.ROLLBACK, message=f"{p.rule} rolled back: {p.role} {_moved(p.cpus, f.previous)}, {v.why}; "
                                         f"back off {wait} windows",
                     rule=p.rule, role=p.role.value,
                     change={"from": sorted(p.cpus), "to": sorted(f.previous)},
@@ -282,7 +288,7 @@ class Tuner:
     def _own_pids(self) -> set[int]:
         return {t.pid for t in self.binder.threads()}
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _event(self, kind: EventKind, **fields: Any) -> None:
         try:
             self.events.event(kind, **fields)
         except Exception as e:  # a broken log must not stop tuning, nor training
@@ -290,7 +296,7 @@ class Tuner:
 
     # ---- read-only view --------------------------------------------------------
     def role_cpus(self, role: ThreadRole) -> frozenset[int]:
-        """Where the tuner has `role` now (the plan's set until an action changed it)."""
+        """Where `role` is now within the share: the binder's set (the plan's until a move)."""
         return self.layout.cpus(role)
 
 

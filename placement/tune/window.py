@@ -103,6 +103,9 @@ def _span_ms(records: Sequence[StepRecord], i: int, span_steps: int) -> float:
     return sum(r.step_ms for r in covered) / len(covered)
 
 
+_ROLES = {r: r for r in ThreadRole}  # a ThreadRole finds itself; its name finds it too (a str Enum)
+
+
 def summarize(records: Sequence[StepRecord]) -> WindowStats:
     """Summarise a non-empty list of step records (one window)."""
     if not records:
@@ -110,16 +113,13 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
     steps = [r.step_ms for r in records]
     role_names: list[ThreadRole] = []
     for rec in records:
-        for name in rec.roles:
-            try:
-                role = ThreadRole(name)
-            except ValueError:  # a role this version does not know: ignore, never fail
-                continue
-            if role not in role_names:
+        for key in rec.roles:
+            role = _ROLES.get(key)  # keys are ThreadRoles; anything else (a name this version lacks) is ignored
+            if role is not None and role not in role_names:
                 role_names.append(role)
     roles: dict[ThreadRole, RoleWindow] = {}
     for role in role_names:
-        samples = [rec.roles.get(role.value) for rec in records]
+        samples = [rec.roles.get(role) for rec in records]
         cpus: set[int] = set()
         for s in samples:
             if s is not None:

@@ -27,7 +27,7 @@ def main():
     attempt = 1 if os.path.exists(os.path.join(out, "killed")) else 0
     rank = dist.get_rank()
     plan_file = os.environ.get("PLACEMENT_PLAN_FILE")  # unset under plain torchrun
-    plan = json.load(open(plan_file)) if plan_file else None
+    plan = json.load(open(plan_file))["plan"] if plan_file else None  # the hand-off file: config and plan
     name = os.path.join(out, f"attempt{attempt}.rank{rank}.json")
     with open(name + ".tmp", "w") as f:
         json.dump({"rank": rank, "attempt": attempt, "pid": os.getpid(), "allowed": allowed(), "plan": plan,

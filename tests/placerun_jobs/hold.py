@@ -37,7 +37,7 @@ def main():
     torch.ones(256, 256) @ torch.ones(256, 256)  # starts the intra-op thread pool
     dist.all_reduce(torch.ones(1, device=device))  # NCCL creates its threads here
     with open(os.environ["PLACEMENT_PLAN_FILE"]) as f:
-        plan = json.load(f)
+        plan = json.load(f)["plan"]  # the hand-off file: config and plan
     report = {"rank": rank, "local_rank": int(os.environ["LOCAL_RANK"]), "pid": os.getpid(), "plan": plan}
     tmp = os.path.join(out, f".rank{rank}.json")
     with open(tmp, "w") as f:

@@ -1,0 +1,168 @@
+"""How fast a hung rank is named, and whether pauses that are not faults raise alarms.
+
+A real gloo job (WORLD ranks on this host, an all_reduce per ~20 ms step, placement.attach with
+its DEFAULT monitor settings unless overridden) goes through three phases:
+- shared pause: after step 40 every rank pauses SHARED_S together (a checkpoint: 60 s, --quick
+  12 s, longer than the default hang bound either way); alarms = `stall` events naming a rank
+  (not the one job-wide event) during it;
+- single pause: after step 120 rank 1 pauses 5 s (a garbage collection); alarms likewise;
+- hang: after step 200 rank 1 blocks for good; latency = seconds from its last step to the first
+  `stall` event naming rank 1 in any rank's log (one host: one clock).
+Straggler onset latency and false straggler windows are benchmarks/precision.py's (issue 27).
+
+    python benchmarks/detection.py [--quick] [placement.monitor.KEY=VALUE ...]
+
+Last line: {"hang_named_s": ..., "shared_pause_alarms": ..., "single_pause_alarms": ..., ...}
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+WORLD = 3
+SHARED_AT, SINGLE_AT, HANG_AT = 40, 120, 200
+SINGLE_S = 5.0
+HANG_WAIT_S = 40.0  # the harness gives up on naming after this long
+
+
+def worker(log_dir: str, shared_s: float, overrides: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import placement
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    monitor = {"log_dir": log_dir, "summary_every": 0}
+    for kv in filter(None, overrides.split(",")):
+        k, v = kv.split("=", 1)
+        monitor[k.removeprefix("placement.monitor.")] = float(v)
+    h = placement.attach(policy="none", tune={"enabled": False}, monitor=monitor)
+    x = torch.ones(1024)
+    marks = {}
+    for step in range(1, 10**6):
+        time.sleep(0.02)
+        dist.all_reduce(x)
+        h.step()
+        if step == SHARED_AT:
+            marks["shared"] = [time.time()]
+            time.sleep(shared_s)  # a checkpoint: every rank, outside any collective
+            marks["shared"].append(time.time())
+        elif step == SINGLE_AT and rank == 1:
+            marks["single"] = [time.time()]
+            time.sleep(SINGLE_S)  # a garbage collection on one rank
+            marks["single"].append(time.time())
+        elif step == HANG_AT and rank == 1:
+            marks["hang"] = time.time()
+            Path(log_dir, f"marks{rank}.json").write_text(json.dumps(marks))
+            threading.Event().wait()  # hung for good, on a futex
+        if step == HANG_AT - 1:
+            Path(log_dir, f"marks{rank}.json").write_text(json.dumps(marks))
+
+
+def _events(log_dir: Path) -> list[dict]:
+    out = []
+    for f in log_dir.glob("rank*.jsonl"):
+        for line in f.read_text().splitlines():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                pass
+    return out
+
+
+def _alarms(events: list[dict], lo: float, hi: float) -> list[dict]:
+    return [e for e in events if e.get("type") == "stall" and e.get("phase") == "stalled"
+            and e.get("scope") != "job" and lo <= e["t"] <= hi]
+
+
+def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
+    with tempfile.TemporaryDirectory(prefix="placement-detection-") as d:
+        log_dir = Path(keep or d)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        procs = []
+        for rank in range(WORLD):
+            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
+                       LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                       OMP_NUM_THREADS="1")
+            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(log_dir), str(shared_s),
+                                           ",".join(overrides)], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, start_new_session=True))
+        try:
+            deadline = None
+            while True:
+                time.sleep(0.2)
+                if any(p.poll() is not None for p in procs):
+                    raise SystemExit("a rank exited: " + procs[[p.poll() is not None for p in procs].index(True)]
+                                     .stderr.read().decode(errors="replace")[-2000:])
+                if (log_dir / "marks1.json").exists() and "hang" in json.loads((log_dir / "marks1.json").read_text()):
+                    deadline = deadline or time.monotonic() + HANG_WAIT_S
+                    ev = _events(log_dir)
+                    if any(e.get("type") == "stall" and e.get("rank") == 1 and e.get("phase") == "stalled"
+                           and e["t"] >= json.loads((log_dir / "marks1.json").read_text())["hang"] for e in ev) \
+                            or time.monotonic() > deadline:
+                        time.sleep(0.5)
+                        break
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        marks = {r: json.loads((log_dir / f"marks{r}.json").read_text()) for r in range(WORLD)}
+        events = _events(log_dir)
+    hang_t = marks[1]["hang"]
+    named = sorted(e["t"] for e in events if e.get("type") == "stall" and e.get("rank") == 1
+                   and e.get("phase") == "stalled" and e["t"] >= hang_t)
+    shared_lo = min(m["shared"][0] for m in marks.values())
+    shared_hi = max(m["shared"][1] for m in marks.values())
+    single_lo, single_hi = marks[1]["single"]
+    first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
+                  and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
+    return {
+        "hang_named_s": None if not named else round(named[0] - hang_t, 2),
+        "hang_named_by": None if first is None else first.get("reported_by", 1),
+        "shared_pause_s": shared_s, "shared_pause_alarms": len(_alarms(events, shared_lo, shared_hi + 1)),
+        "shared_pause_job_events": sum(1 for e in events if e.get("scope") == "job" and e.get("phase") == "stalled"),
+        "single_pause_s": SINGLE_S, "single_pause_alarms": len(_alarms(events, single_lo, single_hi + 1)),
+        "world": WORLD, "overrides": overrides,
+        "straggler_onset": "benchmarks/precision.py (issue 27)",
+    }
+
+
+def main(argv=None) -> int:
+    if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+        worker(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+        return 0
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="a 12 s shared pause instead of 60 s (under a minute)")
+    p.add_argument("--log-dir", default="", help="keep the ranks' logs here (default: a temporary directory)")
+    p.add_argument("overrides", nargs="*", metavar="placement.monitor.KEY=VALUE")
+    args = p.parse_args(argv)
+    from placement.config import load_config  # bad overrides: one line, exit 2
+    from placement.errors import ConfigError
+
+    try:
+        load_config(args.overrides)
+    except ConfigError as e:
+        print(f"detection: {e}", file=sys.stderr)
+        return 2
+    result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir)
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

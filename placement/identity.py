@@ -1,0 +1,83 @@
+"""Who this rank is: its rank, local rank, world sizes, node and host, found in one place.
+
+torchrun (and placerun, which runs torchrun's agent) gives every worker RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE and GROUP_RANK (torch/distributed/elastic/agent/server/
+local_elastic_agent.py, LocalElasticAgent._start_workers, torch 2.13); a process group, once
+there is one, is the authority on rank and world size. placerun's workers are identified by
+bootstrap (with the local rank its hand-off resolves under --virtual-local-rank), attach()
+without placerun by itself; both through RankIdentity.find.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Mapping, Optional
+
+from placement.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class RankIdentity:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: Optional[int]  # torch elastic's GROUP_RANK: two agents on one host are two nodes
+    host: str
+
+    @classmethod
+    def find(cls, environ: Mapping[str, str] = os.environ, *, local_rank: Optional[int] = None,
+             default_rank: Optional[int] = None,
+             default_local_world_size: Optional[int] = None) -> "RankIdentity":
+        """From the process group when there is one, else the launcher's env. `local_rank`: found
+        by the caller (placerun's hand-off under --virtual-local-rank), else LOCAL_RANK. Unset
+        variables take the defaults: RANK `default_rank` (None: the local rank), WORLD_SIZE 1,
+        LOCAL_WORLD_SIZE `default_local_world_size` (None: unknown, taken as local rank + 1, so
+        not checked here; placerun's plan, which has a part per local rank, checks it instead).
+        ConfigError (one line) on a malformed value."""
+        if local_rank is None:
+            local_rank = _env_int(environ, "LOCAL_RANK", 0, 0)
+        local_world = _env_int(environ, "LOCAL_WORLD_SIZE",
+                               local_rank + 1 if default_local_world_size is None else default_local_world_size, 1)
+        if local_rank >= local_world:
+            raise ConfigError(f"LOCAL_RANK={local_rank} is not valid with LOCAL_WORLD_SIZE={local_world}; "
+                              f"valid: 0..{local_world - 1}")
+        dist = process_group()
+        if dist is not None:
+            rank, world = dist.get_rank(), dist.get_world_size()
+        else:
+            rank = _env_int(environ, "RANK", local_rank if default_rank is None else default_rank, 0)
+            world = _env_int(environ, "WORLD_SIZE", 1, 1)
+        return cls(rank, local_rank, world, local_world, _node_rank(environ), socket.gethostname())
+
+
+def process_group():
+    """torch.distributed when a default process group exists, else None (torch absent too)."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return None
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int, lo: int) -> int:
+    """An integer the launcher puts in the environment; ConfigError (one line) when it is not one."""
+    text = environ.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < lo:
+        raise ConfigError(f"{name}={text!r} is not valid; valid: an integer >= {lo} (torchrun and placerun set it), "
+                          f"or unset for {default}")
+    return value
+
+
+def _node_rank(environ: Mapping[str, str]) -> Optional[int]:
+    try:
+        return int(environ["GROUP_RANK"])
+    except (KeyError, ValueError):
+        return None
