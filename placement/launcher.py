@@ -193,8 +193,8 @@ def _main(argv: list[str]) -> int:
         if not numa.torch_binds:
             launch.torch_args.numa_binding = None
     if pa.dry_run:
-        print(f"host: {socket.gethostname()}")  # one table per node of a multi-node job: whose it is
         print(format_plan_table(plan))
+        print(f"host: {socket.gethostname()}")  # one table per node of a multi-node job: whose it is
         print("worker command: " + " ".join(_command_line(launch)))
         return 0
     print(concise_plan(plan), file=sys.stderr, flush=True)
