@@ -1,6 +1,6 @@
 """What the cross-rank straggler exchange costs as the job grows (placement/monitor/exchange.py).
 
-usage: python benchmarks/exchange_scale.py [--quick] [--exchanges N]
+usage: python benchmarks/exchange_scale.py [--quick] [--exchanges N] [--hosts N]
 (--quick: fewer exchanges; well under a minute here)
 
 Every process is forked from this one after it imported torch (no rank pays torch's import;
@@ -20,6 +20,11 @@ the rows of W/4 ranks exactly as those ranks would (append + add each), syntheti
 a slow node (8 ranks cpu-slow), 40 compute-slow ranks and one data-slow rank. Rank 0: median
 ms per exchange (last poll, get, delete, decode, judge) and the event it writes.
 Targets: per-rank cost flat in W (W=16 within 1.5x of W=2); rank 0 < 100 ms at 16,384.
+
+--hosts N (root; the host test bed of tests/hostbed.py): the same real ranks, 2 per host, on N
+hosts, each its own network namespace with an address on a bridge (rank 0's store and gloo
+reached over veth links, a real network stack), against the same 2N ranks on one host of the
+bed (loopback). Per rank: the CPU and wall microseconds of a submit; rank 0: its judge time.
 Last line: one JSON object.
 """
 from __future__ import annotations
@@ -75,12 +80,12 @@ def free_port() -> int:
 
 
 # ------------------------------------------------------------------------- part 1: real ranks
-def _rank(rank: int, world: int, port: int, exchanges: int, out) -> None:
+def _rank(rank: int, world: int, port: int, exchanges: int, out, master: str = "127.0.0.1") -> None:
     import torch.distributed as dist
 
     from placement.monitor.exchange import default_store
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     reports = []
     ex = Exchange(rank, world, default_store(), _Warn(), slots=SLOTS, node_rank=rank // 8)
@@ -110,6 +115,10 @@ def real_ranks(world: int, exchanges: int) -> dict:
     results = [out.get(timeout=300) for _ in procs]
     for p in procs:
         p.join(timeout=60)
+    return summary(world, results)
+
+
+def summary(world: int, results: list[dict]) -> dict:
     sends = [us for r in results for us in r["send_us"][1:]]  # the first pays connection warm-up
     cpu = [us for r in results for us in r["send_cpu_us"][1:]]
     rank0 = next(r for r in results if r["rank"] == 0)
@@ -206,11 +215,83 @@ def judging_side(world: int, exchanges: int, senders: Senders) -> dict:
             "more": last.get("more", {}), "warnings": warn.lines[:2]}
 
 
+# ------------------------------------------------------------------ --hosts: ranks on bed hosts
+def host_ranks(first: int, local: int, world: int, master: str, port: int, exchanges: int) -> None:
+    """Inside one host of the bed: its `local` ranks from `first`, forked from here; their
+    results, one JSON list, on stdout."""
+    import torch.distributed  # noqa: F401  (once, here: the forked ranks inherit it)
+
+    ctx = mp.get_context(START)
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_rank, args=(r, world, port, exchanges, out, master))
+             for r in range(first, first + local)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    print(json.dumps(results))
+
+
+def on_hosts(n_hosts: int, per_host: int, exchanges: int) -> dict:
+    """`per_host` real ranks on each of `n_hosts` hosts of a new bed; the summary of real_ranks."""
+    import subprocess
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from hostbed import HostBed  # tests/hostbed.py: the bed lives with the tests that use it
+
+    world = n_hosts * per_host
+    bed = HostBed.create(n_hosts)
+    try:
+        master, port = bed.hosts[0].addr, 29500
+        procs = [subprocess.Popen(h.argv([sys.executable, __file__, "--host-ranks", str(h.index * per_host),
+                                          str(per_host), str(world), master, str(port), str(exchanges)]),
+                                  stdout=subprocess.PIPE, text=True, env=h.env(), cwd=REPO)
+                 for h in bed.hosts]
+        results = []
+        for p in procs:
+            out, _ = p.communicate(timeout=600)
+            if p.returncode != 0:
+                raise SystemExit(f"exchange_scale: a host's ranks failed (exit {p.returncode})")
+            results.extend(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        bed.close()
+    return {"hosts": n_hosts, **summary(world, results)}
+
+
+def hosts_main(n_hosts: int, exchanges: int) -> None:
+    rows = []
+    for hosts, per_host in ((1, 2 * n_hosts), (n_hosts, 2)):
+        r = on_hosts(hosts, per_host, exchanges)
+        rows.append(r)
+        print(f"W={r['world']} on {hosts} host(s): per rank {r['per_rank_us']:.0f} us CPU/exchange "
+              f"(p90 {r['per_rank_p90_us']:.0f}), wall {r['per_rank_wall_us']:.0f} us (p90 {r['per_rank_wall_p90_us']:.0f}), "
+              f"rank 0 {r['rank0_ms']:.2f} ms; rank 1 named in {r['named_rank1']}/{r['judged']} windows", flush=True)
+    one, many = rows
+    print(json.dumps({"hosts": n_hosts, "world": many["world"],
+                      "per_rank_us": {"1_host": round(one["per_rank_us"], 1), f"{n_hosts}_hosts": round(many["per_rank_us"], 1)},
+                      "per_rank_wall_us": {"1_host": round(one["per_rank_wall_us"], 1),
+                                           f"{n_hosts}_hosts": round(many["per_rank_wall_us"], 1)},
+                      "rank0_ms": {"1_host": round(one["rank0_ms"], 2), f"{n_hosts}_hosts": round(many["rank0_ms"], 2)},
+                      "hosts_over_one_per_rank": round(many["per_rank_us"] / one["per_rank_us"], 2),
+                      "named_rank1": all(r["named_rank1"] >= r["judged"] - 1 for r in rows)}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer exchanges (< 1 minute)")
     ap.add_argument("--exchanges", type=int)
+    ap.add_argument("--hosts", type=int, choices=range(2, 9), metavar="N",
+                    help="real ranks, 2 per host, on N hosts of the test bed (2..8) against one host")
+    ap.add_argument("--host-ranks", nargs=6, help=argparse.SUPPRESS)  # inside a bed host (on_hosts)
     args = ap.parse_args()
+    if args.host_ranks:
+        first, local, world, master, port, exchanges = args.host_ranks
+        host_ranks(int(first), int(local), int(world), master, int(port), int(exchanges))
+        return
+    if args.hosts:
+        hosts_main(args.hosts, args.exchanges or (20 if args.quick else 50))
+        return
     n_real = args.exchanges or (20 if args.quick else 30)
     n_judge = args.exchanges or (3 if args.quick else 10)
     import torch.distributed  # noqa: F401  (once, here: the forked ranks and senders inherit it)

@@ -57,6 +57,9 @@ _BARE_KEY_VALUE = re.compile(r"^[A-Za-z_][\w.]*=")
 _BOOTSTRAP_MODULE = "placement.bootstrap"
 _HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_worker_hook")
 USER_PYTHONPATH_ENV = "PLACEMENT_USER_PYTHONPATH"  # the user's PYTHONPATH, restored by the hook
+# Tests only (tests/hostbed.py, docs/development.md): the machine tree placerun plans for instead of
+# "/", so each host of a test bed on one machine has its own topology. Unset in production.
+TEST_MACHINE_ROOT_ENV = "PLACEMENT_TEST_MACHINE_ROOT"
 
 
 @dataclass
@@ -191,6 +194,7 @@ def _main(argv: list[str]) -> int:
             launch.torch_args.numa_binding = None
     if pa.dry_run:
         print(format_plan_table(plan))
+        print(f"host: {socket.gethostname()}")  # one table per node of a multi-node job: whose it is
         print("worker command: " + " ".join(_command_line(launch)))
         return 0
     print(concise_plan(plan), file=sys.stderr, flush=True)
@@ -213,7 +217,8 @@ def _plan(pa: PlacerunArgs) -> tuple[Plan, PlacementConfig, Optional[NumaBinding
     check_log_dir(cfg.monitor.log_dir)  # every rank writes its event log there: fail here, not in a worker
     numa = numa_binding_choice(getattr(pa.torch_args, "numa_binding", None), cfg.policy)
     nproc = _local_world_size(pa.torch_args.nproc_per_node)
-    _, plan = plan_for_node(cfg, nproc, within=None if numa is None else numa.within)
+    root = os.environ.get(TEST_MACHINE_ROOT_ENV) or "/"
+    _, plan = plan_for_node(cfg, nproc, root=root, within=None if numa is None else numa.within)
     return plan, cfg, numa
 
 

@@ -16,6 +16,10 @@ keys of a PrefixStore "placement/exchange":
   activeOpLock_, against the training thread's own store calls).
 A row is (2 + 11 + exchange_every) float64: n, node rank, straggler.FIELDS, and the
 per-step collective times. With exchange_every = 20: 264 bytes.
+Host names: each rank appends "<rank> <node rank> <hostname>" to "hosts" once, when its exchange
+starts (no answer awaited); rank 0 reads that key (it exists: rank 0 wrote its own line first)
+only when it names a rank whose host it does not know yet, so `straggler` events and the stalls
+rank 0 names carry the host beside the node rank.
 
 Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
 "stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
@@ -23,7 +27,10 @@ Stalled peers (stall.py has the design): a rank whose stall watch fires posts it
 and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
 one `add`, and a `get` of its rows without deleting them only when some are missing). That
 `get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
-`delete_key` would wait on a missing key).
+`delete_key` would wait on a missing key). A rank that says nothing at all while its peers wait
+in a collective (no stall post of its own, no row since the first peer posted such a stall, for
+rank 0's stall threshold) is named stalled with how "silent": a frozen or dead host's ranks, whose peers'
+posts only say that they wait (a synchronous job never reaches the next exchange to miss their rows).
 
 Cost at W ranks, per exchange:
 - every rank, rank 0 included: 2 messages, ~300 bytes out, one round trip: the same at
@@ -49,6 +56,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 import struct
 import threading
 import time
@@ -133,6 +141,19 @@ class StoreTransport:
         """The rows sent so far for `seq`, left in place (call after arrived() > 0)."""
         return bytes(self.store.get(f"{seq}/rows"))
 
+    def post_host(self, rank: int, node_rank: Optional[int], host: str) -> None:
+        self.store.append("hosts", f"{rank} {node_rank} {host}\n".encode())
+
+    def read_hosts(self) -> dict[int, tuple[Optional[int], str]]:
+        """rank -> (node rank, hostname) of every rank that posted (the last line of a rank wins:
+        a restart may place it elsewhere). Call after this rank posted its own line."""
+        out = {}
+        for line in bytes(self.store.get("hosts")).decode(errors="replace").splitlines():
+            rank, node, host = (line.split(" ", 2) + ["", ""])[:3]
+            if rank.isdigit():
+                out[int(rank)] = (int(node) if node.isdigit() else None, host)
+        return out
+
     def post_stall(self, line: bytes) -> None:
         self.store.append("stalls", line)
         self.store.add("stalls/n", 1)
@@ -170,6 +191,7 @@ class Verdict:
     nodes: dict  # rank -> node rank (None where a row did not say)
     ranks_judged: int
     missing: list  # ranks that sent nothing in time
+    hosts: dict = field(default_factory=dict)  # rank -> hostname, of the ranks in `nodes`
 
 
 class Exchange:
@@ -189,6 +211,13 @@ class Exchange:
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
+        self._hosts: dict[int, tuple[Optional[int], str]] = {}  # rank 0: rank -> (node rank, hostname)
+        try:
+            self.transport.post_host(rank, node_rank, socket.gethostname())
+        except Exception as e:
+            warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
+                             "straggler naming is off")
+            self.transport = None
         # Rank 0's peer watch (stall.PeerWatch, its own thread) against the monitor thread:
         self._take_lock = threading.Lock()  # take() vs the watch's peek() of the same rows
         self._peer_lock = threading.Lock()  # the state below: judge() vs the watch's overdue()
@@ -202,6 +231,9 @@ class Exchange:
         self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
         self._posts_seen = 0  # the posts count at the last read
         self._posts_sent = 0
+        self._heard: dict[int, float] = {}  # rank -> monotonic time of its last row
+        self._posted: set[int] = set()  # ranks whose last post says stalled (they are alive and said so)
+        self._waiting_since: Optional[float] = None  # first post of a peer stalled in a collective
         # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
         self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
         self.send_cpu_us: deque = deque(maxlen=COSTS_KEPT)  # its CPU time (a round trip's wait is not)
@@ -305,7 +337,19 @@ class Exchange:
                        f"({format_cpulist(missing)}); judged without them")
         if not report.stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
-        return Verdict(report, figures, nodes, int(len(got.rows)), missing)
+        return Verdict(report, figures, nodes, int(len(got.rows)), missing,
+                       {r: w[1] for r, w in self.where(list(nodes)).items()})
+
+    def where(self, ranks: list[int]) -> dict[int, tuple[Optional[int], str]]:
+        """Rank 0: rank -> (node rank, hostname) of those of `ranks` that said (the store is read
+        only when one of them is not known yet)."""
+        transport = self.transport
+        if transport is not None and any(r not in self._hosts for r in ranks):
+            try:
+                self._hosts.update(transport.read_hosts())
+            except Exception as e:
+                self._warn("exchange-hosts", f"ranks' host names could not be read from the c10d store ({first_line(e)})")
+        return {r: self._hosts[r] for r in ranks if r in self._hosts}
 
     # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
     def post_stall(self, fields: dict) -> None:
@@ -342,7 +386,19 @@ class Exchange:
         posts, offset = read_posts(raw, self._posts_offset or 0)
         first_look = self._posts_offset is None
         self._posts_offset, self._posts_seen = offset, n
-        return [] if first_look else posts
+        if first_look:
+            return []
+        now = time.monotonic()
+        with self._peer_lock:
+            for p in posts:
+                if p.get("phase", "stalled") == "resumed":
+                    self._posted.discard(p["rank"])
+                    self._waiting_since = None
+                    continue
+                self._posted.add(p["rank"])
+                if p.get("in_collective") and self._waiting_since is None:
+                    self._waiting_since = now
+        return posts
 
     def overdue(self, threshold_s: float) -> list[dict]:
         """Rank 0's peer watch: `stall` event fields for the ranks that sent no row for longer
@@ -361,10 +417,33 @@ class Exchange:
                         rows = decode_rows(self.transport.peek(seq), self.slots, seq)
                 if rows is not None:  # else all came, or judge() took them meanwhile
                     self._rows_seen(rows, seq, sent, update=False)
+        self._name_silent(threshold_s)
         out = []
         while self._peer_events:
             out.append(self._peer_events.popleft())
+        where = self.where([f["rank"] for f in out if "rank" in f]) if out else {}
+        for f in out:
+            if f.get("rank") in where:
+                f["node_rank"], f["host"] = where[f["rank"]]
         return out
+
+    def _name_silent(self, threshold_s: float) -> None:
+        """Name the ranks heard from neither by row nor by post since a peer posted that it waits
+        in a collective, once that is `threshold_s` ago (see the module docstring)."""
+        since = self._waiting_since
+        if self.rank != 0 or since is None or time.monotonic() - since <= threshold_s:
+            return
+        with self._peer_lock:
+            silent = [r for r in range(1, self.world_size)
+                      if r not in self._silent and r not in self._posted and self._heard.get(r, -math.inf) < since]
+            if not silent:
+                return
+            for r in silent:
+                self._missing_since.setdefault(r, since)
+            self._silent.update(silent)
+            seq = self._pending[0] if self._pending else max(self._last_step.values(), default=0)
+            self._peer_events.extend(_peer_fields("stalled", silent, self._last_step, time.monotonic() - since,
+                                                  threshold_s, seq, how="silent"))
 
     def _rows_seen(self, rows, seq: int, sent: Optional[float], update: bool = True) -> list[int]:
         """The ranks missing from `rows` of exchange `seq` (sent by rank 0 at `sent`); those
@@ -379,6 +458,7 @@ class Exchange:
         missing = np.flatnonzero(~seen).tolist()
         with self._peer_lock:
             if update:
+                self._heard.update((r, time.monotonic()) for r in ranks.tolist())
                 self._last_step.update(zip(ranks.tolist(), rows[:, len(HEADER) + FIELDS.index("last_step")]
                                            .astype(int).tolist()))
             back = sorted(r for r in self._missing_since if seen[r])
@@ -416,16 +496,21 @@ class Exchange:
 
 
 def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited: Optional[float],
-                 threshold_s: Optional[float], seq: int) -> list[dict]:
+                 threshold_s: Optional[float], seq: int, how: str = "rows stopped") -> list[dict]:
     """Rank 0's `stall` event fields for peers whose exchange rows stopped (or came again):
     one event per rank up to stall.NAMED_PEERS, else one naming them all in list form."""
     from placement.monitor.stall import NAMED_PEERS
 
     def one(rank_fields: dict, last: Optional[int]) -> dict:
-        f = {"phase": phase, **rank_fields, "reported_by": 0, "how": "rows stopped", "exchange": seq,
+        f = {"phase": phase, **rank_fields, "reported_by": 0, "how": how, "exchange": seq,
              "last_step": last}
         who = f"rank {rank_fields['rank']}" if "rank" in rank_fields else f"{len(ranks)} ranks ({rank_fields['ranks']})"
-        if phase == "stalled":
+        if phase == "stalled" and how == "silent":
+            f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
+            f["message"] = (f"{who}: no stall post and no exchange row for {waited:.1f} s while its peers wait in "
+                            f"a collective (limit {threshold_s:.1f} s): frozen, dead or cut from the store; last "
+                            f"step exchanged {'?' if last is None else last}")
+        elif phase == "stalled":
             f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
             f["message"] = (f"{who}: no exchange row for {waited:.1f} s after rank 0 sent exchange {seq} "
                             f"(limit {threshold_s:.1f} s): stalled, frozen or cut from the store; last step "
@@ -539,6 +624,8 @@ def straggler_event(v: Verdict) -> dict[str, Any]:
     nodes = {str(r): n for r, n in (v.nodes or {}).items() if n is not None}
     if nodes:
         fields["nodes"] = nodes
+    if v.hosts:
+        fields["hosts"] = {str(r): h for r, h in v.hosts.items()}
     fields["ranks_judged"] = v.ranks_judged
     if v.missing:
         fields["missing"] = format_cpulist(v.missing)

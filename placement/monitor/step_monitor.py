@@ -572,7 +572,9 @@ class StepMonitor:
         self.events.event(EventKind.STRAGGLER, **fields)
         first, last = fields["steps"]
         for s in verdict.report.stragglers[:NAMED]:
-            log.warning("placement: straggler %s rank(s) %s steps %d-%d: %s", s.kind, s.ranks, first, last, s.why)
+            hosts = sorted({verdict.hosts[r] for r in s.ranks if r in verdict.hosts}) if isinstance(s.ranks, list) else []
+            log.warning("placement: straggler %s rank(s) %s%s steps %d-%d: %s", s.kind, s.ranks,
+                        f" on {', '.join(hosts)}" if hosts else "", first, last, s.why)
         for kind, more in verdict.report.more.items():
             log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
                         more["ranks"])
