@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -53,10 +54,12 @@ class RankIdentity:
 
 
 def process_group():
-    """torch.distributed when a default process group exists, else None (torch absent too)."""
-    try:
-        import torch.distributed as dist
-    except ImportError:
+    """torch.distributed when a default process group exists, else None. Looked up among the
+    modules already imported, never imported here: no process group can exist before the program
+    imports torch, and a placerun worker's stage 1 (before user code) must import neither torch nor
+    numpy, as torchrun's worker does not (tests/test_torchrun_conformance.py)."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None:
         return None
     return dist if dist.is_available() and dist.is_initialized() else None
 
