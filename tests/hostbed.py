@@ -249,6 +249,8 @@ class HostBed:
         for h in self.hosts:
             _kill_netns(h.netns)
             for p in h.started:
+                if p.poll() is None:  # started but not yet inside the namespace when it was scanned
+                    p.kill()
                 try:
                     p.wait(timeout=5)
                 except subprocess.TimeoutExpired:

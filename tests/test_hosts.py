@@ -97,7 +97,8 @@ def test_hosts_have_their_own_name_address_and_reach_each_other(hostbed):
 def test_a_closed_bed_leaves_nothing_and_a_killed_runs_bed_is_removed(hostbed):
     bed = hostbed(2)
     sleeper = bed.hosts[1].start(["sleep", "600"], Path(os.devnull))
-    assert pids_in_netns(bed.hosts[1].netns)
+    # `ip netns exec` enters the namespace after start() returns: wait for it, bounded
+    wait_until(lambda: pids_in_netns(bed.hosts[1].netns), 10, "the sleeper inside host1's namespace")
     bed.close()
     assert sleeper.wait(timeout=10) != 0
     listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
