@@ -55,7 +55,6 @@ as straggler.arrival_lateness_ms does (no wall clocks: skew-free).
 from __future__ import annotations
 
 import math
-import os
 import socket
 import struct
 import threading
@@ -67,6 +66,7 @@ from typing import Any, Callable, Optional
 from placement.cpuset import format_cpulist
 from placement.monitor.straggler import (FIELDS, MIN_COMMON_STEPS, RankFigures, Straggler, StragglerReport, Thresholds, classify,
                                          comm_baseline)
+from placement.monitor.stall import NAMED_PEERS, POSTS_MAX, post_line, read_posts
 from placement.monitor.warn import WarnOnce, first_line
 
 PREFIX = "placement/exchange"
@@ -88,14 +88,6 @@ def default_store():
     from torch.distributed import distributed_c10d
 
     return distributed_c10d._get_default_store()
-
-
-def node_rank_from_env() -> Optional[int]:
-    """torch elastic's GROUP_RANK: which node (agent) this rank runs on."""
-    try:
-        return int(os.environ["GROUP_RANK"])
-    except (KeyError, ValueError):
-        return None
 
 
 @dataclass
@@ -356,8 +348,6 @@ class Exchange:
         """A rank (not 0) posts its stall or resume for rank 0, from a short-lived thread: a
         store op may wait on the client's lock, held by a training thread blocked in a store
         call, and the monitor thread must not wait with it."""
-        from placement.monitor.stall import POSTS_MAX, post_line
-
         transport = self.transport
         if self.rank == 0 or transport is None or self._posts_sent >= POSTS_MAX:
             return
@@ -375,7 +365,6 @@ class Exchange:
     def stall_posts(self) -> list[dict]:
         """Rank 0: peers' stall posts not read yet (one round trip when there are none). Posts
         from before this exchange's first look (an earlier attach in this job) are skipped."""
-        from placement.monitor.stall import read_posts
 
         if self.transport is None:
             return []
@@ -499,7 +488,6 @@ def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited
                  threshold_s: Optional[float], seq: int, how: str = "rows stopped") -> list[dict]:
     """Rank 0's `stall` event fields for peers whose exchange rows stopped (or came again):
     one event per rank up to stall.NAMED_PEERS, else one naming them all in list form."""
-    from placement.monitor.stall import NAMED_PEERS
 
     def one(rank_fields: dict, last: Optional[int]) -> dict:
         f = {"phase": phase, **rank_fields, "reported_by": 0, "how": how, "exchange": seq,
