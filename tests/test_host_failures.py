@@ -174,7 +174,11 @@ def test_killing_the_store_host_fails_as_torchrun_does_quickly(hostbed, tmp_path
         log = read_log(tmp_path / "placerun" / "logs-host1" / f"rank{rank}.jsonl")  # every line whole
         steps = _steps(log)
         assert steps == list(range(1, len(steps) + 1)) and len(steps) >= 20, (rank, steps[-3:])
-        assert log[-1]["type"] == "end", log[-3:]  # flushed at exit, after its last step
+        # Its `end` line is there only when the rank reached its exit path: a rank blocked inside a
+        # gloo collective on the dead host runs no Python signal handler (handlers run between
+        # bytecodes) and torch's agent then SIGKILLs it (seen 1 in 2 under two spinners). What was
+        # flushed is there, whole and in order, either way.
+        assert log[-1]["type"] in ("end", "step"), log[-3:]
 
 
 def test_a_host_clock_seconds_ahead_changes_no_lateness(hostbed, tmp_path):
