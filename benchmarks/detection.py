@@ -6,9 +6,12 @@ its DEFAULT monitor settings unless overridden) goes through three phases:
   12 s, longer than the default hang bound either way); alarms = `stall` events naming a rank
   (not the one job-wide event) during it;
 - single pause: after step 120 rank 1 pauses 5 s (a garbage collection); alarms likewise;
+- straggler: from step 140 to 190 rank 1 sleeps STRAGGLER_FRAC (30%) longer each step; onset =
+  seconds (and exchange windows) from its first slow step to rank 0's first `straggler` event
+  naming rank 1; windows naming a rank outside those steps are counted too;
 - hang: after step 200 rank 1 blocks for good; latency = seconds from its last step to the first
   `stall` event naming rank 1 in any rank's log (one host: one clock).
-Straggler onset latency and false straggler windows are benchmarks/precision.py's (issue 27).
+benchmarks/precision.py measures straggler precision and onset at 5/10/30% over many windows.
 
     python benchmarks/detection.py [--quick] [placement.monitor.KEY=VALUE ...]
 
@@ -31,6 +34,8 @@ from pathlib import Path
 WORLD = 3
 SHARED_AT, SINGLE_AT, HANG_AT = 40, 120, 200
 SINGLE_S = 5.0
+STRAGGLER_AT, STRAGGLER_TO, STRAGGLER_FRAC = 140, 190, 0.3
+STEP_S = 0.02
 HANG_WAIT_S = 40.0  # the harness gives up on naming after this long
 
 
@@ -50,7 +55,10 @@ def worker(log_dir: str, shared_s: float, overrides: str) -> None:
     x = torch.ones(1024)
     marks = {}
     for step in range(1, 10**6):
-        time.sleep(0.02)
+        slow = rank == 1 and STRAGGLER_AT <= step < STRAGGLER_TO
+        if slow and step == STRAGGLER_AT:
+            marks["straggler"] = time.time()
+        time.sleep(STEP_S * (1.0 + STRAGGLER_FRAC) if slow else STEP_S)
         dist.all_reduce(x)
         h.step()
         if step == SHARED_AT:
@@ -128,6 +136,12 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
     shared_lo = min(m["shared"][0] for m in marks.values())
     shared_hi = max(m["shared"][1] for m in marks.values())
     single_lo, single_hi = marks[1]["single"]
+    strag_t = marks[1]["straggler"]
+    judged = sorted((e for e in events if e.get("type") == "straggler"), key=lambda e: e["t"])
+    onset = next((e for e in judged if e["steps"][1] >= STRAGGLER_AT
+                  and any(s.get("ranks") == [1] for s in e.get("stragglers") or [])), None)
+    elsewhere = [e for e in judged if e.get("stragglers")
+                 and (e["steps"][1] < STRAGGLER_AT or e["steps"][0] >= STRAGGLER_TO)]
     first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
                   and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
     return {
@@ -136,8 +150,12 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
         "shared_pause_s": shared_s, "shared_pause_alarms": len(_alarms(events, shared_lo, shared_hi + 1)),
         "shared_pause_job_events": sum(1 for e in events if e.get("scope") == "job" and e.get("phase") == "stalled"),
         "single_pause_s": SINGLE_S, "single_pause_alarms": len(_alarms(events, single_lo, single_hi + 1)),
+        "straggler_pct": round(100 * STRAGGLER_FRAC), "straggler_named_s": None if onset is None else round(onset["t"] - strag_t, 2),
+        # windows from the first slow step to the end of the window that named it (its own length)
+        "straggler_named_windows": None if onset is None else
+        -(-(onset["steps"][1] - STRAGGLER_AT + 1) // (onset["steps"][1] - onset["steps"][0] + 1)),
+        "straggler_events_elsewhere": len(elsewhere),
         "world": WORLD, "overrides": overrides,
-        "straggler_onset": "benchmarks/precision.py (issue 27)",
     }
 
 
