@@ -213,6 +213,11 @@ class Handle:
         return None if self.session is None else self.session.binder
 
     @property
+    def tuner(self):
+        """The rank's self-tuner (placement.tune.Tuner), None when tuning is off."""
+        return self._tuner
+
+    @property
     def steps(self) -> int:
         return 0 if self.monitor is None else self.monitor.step
 
