@@ -1,17 +1,19 @@
 """How fast a hung rank is named, and whether pauses that are not faults raise alarms.
 
 A real gloo job (WORLD ranks on this host, an all_reduce per ~20 ms step, placement.attach with
-its DEFAULT monitor settings unless overridden) goes through three phases:
-- shared pause: after step 40 every rank pauses SHARED_S together (a checkpoint: 60 s, --quick
+its DEFAULT monitor settings unless overridden) goes through these phases:
+- balanced: the first BALANCED steps (500 with --quick, 5,000 without) every rank alike; false
+  straggler events = `straggler` events whose window lies in them, per 1,000 exchange windows
+  (with --quick 25 windows: one false event would read 40 per 1,000);
+- shared pause: 40 steps later every rank pauses SHARED_S together (a checkpoint: 60 s, --quick
   12 s, longer than the default hang bound either way); alarms = `stall` events naming a rank
   (not the one job-wide event) during it;
-- single pause: after step 120 rank 1 pauses 5 s (a garbage collection); alarms likewise;
-- straggler: from step 140 to 190 rank 1 sleeps STRAGGLER_FRAC (30%) longer each step; onset =
+- single pause: 120 steps after the balanced ones rank 1 pauses 5 s (a garbage collection); alarms likewise;
+- straggler: from step 140 to 190 (after the balanced ones) rank 1 sleeps STRAGGLER_FRAC (30%) longer each step; onset =
   seconds (and exchange windows) from its first slow step to rank 0's first `straggler` event
   naming rank 1; windows naming a rank outside those steps are counted too;
-- hang: after step 200 rank 1 blocks for good; latency = seconds from its last step to the first
+- hang: after step 200 (after the balanced ones) rank 1 blocks for good; latency = seconds from its last step to the first
   `stall` event naming rank 1 in any rank's log (one host: one clock).
-benchmarks/precision.py measures straggler precision and onset at 5/10/30% over many windows.
 
     python benchmarks/detection.py [--quick] [placement.monitor.KEY=VALUE ...]
 
@@ -39,7 +41,7 @@ STEP_S = 0.02
 HANG_WAIT_S = 40.0  # the harness gives up on naming after this long
 
 
-def worker(log_dir: str, shared_s: float, overrides: str) -> None:
+def worker(log_dir: str, shared_s: float, overrides: str, balanced: int) -> None:
     import torch
     import torch.distributed as dist
 
@@ -54,7 +56,8 @@ def worker(log_dir: str, shared_s: float, overrides: str) -> None:
     h = placement.attach(policy="none", tune={"enabled": False}, monitor=monitor)
     x = torch.ones(1024)
     marks = {}
-    for step in range(1, 10**6):
+    for at in range(1, 10**6):
+        step = at - balanced  # the phases below count from the end of the balanced steps
         slow = rank == 1 and STRAGGLER_AT <= step < STRAGGLER_TO
         if slow and step == STRAGGLER_AT:
             marks["straggler"] = time.time()
@@ -93,7 +96,7 @@ def _alarms(events: list[dict], lo: float, hi: float) -> list[dict]:
             and e.get("scope") != "job" and lo <= e["t"] <= hi]
 
 
-def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
+def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 500) -> dict:
     with tempfile.TemporaryDirectory(prefix="placement-detection-") as d:
         log_dir = Path(keep or d)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -106,7 +109,7 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
                        LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                        OMP_NUM_THREADS="1")
             procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(log_dir), str(shared_s),
-                                           ",".join(overrides)], env=env, stdout=subprocess.DEVNULL,
+                                           ",".join(overrides), str(balanced)], env=env, stdout=subprocess.DEVNULL,
                                           stderr=subprocess.PIPE, start_new_session=True))
         try:
             deadline = None
@@ -138,13 +141,22 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
     single_lo, single_hi = marks[1]["single"]
     strag_t = marks[1]["straggler"]
     judged = sorted((e for e in events if e.get("type") == "straggler"), key=lambda e: e["t"])
-    onset = next((e for e in judged if e["steps"][1] >= STRAGGLER_AT
+    onset = next((e for e in judged if e["steps"][1] >= balanced + STRAGGLER_AT
                   and any(s.get("ranks") == [1] for s in e.get("stragglers") or [])), None)
     elsewhere = [e for e in judged if e.get("stragglers")
-                 and (e["steps"][1] < STRAGGLER_AT or e["steps"][0] >= STRAGGLER_TO)]
+                 and balanced < e["steps"][1] and (e["steps"][1] < balanced + STRAGGLER_AT
+                                                   or e["steps"][0] >= balanced + STRAGGLER_TO)]
     first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
                   and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
+    from placement.config import load_config
+
+    every = load_config(overrides).monitor.exchange_every
+    balanced_windows = balanced // every
+    false_events = [e for e in judged if e.get("stragglers") and e["steps"][1] <= balanced]
     return {
+        "balanced_windows": balanced_windows, "false_straggler_events": len(false_events),
+        "false_per_1000_windows": round(1000.0 * len(false_events) / balanced_windows, 1) if balanced_windows else None,
+        "false_job_wide": sum(1 for e in false_events if all(s.get("kind") == "comm-slow" for s in e["stragglers"])),
         "hang_named_s": None if not named else round(named[0] - hang_t, 2),
         "hang_named_by": None if first is None else first.get("reported_by", 1),
         "shared_pause_s": shared_s, "shared_pause_alarms": len(_alarms(events, shared_lo, shared_hi + 1)),
@@ -153,7 +165,7 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
         "straggler_pct": round(100 * STRAGGLER_FRAC), "straggler_named_s": None if onset is None else round(onset["t"] - strag_t, 2),
         # windows from the first slow step to the end of the window that named it (its own length)
         "straggler_named_windows": None if onset is None else
-        -(-(onset["steps"][1] - STRAGGLER_AT + 1) // (onset["steps"][1] - onset["steps"][0] + 1)),
+        -(-(onset["steps"][1] - balanced - STRAGGLER_AT + 1) // (onset["steps"][1] - onset["steps"][0] + 1)),
         "straggler_events_elsewhere": len(elsewhere),
         "world": WORLD, "overrides": overrides,
     }
@@ -162,10 +174,11 @@ def run(shared_s: float, overrides: list[str], keep: str = "") -> dict:
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
         sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-        worker(sys.argv[2], float(sys.argv[3]), sys.argv[4])
+        worker(sys.argv[2], float(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="a 12 s shared pause instead of 60 s (under a minute)")
+    p.add_argument("--quick", action="store_true",
+                   help="500 balanced steps and a 12 s shared pause instead of 5,000 and 60 s (under a minute)")
     p.add_argument("--log-dir", default="", help="keep the ranks' logs here (default: a temporary directory)")
     p.add_argument("overrides", nargs="*", metavar="placement.monitor.KEY=VALUE")
     args = p.parse_args(argv)
@@ -177,7 +190,7 @@ def main(argv=None) -> int:
     except ConfigError as e:
         print(f"detection: {e}", file=sys.stderr)
         return 2
-    result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir)
+    result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir, 500 if args.quick else 5000)
     print(json.dumps(result))
     return 0
 
