@@ -29,7 +29,7 @@ def test_ranks_that_say_nothing_while_their_peers_wait_are_named_silent_with_the
     named = wait_until(lambda: ex.overdue(THRESHOLD_S), 10, "rank 3 named silent", poll=0.05)
     assert [(f["phase"], f["rank"], f["how"], f["host"], f["node_rank"]) for f in named] == \
         [("stalled", 3, "silent", "host1", 1)]
-    assert named[0]["stalled_s"] > THRESHOLD_S
+    assert named[0]["stalled_s"] >= THRESHOLD_S  # waited more than it, written to the ms (0.3004 -> 0.3)
     time.sleep(THRESHOLD_S)
     assert ex.overdue(THRESHOLD_S) == []  # named once
 
