@@ -108,13 +108,21 @@ def test_worker_server_route_leaves_the_gil_free_while_torch_formats(gloo_world_
         th.join()
         return max(gaps)
 
+    # A busy machine preempts main for a few ms whatever holds the GIL, which only ever makes the
+    # free route look held, never the reverse: up to 3 rounds, each the shortest of 3 looks per route
+    # (under two spinners one round read 5.5 ms free against 10.2 ms held).
+    rounds = []
     try:
         handler.dump()  # the server starts at the first dump
-        held = min(longest_main_gap(binding) for _ in range(3))
-        free = min(longest_main_gap(handler) for _ in range(3))
+        for _ in range(3):
+            held = min(longest_main_gap(binding) for _ in range(3))
+            free = min(longest_main_gap(handler) for _ in range(3))
+            rounds.append((free, held))
+            if free < held / 2:
+                break
     finally:
         handler.close()
-    assert free < held / 2, (free, held)
+    assert any(free < held / 2 for free, held in rounds), rounds
 
 
 PARAMS_SCRIPT = textwrap.dedent("""
