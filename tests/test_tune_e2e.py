@@ -204,18 +204,6 @@ def test_hog_on_main_core_moves_main_and_step_time_recovers(tmp_path):
 
 
 # ---- the training process ----------------------------------------------------------------
-def _tuner_idle(log: Path) -> bool:
-    """No tune action waits for its verdict, by the rank's own event log."""
-    open_actions = 0
-    for line in log.read_text().split("\n")[:-1]:  # complete lines only
-        e = json.loads(line)
-        if e["type"] == "tune" and e.get("phase") == "applied":
-            open_actions += 1
-        elif e["type"] == "rollback" or (e["type"] == "tune" and e.get("phase") == "kept"):
-            open_actions -= 1
-    return open_actions == 0
-
-
 def _train_step() -> Callable[[], None]:
     """One training step of a small MLP on one intra-op thread (the worker's and the reference's)."""
     import torch
@@ -280,11 +268,12 @@ def _worker(tmp: Path) -> None:
     release = None
     while hog_step is None or handle.steps - hog_step + 1 < HOG_STEPS:
         step = handle.steps + 1  # the step about to run
-        if step > QUIET_STEPS and not (tmp / "ready").exists() and _tuner_idle(tmp / "rank0.jsonl"):
-            (tmp / "ready").touch()  # nothing in flight: main stays where it is when the hogs come
-        if hog_step is None and (tmp / "hogs_armed").exists() and handle.tuner.state is TunerState.WATCHING \
+        idle = handle.tuner.state is TunerState.WATCHING  # no action in flight or cooling down
+        if step > QUIET_STEPS and idle and not (tmp / "ready").exists():
+            (tmp / "ready").touch()  # main stays where it is when the hogs come
+        if hog_step is None and idle and (tmp / "hogs_armed").exists() \
                 and handle.tuner.window_end(step - 1) == step - 1 + WINDOW:
-            # step opens a tune window and no action is in flight or cooling down: let the hogs go (the write end stays open, so a hog that
+            # step opens a tune window: let the hogs go (the write end stays open, so a hog that
             # reaches its open() late goes at once)
             release = os.open(tmp / "hogs_release", os.O_WRONLY | os.O_NONBLOCK)
             hog_step = step
