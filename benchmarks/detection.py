@@ -8,12 +8,13 @@ its DEFAULT monitor settings unless overridden) goes through these phases:
 - shared pause: 40 steps later every rank pauses SHARED_S together (a checkpoint: 60 s, --quick
   12 s, longer than the default hang bound either way); alarms = `stall` events naming a rank
   (not the one job-wide event) during it;
-- single pause: 120 steps after the balanced ones rank 1 pauses 5 s (a garbage collection); alarms likewise;
-- straggler: from step 140 to 190 (after the balanced ones) rank 1 sleeps STRAGGLER_FRAC (30%) longer each step; onset =
-  seconds (and exchange windows) from its first slow step to rank 0's first `straggler` event
-  naming rank 1; windows naming a rank outside those steps are counted too;
-- hang: after step 200 (after the balanced ones) rank 1 blocks for good; latency = seconds from its last step to the first
-  `stall` event naming rank 1 in any rank's log (one host: one clock).
+- single pause: 120 steps after the balanced ones rank 1 pauses 5 s (a garbage collection);
+  alarms likewise;
+- straggler: from step 140 to 190 (after the balanced ones) rank 1 sleeps STRAGGLER_FRAC (30%)
+  longer each step; onset = seconds (and exchange windows) from its first slow step to rank 0's
+  first `straggler` event naming rank 1; windows naming a rank outside those steps are counted;
+- hang: after step 200 (after the balanced ones) rank 1 blocks for good; latency = seconds from
+  its last step to the first `stall` event naming rank 1 in any rank's log (one host: one clock).
 
     python benchmarks/detection.py [--quick] [placement.monitor.KEY=VALUE ...]
 
@@ -96,7 +97,7 @@ def _alarms(events: list[dict], lo: float, hi: float) -> list[dict]:
             and e.get("scope") != "job" and lo <= e["t"] <= hi]
 
 
-def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 500) -> dict:
+def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 500, exchange_every: int = 20) -> dict:
     with tempfile.TemporaryDirectory(prefix="placement-detection-") as d:
         log_dir = Path(keep or d)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -148,10 +149,7 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
                                                    or e["steps"][0] >= balanced + STRAGGLER_TO)]
     first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
                   and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
-    from placement.config import load_config
-
-    every = load_config(overrides).monitor.exchange_every
-    balanced_windows = balanced // every
+    balanced_windows = balanced // exchange_every
     false_events = [e for e in judged if e.get("stragglers") and e["steps"][1] <= balanced]
     return {
         "balanced_windows": balanced_windows, "false_straggler_events": len(false_events),
@@ -186,11 +184,12 @@ def main(argv=None) -> int:
     from placement.errors import ConfigError
 
     try:
-        load_config(args.overrides)
+        cfg = load_config(args.overrides)
     except ConfigError as e:
         print(f"detection: {e}", file=sys.stderr)
         return 2
-    result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir, 500 if args.quick else 5000)
+    result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir, 500 if args.quick else 5000,
+                 cfg.monitor.exchange_every)
     print(json.dumps(result))
     return 0
 
