@@ -37,6 +37,9 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from placement.report.logs import read_logs  # noqa: E402
 SAMPLE_EVERY_S = 2.0
 STOP_CHECK_EVERY = 50  # steps between the ranks' all_reduce of "time is up" (every rank stops at one step)
 PORT = 29400
@@ -102,7 +105,7 @@ def worker(out: Path, seconds: float) -> None:
 
 
 # ---- the harness --------------------------------------------------------------------------
-def _slope_mib_per_10k(samples: list[dict], key: str, scale: float) -> float | None:
+def _slope_per_10k_steps(samples: list[dict], key: str, scale: float) -> float | None:
     """Least-squares slope of samples[key] * scale against the step, after the first quarter."""
     tail = samples[len(samples) // 4:]
     if len(tail) < 3:
@@ -158,21 +161,14 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
                 bed.close()
         wall_s = time.monotonic() - t0
         ranks = [json.loads(f.read_text()) for f in sorted(out.glob("soak-rank*.json"))]
-        logs = sorted({Path(r["log_dir"]) for r in ranks})
-        kinds, log_bytes, drift = collections.Counter(), 0, 0
-        for d in logs:
-            for f in d.glob("rank*.jsonl"):
-                log_bytes += f.stat().st_size
-                for line in f.read_text().splitlines():
-                    e = json.loads(line)
-                    if e["type"] != "step":
-                        kinds[e["type"]] += 1
-                    if e["type"] == "bind" and "drift" in e:
-                        drift += 1
+        log = read_logs(sorted({r["log_dir"] for r in ranks}))  # the report's reader: torn lines skipped, counted
+        log_bytes = sum(Path(f).stat().st_size for f in log.files)
+    kinds = collections.Counter(e["type"] for e in log.events)
+    drift = sum(1 for e in log.events if e["type"] == "bind" and "drift" in e)
     steps = sum(r["steps"] for r in ranks)
     hours_rank = wall_s / 3600.0 * len(ranks)
-    rss = {r["rank"]: _slope_mib_per_10k(r["samples"], "rss_kib", 1 / 1024) for r in ranks}
-    blocks = {r["rank"]: _slope_mib_per_10k(r["samples"], "py_blocks", 1.0) for r in ranks}
+    rss = {r["rank"]: _slope_per_10k_steps(r["samples"], "rss_kib", 1 / 1024) for r in ranks}
+    blocks = {r["rank"]: _slope_per_10k_steps(r["samples"], "py_blocks", 1.0) for r in ranks}
     per_step = log_bytes / steps if steps else None
     unrepaired = sum(len(r["off_plan"]) for r in ranks)
     return {
@@ -183,7 +179,7 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
         "rss_growth_mib_per_10k_steps": {k: None if v is None else round(v, 3) for k, v in rss.items()},
         "py_blocks_growth_per_10k_steps": {k: None if v is None else round(v) for k, v in blocks.items()},
         "events_per_rank_hour": {k: round(v / hours_rank, 1) for k, v in sorted(kinds.items())},
-        "drift_repaired": drift, "threads_checked": sum(r["threads_checked"] for r in ranks),
+        "log_lines_skipped": log.skipped, "drift_repaired": drift, "threads_checked": sum(r["threads_checked"] for r in ranks),
         "drift_unrepaired": unrepaired,
         "log_bytes_per_step_per_rank": None if per_step is None else round(per_step, 1),
         "week_at_16k_ranks_tb": None if per_step is None else round(per_step * WEEK_S * BIG_JOB_RANKS / 1e12, 2),
@@ -193,7 +189,6 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
 
 def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        sys.path.insert(0, str(REPO))
         worker(Path(sys.argv[2]), float(sys.argv[3]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -202,8 +197,11 @@ def main() -> int:
     p.add_argument("--hosts", type=int, default=2, help="hosts of the bed, one rank each (default 2)")
     p.add_argument("--keep", default="", help="keep the logs here (default: a temporary directory)")
     args = p.parse_args()
-    if args.minutes <= 0 or args.hosts < 1:
-        print(f"soak: --minutes {args.minutes} / --hosts {args.hosts}: both must be positive", file=sys.stderr)
+    if args.minutes <= 0:
+        print(f"soak: --minutes {args.minutes:g} is not valid; give a number of minutes above 0", file=sys.stderr)
+        return 2
+    if args.hosts < 1:
+        print(f"soak: --hosts {args.hosts} is not valid; give 1 or more", file=sys.stderr)
         return 2
     print(json.dumps(run(1.0 if args.quick else args.minutes, args.hosts, args.keep)))
     return 0
