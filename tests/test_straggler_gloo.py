@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from placement.monitor.straggler import Thresholds
 from placerun_helpers import exit_without_gloo_teardown, free_port
 
 STEPS = 80
@@ -111,26 +112,25 @@ def test_cpu_hog_on_rank1_main_core_names_rank1_cpu_slow_not_rank0(tmp_path):
     step_growth, comm_growth = growth("step_ms"), growth("comm_ms")
     assert step_growth > 5.0, step_growth  # the hog slowed the job (ms per step)
     assert comm_growth > 0.5 * step_growth, (comm_growth, step_growth)
-    # Rank 1's main waited in the runqueue behind the spinners. Against its own wait before the
-    # hog, under whatever else loads the box then: with n other runnable tasks on its core, main
-    # waits about n x its on-CPU time, so 3 spinners add about 3 x that, whatever n was before
-    # (other processes on both cores: 2.4-2.7x the wait before, not a fixed ratio). Half of the
-    # expected growth is asked; rank 0, under the same outside load and no hog, grew far less.
+    # Rank 1's main waited in the runqueue behind the spinners, and that wait explains the job's
+    # step growth as the classifier asks a cause to (its explain_frac share; the rest is rank 1's
+    # gloo threads, on the same core, waiting too), while rank 0, under the same outside load and
+    # no hog, grew far less. Judged against the job and rank 0 under the same load, not against a
+    # model of the scheduler (n spinners add n x main's on-CPU time: under two outside spinners
+    # main's wait grew 1.5x its on-CPU time, not 3x). Under two spinners, 8 runs: main's growth
+    # 0.45-0.71 of the step growth, rank 0's 0.26-0.40 of rank 1's.
     r1 = _steps(logs[1])
-    grew1, cpu1 = _runq_growth(r1)
-    grew0, _ = _runq_growth(r0)
-    assert grew1 > 1.5 * cpu1 + 1.0, (grew1, cpu1)
+    grew1, grew0 = _runq_growth(r1), _runq_growth(r0)
+    assert grew1 > Thresholds().explain_frac * step_growth, (grew1, step_growth)
     assert grew0 < grew1 / 2, (grew0, grew1)
 
 
-def _runq_growth(steps: list[dict]) -> tuple[float, float]:
-    """(median runqueue wait of main over the hog steps minus over steps 11-30, its median
-    on-CPU ms over the hog steps), ms per step."""
-    def median(field: str, which) -> float:
-        return statistics.median(r["roles"]["main"][field] for r in steps if which(r["step"]))
+def _runq_growth(steps: list[dict]) -> float:
+    """Median runqueue wait of main over the hog steps minus over steps 11-30, ms per step."""
+    def median(which) -> float:
+        return statistics.median(r["roles"]["main"]["runq_ms"] for r in steps if which(r["step"]))
 
-    quiet, hogged = (lambda s: 10 < s <= 30), (lambda s: s in HOG_STEPS)
-    return median("runq_ms", hogged) - median("runq_ms", quiet), median("cpu_ms", hogged)
+    return median(lambda s: s in HOG_STEPS) - median(lambda s: 10 < s <= 30)
 
 
 @pytest.mark.slow
