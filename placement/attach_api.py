@@ -51,6 +51,7 @@ from placement.monitor import comm as monitor_comm
 from placement.monitor.comm_groups import default_backend
 from placement.monitor.exchange import Exchange, default_store
 from placement.monitor.step_monitor import StepMonitor
+from placement.monitor.straggler import Thresholds
 from placement.monitor.threads import RoleSampler, ThreadScan
 from placement.monitor.warn import WarnOnce
 from placement.monitor.watch import WatchedIterable
@@ -422,8 +423,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
             warn("exchange", f"no c10d store to exchange straggler figures through ({type(e).__name__}: {e}); "
                              "straggler naming is off")
         if store is not None:
-            monitor.exchange = Exchange(rank, world_size, store, warn,
-                                        slots=cfg.monitor.exchange_every, node_rank=identity.node_rank)
+            monitor.exchange = Exchange(rank, world_size, store, warn, slots=cfg.monitor.exchange_every,
+                                        thresholds=Thresholds(min_cost_pct=cfg.monitor.straggler_min_cost_pct,
+                                                              confirm_windows=cfg.monitor.straggler_confirm_windows),
+                                        node_rank=identity.node_rank)
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.

@@ -93,6 +93,10 @@ class MonitorConfig:
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
     rescan_every: int = _key(20, "steps between rescans of the thread list")
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
+    straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
+                                              "removed) is at least this share of step time (docs/monitor.md)")
+    straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
+                                             "named (then named for as long as it does)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
     comm_timing: CommTimingMode = _key(CommTimingMode.AUTO, "how collectives are timed (docs/monitor.md)")
@@ -195,6 +199,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
+    _range("monitor.straggler_min_cost_pct", m.straggler_min_cost_pct, 0.0, 100.0)
+    _range("monitor.straggler_confirm_windows", m.straggler_confirm_windows, 1, 1000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
     _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)

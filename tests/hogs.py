@@ -6,12 +6,18 @@ import time
 from placerun_helpers import allowed
 
 
-def spin_pinned(cpu: int) -> int:
-    """Fork a process that spins on `cpu` until killed; returns its pid once the kernel shows
-    it pinned there (right after fork it still has the parent's mask)."""
+def spin_pinned(cpu: int, nice: int = 0) -> int:
+    """Fork a process that spins on `cpu` until killed (at `nice`, where allowed: below 0 needs
+    root); returns its pid once the kernel shows it pinned there (right after fork it still has
+    the parent's mask)."""
     pid = os.fork()
     if pid == 0:
         try:
+            if nice:
+                try:
+                    os.setpriority(os.PRIO_PROCESS, 0, nice)
+                except PermissionError:
+                    pass
             os.sched_setaffinity(0, {cpu})
             while True:
                 pass

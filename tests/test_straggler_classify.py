@@ -57,7 +57,10 @@ def test_all_ranks_together_but_collectives_slower_than_baseline_is_comm_slow():
     # Every rank enters within 0.2 ms; the all-reduce takes 14 ms/step against 4 ms before.
     figs = [fig(r, comm=14.0 + 0.1 * r, step=30.0) for r in range(4)]
     rep = classify(figs, baseline_transfer_ms=4.0)
-    assert [(s.kind, s.ranks) for s in rep.stragglers] == [("comm-slow", [0, 1, 2, 3])]
+    assert rep.stragglers == []  # a slowdown every rank shares names no rank: it is the job's
+    job = rep.job_wide
+    assert (job.kind, job.cause) == ("comm-slow", "comm")
+    assert math.isclose(job.cost_ms_per_step, 10.0) and math.isclose(job.cost_pct, 100 * 10.0 / 30.0)
     assert rep.transfer_ms == 14.0
     assert rep.waiting == []
 
@@ -155,3 +158,129 @@ def test_two_ranks_with_different_probe_cadences_and_identical_arrivals_name_nob
 def test_comm_baseline_needs_history_and_ignores_one_lucky_window():
     assert comm_baseline([4.0, 4.2]) is None
     assert comm_baseline([1.0, 4.0, 4.2, 4.4]) == 4.1
+
+
+# ------------------------------------------------------------------ what a straggler costs
+def steps_fig(rank, comm_steps, *, step=20.0, data=0.0, runq=0.1):
+    """A rank whose comm time at step 21 + i is comm_steps[i]."""
+    n = len(comm_steps)
+    return RankFigures(rank=rank, steps=n, first_step=21, last_step=20 + n, step_ms=step, data_ms=data,
+                       comm_ms=sum(comm_steps) / n, main_runq_ms=runq, nccl_runq_ms=None, main_cpu_ms=None,
+                       main_mhz=None, comm_steps=tuple(comm_steps))
+
+
+def test_a_late_rank_costs_its_lateness_over_its_peers_per_step():
+    # Rank 2 enters 4 ms late at every step (its peers wait 4 ms longer in the all-reduce), rank 1
+    # 1 ms late: without rank 2's lateness the 1 ms rank sets the pace, so rank 2 costs 3 ms/step.
+    figs = [steps_fig(0, [6.0] * 10), steps_fig(1, [5.0] * 10), steps_fig(2, [2.0] * 10, runq=3.0)]
+    rep = classify(figs)
+    s2 = next(s for s in rep.stragglers if s.ranks == [2])
+    assert s2.lateness_ms == 4.0 and math.isclose(s2.cost_ms_per_step, 3.0)
+    assert math.isclose(s2.cost_pct, 100 * 3.0 / 20.0)
+    # its runqueue excess (2.9 ms over its peers' 0.1) explains all but 0.1 ms of the cost
+    assert s2.kind == "cpu-slow" and s2.cost_by_cause == {"cpu_stall": 2.9, "data": 0.0, "compute": 0.1}
+    s1 = next(s for s in rep.stragglers if s.ranks == [1])
+    assert s1.cost_ms_per_step == 0.0  # never the latest: fixing it alone gains nothing
+    # Both fixed: the job's step is 4 ms shorter (the earliest rank, at 0, sets the pace).
+    assert math.isclose(rep.cost_ms_per_step, 4.0) and math.isclose(rep.cost_pct, 20.0)
+
+
+def test_two_equally_late_ranks_cost_little_alone_and_their_lateness_together():
+    # Ranks 1 and 2 alternate as the latest, 5.0 and 4.8 ms late: fixing either alone leaves the
+    # other setting the pace (0.2 ms every other step), fixing both gives the 5 ms back.
+    late_a, late_b = [1.0, 1.2] * 5, [1.2, 1.0] * 5
+    figs = [steps_fig(0, [6.0] * 10), steps_fig(1, late_a), steps_fig(2, late_b), steps_fig(3, [6.0] * 10)]
+    rep = classify(figs)
+    assert rep.names() == [1, 2]
+    for s in rep.stragglers:
+        assert math.isclose(s.cost_ms_per_step, 0.1, abs_tol=1e-9)  # 0.2 ms in half the steps
+    assert math.isclose(rep.cost_ms_per_step, 5.0)
+
+
+def test_a_late_rank_waiting_for_data_costs_data():
+    figs = [steps_fig(0, [7.0] * 10), steps_fig(1, [2.0] * 10, data=6.0)]
+    s = classify(figs).stragglers[0]
+    assert s.kind == "data-slow" and math.isclose(s.cost_ms_per_step, 5.0)
+    assert s.cost_by_cause == {"cpu_stall": 0.0, "data": 5.0, "compute": 0.0}  # 6 ms of excess, scaled to the cost
+
+
+def test_one_late_step_costs_its_share_but_makes_no_candidate():
+    # A 40 ms GC pause in one step of ten: a mean cost of 4 ms/step, but median lateness 0.
+    figs = [steps_fig(0, [42.0] + [2.0] * 9), steps_fig(1, [2.0] * 10)]
+    assert classify(figs).stragglers == []
+
+
+# ---------------------------------------------------------------------------- naming (precision)
+def window(first, late_ms, step=20.0, ranks=2, slow=1):
+    """Figures of one window starting at step `first`: rank `slow` enters `late_ms` late."""
+    figs = []
+    for r in range(ranks):
+        comm = [2.0 if r == slow else 2.0 + late_ms] * 10
+        f = steps_fig(r, comm, step=step)
+        f.first_step, f.last_step = first, first + 9
+        figs.append(f)
+    return figs
+
+
+def test_a_straggler_is_named_from_its_second_costly_window_and_only_while_it_costs():
+    from placement.monitor.naming import Naming
+
+    th = Thresholds()
+    naming = Naming(th)
+    named = []
+    # 1 ms late on a 20 ms step: 5% of step time, above the 3% default; 0.4 ms: 2%, below.
+    for i, late in enumerate([1.0, 1.0, 1.0, 0.4, 1.0, 1.0, 0.0]):
+        rep = naming.decide(classify(window(1 + 10 * i, late), th=th), 1 + 10 * i)
+        named.append(rep.names())
+    assert named == [[], [1], [1], [], [], [1], []]
+    rep = naming.decide(classify(window(71, 1.0), th=th), 71)
+    assert rep.names() == [] and naming.held_back >= 3
+
+
+def test_a_named_straggler_says_since_when_and_what_it_costs():
+    from placement.monitor.naming import Naming
+
+    naming = Naming(Thresholds())
+    naming.decide(classify(window(1, 2.0)), 1)
+    rep = naming.decide(classify(window(11, 2.0)), 11)
+    (s,) = rep.stragglers
+    assert s.since_step == 1 and math.isclose(s.cost_ms_per_step, 2.0) and math.isclose(s.cost_pct, 10.0)
+    d = rep.to_dict()
+    assert d["cost_pct"] == 10.0 and d["stragglers"][0]["cost_by_cause"]["compute"] == 2.0
+
+
+def test_a_job_wide_slowdown_is_reported_once_per_episode_and_names_no_rank():
+    from placement.monitor.naming import Naming
+
+    naming = Naming(Thresholds())
+    slow = [fig(r, comm=14.0 + 0.1 * r, step=30.0) for r in range(4)]
+    said = [naming.decide(classify(slow, baseline_transfer_ms=4.0), 1 + 10 * i).job_wide for i in range(4)]
+    assert [j is not None for j in said] == [False, True, False, False]
+    assert said[1].cause == "comm" and said[1].kind == "comm-slow"
+    naming.decide(classify([fig(r, comm=4.0, step=20.0) for r in range(4)], baseline_transfer_ms=4.0), 41)
+    again = [naming.decide(classify(slow, baseline_transfer_ms=4.0), 51 + 10 * i).job_wide for i in range(2)]
+    assert [j is not None for j in again] == [False, True]
+
+
+def test_one_confirm_window_names_at_once():
+    from placement.monitor.naming import Naming
+
+    naming = Naming(Thresholds(confirm_windows=1))
+    assert naming.decide(classify(window(1, 2.0)), 1).names() == [1]
+
+
+def test_a_rank_a_little_late_behind_a_much_later_one_is_not_material():
+    # Recorded shape (4 ranks over 2 nodes, rank 3 waiting 40 ms for data): rank 1 also entered
+    # late, here 1.2 ms after the earliest; fixing it as well as rank 3 gains those 1.2 ms more,
+    # 2.6% of the 47 ms step, under the 3% default: a candidate, not material.
+    figs = [steps_fig(0, [46.0] * 10, step=47.0), steps_fig(1, [44.8] * 10, step=47.0),
+            steps_fig(2, [46.0] * 10, step=47.0), steps_fig(3, [6.0] * 10, step=47.0, data=40.0)]
+    rep = classify(figs)
+    material = {s.ranks[0]: s.material for s in rep.stragglers}
+    assert material == {3: True, 1: False}
+
+
+def test_two_tied_ranks_are_material_together():
+    late_a, late_b = [1.0, 1.2] * 5, [1.2, 1.0] * 5
+    figs = [steps_fig(0, [6.0] * 10), steps_fig(1, late_a), steps_fig(2, late_b), steps_fig(3, [6.0] * 10)]
+    assert all(s.material for s in classify(figs).stragglers)

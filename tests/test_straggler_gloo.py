@@ -20,8 +20,10 @@ import pytest
 from placement.monitor.straggler import Thresholds
 from placerun_helpers import exit_without_gloo_teardown, free_port
 
-STEPS = 80
-HOG_STEPS = range(31, 61)  # the hog runs through these steps (windows 31-40, 41-50, 51-60)
+STEPS = 90
+# The hog runs through these steps: four exchange windows, as a straggler is named once it has
+# cost the job in two windows in a row (monitor.straggler_confirm_windows).
+HOG_STEPS = range(31, 71)
 EVERY = 10
 SKEW_S = 0.050  # rank 1's monitor clock reads this much ahead in the skewed scenarios
 
@@ -190,9 +192,11 @@ def worker(scenario: str, log_dir: str) -> None:
     for step in range(1, STEPS + 1):
         if scenario.startswith("cpu-hog") and rank == 1:
             if step == HOG_STEPS.start - 1:
-                # Three spinners leave main a quarter of its core: the slowdown stands well clear
-                # of this shared VM's noise (two left rank 0's wait at times just under 2x).
-                hogs = [spin_pinned(core) for _ in range(3)]
+                # Three spinners at nice -5 leave main about a tenth of its core (weights 3121 vs
+                # 1024), whatever outside load the scheduler then moves onto rank 0's core: at nice
+                # 0, two outside spinners moved there left rank 0 a third of its core against
+                # rank 1's quarter, and rank 1 was no later than rank 0 (seen under two spinners).
+                hogs = [spin_pinned(core, nice=-5) for _ in range(3)]
             if step == HOG_STEPS.stop:
                 stop(hogs)
         x = next(data)

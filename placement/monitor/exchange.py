@@ -54,6 +54,7 @@ as straggler.arrival_lateness_ms does (no wall clocks: skew-free).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import socket
 import struct
@@ -64,8 +65,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from placement.cpuset import format_cpulist
-from placement.monitor.straggler import (FIELDS, MIN_COMMON_STEPS, RankFigures, Straggler, StragglerReport, Thresholds, classify,
-                                         comm_baseline)
+from placement.monitor.naming import Naming
+from placement.monitor.straggler import (FIELDS, MIN_COMMON_STEPS, RankFigures, StragglerReport, Thresholds, classify,
+                                         comm_baseline, cost_words)
 from placement.monitor.stall import NAMED_PEERS, POSTS_MAX, post_line, read_posts
 from placement.monitor.warn import WarnOnce, first_line
 
@@ -201,6 +203,7 @@ class Exchange:
         self.slots = slots  # per-step entry times sent (monitor.exchange_every, the same on every rank)
         self.node_rank = node_rank
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
+        self.naming = Naming(thresholds)  # rank 0: which candidates are named (precision)
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
         self._hosts: dict[int, tuple[Optional[int], str]] = {}  # rank 0: rank -> (node rank, hostname)
@@ -320,14 +323,21 @@ class Exchange:
                 del self._late[seq]
 
     def judge(self, got: Received, sent: Optional[float] = None) -> Verdict:
+        candidates: list[StragglerReport] = []
+
+        def name(report: StragglerReport) -> StragglerReport:
+            candidates.append(report)
+            steps = got.rows[:, len(HEADER) + FIELDS.index("first_step")]
+            return self.naming.decide(report, int(steps.min()) if len(steps) else got.seq)
+
         figures, report, nodes = judge_rows(got.rows, self.slots, self.world_size,
-                                            comm_baseline(self.transfer_history, self._th), self._th)
+                                            comm_baseline(self.transfer_history, self._th), self._th, name)
         missing = self._rows_seen(got.rows, got.seq, sent)
         if missing:
             self._warn(f"exchange-missing:{format_cpulist(missing)}",  # once per set of ranks missing
                        f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
                        f"({format_cpulist(missing)}); judged without them")
-        if not report.stragglers and report.transfer_ms is not None:
+        if candidates and not candidates[0].stragglers and report.transfer_ms is not None:
             self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
         return Verdict(report, figures, nodes, int(len(got.rows)), missing,
                        {r: w[1] for r, w in self.where(list(nodes)).items()})
@@ -530,8 +540,10 @@ def _lateness(rows, slots: int):
     return np.median(cols.max(axis=0) - cols, axis=1)
 
 
-def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], th: Thresholds):
-    """(figures judged, report, {rank: node_rank} of the ranks named) from the rows of one exchange."""
+def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], th: Thresholds,
+               name: Callable[[StragglerReport], StragglerReport] = lambda report: report):
+    """(figures judged, report, {rank: node_rank} of the ranks named) from the rows of one exchange;
+    `name` picks which candidates are named (Exchange: its Naming), before the report is compacted."""
     import numpy as np
 
     f = {name: len(HEADER) + i for i, name in enumerate(FIELDS)}
@@ -539,7 +551,7 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
     node_of = {int(r): (None if math.isnan(n) else int(n)) for r, n in zip(rows[:, f["rank"]], rows[:, 1])}
     if len(active) <= TRIAGE_ABOVE:
         figures = [RankFigures.from_row(r[len(HEADER):].tolist()) for r in rows]
-        report = compact(classify(figures, baseline_ms, th))
+        report = compact(name(classify(figures, baseline_ms, th)))
         return figures, report, _named_nodes(report, node_of)
     lat = _lateness(active, slots)
     if lat is None:
@@ -557,11 +569,8 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
         fastest = [int(np.nanargmin(comm))] if np.isfinite(comm).any() else []
         pick = np.unique(np.concatenate([late, sample, earliest, fastest]).astype(int))
     figures = [RankFigures.from_row(active[i, len(HEADER):].tolist()) for i in pick]
-    report = classify(figures, baseline_ms, th)
+    report = name(classify(figures, baseline_ms, th))
     all_ranks = [int(r) for r in active[:, f["rank"]]]
-    for s in report.stragglers:
-        if s.kind == "comm-slow":  # every rank arrived together: all of them, not the sample
-            s.ranks = all_ranks
     if report.stragglers:
         named = set(report.names())
         report.waiting = [r for r in all_ranks if r not in named]
@@ -570,30 +579,22 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
 
 
 def _named_nodes(report: StragglerReport, node_of: dict[int, Optional[int]]) -> dict[int, Optional[int]]:
-    return {r: node_of.get(r) for s in report.stragglers for r in (s.ranks if isinstance(s.ranks, list) else [])
-            if s.kind != "comm-slow"}
+    return {r: node_of.get(r) for s in report.stragglers for r in (s.ranks if isinstance(s.ranks, list) else [])}
 
 
 def compact(report: StragglerReport) -> StragglerReport:
-    """The report as an event carries it at any W: the NAMED worst stragglers in full, the rest
-    counted by kind (`more`), long rank lists in range form."""
-    out = StragglerReport(waiting=report.waiting, transfer_ms=report.transfer_ms)
-    singles = [s for s in report.stragglers if s.kind != "comm-slow"]
-    singles.sort(key=lambda s: -(s.lateness_ms or 0.0))
+    """The report as an event carries it at any W: the NAMED worst stragglers in full (costliest
+    first), the rest counted by kind (`more`), long rank lists in range form."""
+    singles = sorted(report.stragglers, key=lambda s: (-(s.cost_ms_per_step or 0.0), -(s.lateness_ms or 0.0)))
     more: dict[str, dict] = {}
     for s in singles[NAMED:]:
-        m = more.setdefault(s.kind, {"count": 0, "ranks": []})
+        m = more.setdefault(str(s.kind), {"count": 0, "ranks": []})
         m["count"] += len(s.ranks)
         m["ranks"].extend(s.ranks)
     for m in more.values():
         m["ranks"] = format_cpulist(m["ranks"])
-    out.stragglers = singles[:NAMED] + [
-        Straggler(s.kind, format_cpulist(s.ranks) if len(s.ranks) > LISTED else s.ranks, s.lateness_ms, s.why)
-        for s in report.stragglers if s.kind == "comm-slow"]
-    out.more = more
-    if len(out.waiting) > LISTED:
-        out.waiting = format_cpulist(out.waiting)  # type: ignore[assignment]
-    return out
+    waiting = format_cpulist(report.waiting) if len(report.waiting) > LISTED else report.waiting
+    return dataclasses.replace(report, stragglers=singles[:NAMED], more=more, waiting=waiting)
 
 
 def straggler_event(v: Verdict) -> dict[str, Any]:
@@ -618,3 +619,22 @@ def straggler_event(v: Verdict) -> dict[str, Any]:
     if v.missing:
         fields["missing"] = format_cpulist(v.missing)
     return fields
+
+
+def straggler_lines(report: StragglerReport, steps: list[int], hosts: dict[int, str]) -> list[str]:
+    """The log lines of one judged window: a line per straggler named (its cost first), one per
+    kind counted at scale, one for a job-wide slowdown."""
+    first, last = steps
+    out = []
+    for s in report.stragglers:
+        on = sorted({hosts[r] for r in s.ranks if r in hosts}) if isinstance(s.ranks, list) else []
+        cost = cost_words(s.cost_ms_per_step, s.cost_pct, s.cost_by_cause)
+        out.append(f"placement: straggler {s.kind} rank(s) {s.ranks}{' on ' + ', '.join(on) if on else ''} "
+                   f"steps {first}-{last}: {cost + '; ' if cost else ''}{s.why}")
+    for kind, more in report.more.items():
+        out.append(f"placement: straggler {kind}: {more['count']} more rank(s) steps {first}-{last}: {more['ranks']}")
+    job = report.job_wide
+    if job is not None:
+        out.append(f"placement: job-wide {job.kind} steps {first}-{last}: "
+                   f"{cost_words(job.cost_ms_per_step, job.cost_pct, {job.cause: job.cost_ms_per_step})}; {job.why}")
+    return out

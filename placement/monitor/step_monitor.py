@@ -55,7 +55,7 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.budget import ProbeBudget
 from placement.monitor.comm_base import CommStep, CommTiming
-from placement.monitor.exchange import NAMED, Exchange, Verdict, straggler_event
+from placement.monitor.exchange import Exchange, Verdict, straggler_event, straggler_lines
 from placement.monitor.record import StepRecord
 from placement.monitor.residence_watch import ResidenceWatch
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
@@ -565,19 +565,14 @@ class StepMonitor:
         self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
     def _publish(self, verdict: Optional[Verdict]) -> None:
-        """Rank 0: one `straggler` event, and its log lines, per judged window that names someone."""
-        if verdict is None or not verdict.report.stragglers:
+        """Rank 0: one `straggler` event, and its log lines, per judged window that names someone
+        (or starts a job-wide slowdown)."""
+        if verdict is None or not (verdict.report.stragglers or verdict.report.job_wide):
             return
         fields = straggler_event(verdict)
         self.events.event(EventKind.STRAGGLER, **fields)
-        first, last = fields["steps"]
-        for s in verdict.report.stragglers[:NAMED]:
-            hosts = sorted({verdict.hosts[r] for r in s.ranks if r in verdict.hosts}) if isinstance(s.ranks, list) else []
-            log.warning("placement: straggler %s rank(s) %s%s steps %d-%d: %s", s.kind, s.ranks,
-                        f" on {', '.join(hosts)}" if hosts else "", first, last, s.why)
-        for kind, more in verdict.report.more.items():
-            log.warning("placement: straggler %s: %d more rank(s) steps %d-%d: %s", kind, more["count"], first, last,
-                        more["ranks"])
+        for line in straggler_lines(verdict.report, fields["steps"], verdict.hosts):
+            log.warning("%s", line)
 
     # ---- ends --------------------------------------------------------------------------
     def _write_everything(self, exchange: bool) -> bool:

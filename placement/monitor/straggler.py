@@ -25,6 +25,16 @@ includes the wait for a late peer), need no estimation window, and are exact wha
 the offsets and their drift. Figures are compared step by step: every rank sends the same
 absolute steps (RankFigures.first_step .. last_step, exchange_steps below),
 whatever its probe cadence.
+
+What a straggler costs (`costs_ms`): per step, the job moves at the pace of its latest rank, so
+had rank r been at the median lateness of its peers, that step would have been shorter by r's
+lateness minus that of the next-latest rank (which then sets the pace), or minus the median,
+whichever is larger; 0 when r was not the latest. Its cost is the mean of that over the window's
+steps (a mean, not a median: a rank latest in half the steps costs half), so fixing one of two
+equally slow ranks is worth nothing, and the report also gives the cost of all late ranks
+together (their lateness removed at once). The cost is split by cause from the rank's excess
+over its punctual peers: CPU stall (runqueue wait), data wait, and the rest compute. Which
+candidates are named, and when, is monitor/naming.py's (precision), not this pure function's.
 """
 from __future__ import annotations
 
@@ -35,8 +45,26 @@ from typing import Optional
 
 from placement.monitor.budget import MAX_EVERY
 from placement.monitor.summary import cpu_stall_ms
+from placement.vocab import Vocabulary
 
-KINDS = ("cpu-slow", "data-slow", "compute-slow", "comm-slow")
+
+class StragglerKind(Vocabulary):
+    CPU_SLOW = "cpu-slow"
+    DATA_SLOW = "data-slow"
+    COMPUTE_SLOW = "compute-slow"
+    COMM_SLOW = "comm-slow"  # job-wide: every rank on time, the collectives slow (JobWide, not a Straggler)
+
+
+KINDS = StragglerKind.values()
+
+
+class Cause(Vocabulary):
+    """What a straggler's cost (or a job-wide slowdown's) is made of."""
+
+    CPU_STALL = "cpu_stall"  # runqueue wait of main/NCCL threads (summary.cpu_stall_ms)
+    DATA = "data"  # waiting for the next batch
+    COMPUTE = "compute"  # the rest: more work, a slower device
+    COMM = "comm"  # the collectives themselves
 
 # Steps measured on every rank that a lateness needs (the first exchange of a run may
 # cover only the first step or two, warm-up).
@@ -95,19 +123,46 @@ class RankFigures:
 
 @dataclass
 class Thresholds:
-    late_ms: float = 1.0  # a rank is late when it arrives this much after the earliest ...
-    late_frac: float = 0.1  # ... and by this fraction of the median step, whichever is larger
+    # A rank is a candidate when it arrives this much after the earliest ... (low: what it costs
+    # decides whether it is named, monitor/naming.py)
+    late_ms: float = 0.5
+    late_frac: float = 0.02  # ... and by this fraction of the median step, whichever is larger
     explain_frac: float = 0.3  # an excess (data, runqueue) must account for this share of the lateness
     slow_core_ratio: float = 0.9  # main's MHz below this fraction of its peers' = slower core
     comm_slow_factor: float = 1.5  # collective time over this multiple of the baseline = comm-slow
     baseline_windows: int = 3  # windows of history the comm baseline needs
+    # Naming (monitor/naming.py): a window whose candidates together cost the job at least this
+    # share of its step time is material (monitor.straggler_min_cost_pct) ...
+    min_cost_pct: float = 3.0
+    # ... and a rank is named once material in this many consecutive windows, for as long as it
+    # stays so (monitor.straggler_confirm_windows).
+    confirm_windows: int = 2
 
 
 @dataclass
 class Straggler:
-    kind: str  # one of KINDS
+    kind: StragglerKind
     ranks: list[int]
     lateness_ms: Optional[float]
+    why: str
+    # What the job's step would have been shorter by, had this rank alone been at its peers'
+    # median (costs_ms), ms per step and % of the job's step; by Cause, summing to the cost.
+    cost_ms_per_step: Optional[float] = None
+    cost_pct: Optional[float] = None
+    cost_by_cause: dict[Cause, float] = field(default_factory=dict)
+    since_step: Optional[int] = None  # named: the first step of the windows that confirmed it (naming.py)
+    # Whether it costs enough to be named (material_ranks; naming.py confirms it over windows).
+    material: bool = field(default=True, compare=False)
+
+
+@dataclass
+class JobWide:
+    """A slowdown every rank shares (no rank to name): reported once, as the job's."""
+
+    kind: StragglerKind
+    cause: Cause
+    cost_ms_per_step: float
+    cost_pct: float
     why: str
 
 
@@ -119,16 +174,39 @@ class StragglerReport:
     # At scale (exchange.compact): stragglers beyond the worst few, counted by kind:
     # kind -> {"count": n, "ranks": "3,17,200-207"}.
     more: dict = field(default_factory=dict)
+    step_ms: Optional[float] = None  # the job's step as measured (median over ranks of their mean)
+    # What the job's step would have been shorter by with every straggler at its peers' median
+    # (their lateness removed together), ms per step and % of step_ms.
+    cost_ms_per_step: Optional[float] = None
+    cost_pct: Optional[float] = None
+    job_wide: Optional[JobWide] = None
+    # Per rank, its lateness at each step every rank measured (costs_ms's input; not sent on).
+    lateness_steps: dict[int, list[float]] = field(default_factory=dict, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        out = {"stragglers": [asdict(s) for s in self.stragglers], "waiting": self.waiting,
-               "transfer_ms": self.transfer_ms}
+        out = {"stragglers": [_straggler_dict(s) for s in self.stragglers], "waiting": self.waiting,
+               "transfer_ms": self.transfer_ms, "step_ms": _round(self.step_ms),
+               "cost_ms_per_step": _round(self.cost_ms_per_step), "cost_pct": _round(self.cost_pct, 2)}
+        if self.job_wide is not None:
+            out["job_wide"] = {k: (_round(v) if isinstance(v, float) else v) for k, v in asdict(self.job_wide).items()}
         if self.more:
             out["more"] = self.more
         return out
 
     def names(self, kind: Optional[str] = None) -> list[int]:
         return sorted(r for s in self.stragglers if kind is None or s.kind == kind for r in s.ranks)
+
+
+def _round(v: Optional[float], digits: int = 3) -> Optional[float]:
+    return None if v is None else round(v, digits)
+
+
+def _straggler_dict(s: Straggler) -> dict:
+    d = asdict(s)
+    del d["material"]  # every straggler an event names is
+    d["cost_ms_per_step"], d["cost_pct"] = _round(s.cost_ms_per_step), _round(s.cost_pct, 2)
+    d["cost_by_cause"] = {str(c): round(v, 3) for c, v in s.cost_by_cause.items()}
+    return d
 
 
 def _mean(values) -> Optional[float]:
@@ -187,12 +265,11 @@ def _fmt(v: Optional[float]) -> str:
     return "?" if v is None else f"{v:.1f}"
 
 
-def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
-    """How late each rank enters its collectives of a step, after the earliest rank, from
-    each rank's own comm durations (see the module docstring): per absolute step, the most
-    comm time of any rank minus its own; the median over the steps every rank measured
-    (robust to one slow step). None when no step was measured on every rank, or the ranks
-    sent different steps."""
+def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float]]]:
+    """How late each rank enters its collectives, after the earliest rank, at each step every
+    rank measured, from each rank's own comm durations (see the module docstring): per absolute
+    step, the most comm time of any rank minus its own. None when fewer than MIN_COMMON_STEPS
+    steps were measured on every rank, or the ranks sent different steps."""
     if len({(r.first_step, r.last_step) for r in ranks}) != 1:
         return None  # not the same steps: nothing to compare step by step
     per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
@@ -205,12 +282,92 @@ def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
             per_step[r.rank].append(longest - c)
     if any(len(v) < MIN_COMMON_STEPS for v in per_step.values()):
         return None  # too few steps to tell lateness from one step's noise
-    return {rank: statistics.median(v) for rank, v in per_step.items()}
+    return per_step
+
+
+def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
+    """Each rank's lateness_per_step, its median over the steps (robust to one slow step)."""
+    per_step = lateness_per_step(ranks)
+    return None if per_step is None else {rank: statistics.median(v) for rank, v in per_step.items()}
+
+
+def costs_ms(per_step: dict[int, list[float]], named: list[int]) -> tuple[dict[int, float], float]:
+    """(rank -> what the job's step would have been shorter by had that rank alone been at its
+    peers' median lateness, the cost of all `named` together), ms per step: the means over the
+    steps of the module docstring's per-step savings."""
+    ranks = list(per_step)
+    n = len(per_step[ranks[0]]) if ranks else 0
+    if n == 0 or not named:
+        return {r: 0.0 for r in named}, 0.0
+    named_set = set(named)
+    own = dict.fromkeys(named, 0.0)
+    together = 0.0
+    for i in range(n):
+        lat = [(per_step[r][i], r) for r in ranks]
+        lat.sort(reverse=True)
+        top, top_rank = lat[0]
+        base = statistics.median(v for v, r in lat[1:]) if len(lat) > 1 else top
+        if top_rank in named_set:
+            nxt = lat[1][0] if len(lat) > 1 else base
+            own[top_rank] += max(0.0, top - max(nxt, base))
+            # every named rank at its peers' median: the latest of the others sets the pace
+            latest_other = next((v for v, r in lat if r not in named_set), None)
+            together += 0.0 if latest_other is None else max(0.0, top - latest_other)
+    return {r: c / n for r, c in own.items()}, together / n
+
+
+MATERIAL_GROUPS = 32  # tie groups whose share is computed one by one; the rest are judged as one
+
+
+def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: dict[int, float],
+                   step_ms: float, th: Thresholds) -> set[int]:
+    """The late ranks that cost the job at least th.min_cost_pct of its step. A rank's share is
+    what fixing it adds to fixing every rank later than it (costs_ms of both sets), so a rank
+    a little late behind a much later one costs nothing; ranks within th.late_ms of each other
+    are one group, judged together, so two equally slow ranks are both named when together they
+    cost (alone, each would cost nothing: the other would set the pace)."""
+    order = sorted(late, key=lambda r: -lateness[r])
+    out: set[int] = set()
+    fixed: list[int] = []
+    before = 0.0
+    groups = 0
+    i = 0
+    while i < len(order):
+        j = i + 1
+        while j < len(order) and lateness[order[i]] - lateness[order[j]] <= th.late_ms:
+            j += 1
+        groups += 1
+        if groups > MATERIAL_GROUPS:
+            j = len(order)  # the rest judged as one group (at scale: bounded work)
+        group = order[i:j]
+        after = costs_ms(per_step, fixed + group)[1]
+        if step_ms > 0 and 100.0 * (after - before) / step_ms >= th.min_cost_pct:
+            out.update(group)
+        fixed += group
+        before = after
+        i = j
+    return out
+
+
+def _by_cause(cost: float, data_x: float, stall_x: Optional[float]) -> dict[Cause, float]:
+    """A cost split by cause from the rank's excess over its punctual peers: data wait and CPU
+    stall as measured (scaled down together when they exceed the cost), compute the rest."""
+    data, stall = max(0.0, data_x), max(0.0, stall_x or 0.0)
+    if data + stall > cost:
+        scale = cost / (data + stall) if data + stall else 0.0
+        data, stall = data * scale, stall * scale
+    return {Cause.CPU_STALL: round(stall, 3), Cause.DATA: round(data, 3),
+            Cause.COMPUTE: round(max(0.0, cost - data - stall), 3)}
+
+
+def _pct(ms: float, step_ms: float) -> Optional[float]:
+    return 100.0 * ms / step_ms if step_ms > 0 else None
 
 
 def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
              th: Thresholds = Thresholds()) -> StragglerReport:
-    """Name the ranks that hold the others back. Pure: same figures, same answer.
+    """The ranks that hold the others back, with what each costs the job. Pure: same figures,
+    same answer. These are candidates: monitor/naming.py decides which are named.
 
     `baseline_transfer_ms`: the usual time of the collectives themselves (see
     comm_baseline), without which comm-slow is never said."""
@@ -219,15 +376,20 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     if len(ranks) < 2:
         return report
     comm = [r.comm_ms for r in ranks if r.comm_ms is not None]
-    lateness = arrival_lateness_ms(ranks)
-    if lateness is None:
+    per_step = lateness_per_step(ranks)
+    if per_step is None:
         return report  # no collective seen on some rank: arrivals cannot be compared
+    lateness = {rank: statistics.median(v) for rank, v in per_step.items()}
+    report.lateness_steps = per_step
     median_step = statistics.median(r.step_ms for r in ranks)
+    report.step_ms = median_step
     limit = max(th.late_ms, th.late_frac * median_step)
     late = [r for r in ranks if lateness[r.rank] > limit]
     punctual = [r for r in ranks if lateness[r.rank] <= limit]
     report.transfer_ms = min(comm, default=None)
-    first = min(punctual, key=lambda r: lateness[r.rank])
+    first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
+    own, together = costs_ms(per_step, [r.rank for r in late])
+    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th)
     for r in sorted(late, key=lambda r: -lateness[r.rank]):
         lat = lateness[r.rank]
         data_x = r.data_ms - (_median([p.data_ms for p in punctual]) or 0.0)
@@ -235,24 +397,30 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
         stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
         peer_mhz = _median([p.main_mhz for p in punctual])
         slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
-        arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank}"
+        arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
         if data_x >= th.explain_frac * lat and data_x >= (stall_x or 0.0):
-            kind = "data-slow"
+            kind = StragglerKind.DATA_SLOW
             why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(_median([p.data_ms for p in punctual]))} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
-            kind = "cpu-slow"
+            kind = StragglerKind.CPU_SLOW
             why = (f"{arrives}; its main/NCCL threads wait {r.stall_ms():.1f} ms/step in the runqueue "
                    f"vs {_fmt(peer_stall)} on peers")
         elif slow_core:
-            kind = "cpu-slow"
+            kind = StragglerKind.CPU_SLOW
             why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
         else:
-            kind = "compute-slow"
+            kind = StragglerKind.COMPUTE_SLOW
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
                    f"({_fmt(r.stall_ms())} ms) explains it")
-        report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why))
+        cost = own[r.rank]
+        by_cause = _by_cause(cost, data_x, stall_x)
+        if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
+            by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
+        report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
+                                           material=r.rank in material))
     if late:
         report.waiting = sorted(p.rank for p in punctual)
+        report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
         return report
     transfer = report.transfer_ms
     if (transfer is not None and baseline_transfer_ms is not None and comm
@@ -261,19 +429,24 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
         starved = _cpu_starved(ranks, excess, th)
         if starved:
             # The collective is slow because one rank's threads cannot run (its comm threads
-            # share a busy core): that rank is cpu-slow, the link is not to blame.
+            # share a busy core): that rank is cpu-slow, the link is not to blame. Two starved
+            # ranks share the excess: fixing one alone would not give it all back.
+            share = excess / len(starved)
             for r, peer_stall in starved:
                 report.stragglers.append(Straggler(
-                    "cpu-slow", [r.rank], None,
+                    StragglerKind.CPU_SLOW, [r.rank], None,
                     f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
                     f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.stall_ms():.1f} "
-                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers"))
+                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
+                    share, _pct(share, median_step), {Cause.CPU_STALL: round(share, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0},
+                    material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
             report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
+            report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
             return report
-        report.stragglers.append(Straggler(
-            "comm-slow", sorted(r.rank for r in ranks), None,
+        report.job_wide = JobWide(
+            StragglerKind.COMM_SLOW, Cause.COMM, excess, _pct(excess, median_step) or 0.0,
             f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
-            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow"))
+            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow")
     return report
 
 
@@ -287,3 +460,11 @@ def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> 
         if stall is not None and stall - (peer or 0.0) >= th.explain_frac * excess_ms:
             out.append((r, peer))
     return out if len(out) < len(ranks) else []
+
+
+def cost_words(cost_ms: Optional[float], cost_pct: Optional[float], by_cause: Optional[dict] = None) -> str:
+    """'cost the job 6.2% of step time (1.3 ms/step; cpu_stall 1.1, compute 0.2)', or '' unknown."""
+    if cost_ms is None or cost_pct is None:
+        return ""
+    parts = ", ".join(f"{c} {v:.1f}" for c, v in (by_cause or {}).items() if v >= 0.05)
+    return f"cost the job {cost_pct:.1f}% of step time ({cost_ms:.1f} ms/step" + (f"; {parts})" if parts else ")")

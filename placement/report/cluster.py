@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from placement.cpuset import parse_cpulist
 from placement.monitor.stall import cause_first
-from placement.monitor.straggler import KINDS
+from placement.monitor.straggler import KINDS, Cause, StragglerKind
 from placement.report.logs import RunLog
 
 NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted
@@ -62,6 +62,7 @@ class Holder:
     kind: str
     windows: int
     worst_late_ms: Optional[float] = None
+    cost_ms: float = 0.0  # what it cost the job over its windows: cost_ms_per_step x the window's steps
 
 
 @dataclass
@@ -94,39 +95,83 @@ class ClusterSummary:
     records: int
     median_step_ms: Optional[float]
     holders: dict[str, list[Holder]] = field(default_factory=dict)  # kind -> most windows first
-    comm_slow_windows: int = 0
+    comm_slow_windows: int = 0  # job-wide slowdowns reported (each once per episode)
     judged_windows: int = 0  # straggler events read
+    lost_ms: dict[str, float] = field(default_factory=dict)  # Cause -> job time lost to what was named, ms
+    job_ms: Optional[float] = None  # the job's time over its step records (median over ranks of their sum)
     stalled: list[Stall] = field(default_factory=list)
     nodes: list[NodeFigures] = field(default_factory=list)
     slowest: list[tuple[int, float]] = field(default_factory=list)  # (rank, p50 ms), slowest first
 
 
-def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int]:
+def job_wide(e: dict) -> Optional[dict]:
+    """The job-wide slowdown a straggler event reports, if any (older logs named every rank
+    `comm-slow` instead: read as such)."""
+    if isinstance(e.get("job_wide"), dict):
+        return e["job_wide"]
+    if any(isinstance(s, dict) and s.get("kind") == StragglerKind.COMM_SLOW for s in e.get("stragglers") or []):
+        return {"kind": StragglerKind.COMM_SLOW, "cause": Cause.COMM, "cost_ms_per_step": None}
+    return None
+
+
+def named_costs(e: dict) -> dict[int, float]:
+    """rank -> what it cost the job in one straggler event's window, % of step (ranks named in full)."""
+    out = {}
+    for s in e.get("stragglers") or []:
+        if isinstance(s, dict) and isinstance(s.get("cost_pct"), (int, float)):
+            for r in _int_list(s.get("ranks")):
+                out[r] = float(s["cost_pct"])
+    return out
+
+
+def _window_steps(e: dict) -> int:
+    span = e.get("steps") or []
+    ok = len(span) == 2 and all(isinstance(v, int) for v in span)
+    return span[1] - span[0] + 1 if ok else 0
+
+
+def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int, dict[str, float]]:
+    """(kind -> holders, job-wide windows, straggler events, Cause -> ms of job time lost to what they named)."""
     windows: Counter = Counter()
     late: dict[tuple[int, str], float] = {}
+    cost: Counter = Counter()
+    lost: Counter = Counter()
     comm_slow = judged = 0
     for e in events:
         if e.get("type") != "straggler":
             continue
         judged += 1
+        steps = _window_steps(e)
+        job = job_wide(e)
+        if job is not None:
+            comm_slow += 1
+            if isinstance(job.get("cost_ms_per_step"), (int, float)):
+                lost[str(job.get("cause"))] += job["cost_ms_per_step"] * steps
         for kind, ranks in straggler_ranks(e).items():
-            if kind == "comm-slow":
-                comm_slow += 1
+            if kind == StragglerKind.COMM_SLOW:
                 continue
             for r in ranks:
                 windows[(r, kind)] += 1
         for s in e.get("stragglers") or []:
-            if isinstance(s, dict) and isinstance(s.get("lateness_ms"), (int, float)):
-                for r in _int_list(s.get("ranks")):
-                    key = (r, str(s.get("kind")))
+            if not isinstance(s, dict) or s.get("kind") == StragglerKind.COMM_SLOW:
+                continue
+            for r in _int_list(s.get("ranks")):
+                key = (r, str(s.get("kind")))
+                if isinstance(s.get("lateness_ms"), (int, float)):
                     late[key] = max(late.get(key, 0.0), float(s["lateness_ms"]))
+                if isinstance(s.get("cost_ms_per_step"), (int, float)):
+                    cost[key] += s["cost_ms_per_step"] * steps
+            for c, ms in (s.get("cost_by_cause") or {}).items():
+                if isinstance(ms, (int, float)):
+                    lost[str(c)] += ms * steps
     by_kind: dict[str, list[Holder]] = {}
     for (rank, kind), n in windows.items():
-        by_kind.setdefault(kind, []).append(Holder(rank, kind, n, late.get((rank, kind))))
+        by_kind.setdefault(kind, []).append(Holder(rank, kind, n, late.get((rank, kind)), cost.get((rank, kind), 0.0)))
     for hs in by_kind.values():
-        hs.sort(key=lambda h: (-h.windows, -(h.worst_late_ms or 0.0), h.rank))
+        hs.sort(key=lambda h: (-h.cost_ms, -h.windows, -(h.worst_late_ms or 0.0), h.rank))
     order = {k: i for i, k in enumerate(KINDS)}
-    return dict(sorted(by_kind.items(), key=lambda kv: order.get(kv[0], len(order)))), comm_slow, judged
+    return (dict(sorted(by_kind.items(), key=lambda kv: order.get(kv[0], len(order)))), comm_slow, judged,
+            dict(lost))
 
 
 def stall_where(e: dict) -> str:
@@ -182,7 +227,9 @@ def summarize_cluster(table: RunLog) -> ClusterSummary:
     p50 = {r: float(np.median(table.step_ms[s])) for r, s in slices.items()}
     out = ClusterSummary(ranks=len(slices), records=len(table),
                          median_step_ms=float(np.median(table.step_ms)) if len(table) else None)
-    out.holders, out.comm_slow_windows, out.judged_windows = _holders(table.events)
+    out.holders, out.comm_slow_windows, out.judged_windows, out.lost_ms = _holders(table.events)
+    sums = [float(table.step_ms[s].sum()) for s in slices.values()]
+    out.job_ms = float(np.median(sums)) if sums else None
     out.stalled = _stalls(table.events)
     out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
     named_in: Counter = Counter()  # rank -> windows it was named in (any kind)
@@ -213,6 +260,20 @@ def summarize_cluster(table: RunLog) -> ClusterSummary:
     return out
 
 
+def _share(ms: float, job_ms: Optional[float]) -> str:
+    return f"{100.0 * ms / job_ms:.1f}% of the job's time" if job_ms else f"{ms:.0f} ms"
+
+
+def lost_line(s: ClusterSummary) -> str:
+    """'named causes cost the job 6.2% of its time (cpu_stall 5.9%, compute 0.3%)', '' when none."""
+    total = sum(s.lost_ms.values())
+    if not total or not s.job_ms:
+        return ""
+    parts = ", ".join(f"{c} {100.0 * ms / s.job_ms:.1f}%" for c, ms in sorted(s.lost_ms.items(), key=lambda kv: -kv[1])
+                      if ms > 0)
+    return f"named causes cost the job {100.0 * total / s.job_ms:.1f}% of its time ({parts})"
+
+
 def _f(v: Optional[float], digits: int = 1) -> str:
     return "n/a" if v is None else f"{v:.{digits}f}"
 
@@ -237,13 +298,18 @@ def cluster_text(s: ClusterSummary, table: RunLog, with_nodes: bool = True) -> s
     held = sum(len(hs) for hs in s.holders.values())
     if held or s.comm_slow_windows:
         lines.append(f"held the job back ({s.judged_windows} window(s) named someone; rank 0's straggler events):")
+        lost = lost_line(s)
+        if lost:
+            lines.append(f"  {lost}")
         for kind, hs in s.holders.items():
             shown = ", ".join(f"{h.rank} in {h.windows}" + (f" (late {h.worst_late_ms:.1f} ms)" if h.worst_late_ms else "")
+                              + (f" cost {_share(h.cost_ms, s.job_ms)}" if h.cost_ms and s.job_ms else "")
                               + f" [{node.get(h.rank, '?')}]" for h in hs[:NAMED_PER_KIND])
             more = f", and {len(hs) - NAMED_PER_KIND} more rank(s)" if len(hs) > NAMED_PER_KIND else ""
             lines.append(f"  {kind:<13}{len(hs):>5} rank(s), windows each: {shown}{more}")
         if s.comm_slow_windows:
-            lines.append(f"  {'comm-slow':<13} in {s.comm_slow_windows} window(s): every rank on time, the collectives slow")
+            lines.append(f"  {'job-wide':<13} {s.comm_slow_windows} slowdown(s) every rank shared (said once each): "
+                         "every rank on time, the collectives slow")
     elif not s.stalled:
         lines.append("held the job back: nobody (no straggler or stall event in the logs)")
     if s.median_step_ms is not None and s.slowest:

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import math
 
-from placement.report.cluster import stalled_ranks, straggler_ranks
+from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
 from placement.report.plot import pyplot, save_png
 
 MAX_COLUMNS = 200  # windows across; longer runs put several steps in a window
+COST_LABELS = 200  # straggler windows labelled with their cost (more would be unreadable)
 KIND_COLOURS = {"cpu-slow": "#D62728", "data-slow": "#1F77B4", "compute-slow": "#FF7F0E", "comm-slow": "#7F7F7F"}
 
 
@@ -76,7 +77,7 @@ def write_heatmap(table: RunLog, out_path: str) -> None:
     for ax in axes:
         ax.set_xlabel(f"step ({width} step(s) per column)" if width > 1 else "step")
     fig.suptitle(f"placement: {rows} rank(s) x {columns} window(s); outlines: straggler windows rank 0 named "
-                 "(colour = kind); x: stalled rank's last step", fontsize=10)
+                 "(colour = kind, label = its cost, % of step); x: stalled rank's last step", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     save_png(fig, out_path, 100, "heatmap")
 
@@ -85,20 +86,25 @@ def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:
     from matplotlib.patches import Rectangle
 
     labelled = set()
+    labels = 0
     for e in table.events:
         kind = e.get("type")
         if kind == "straggler":
             span = e.get("steps") or []
             if len(span) != 2:
                 continue
+            job = job_wide(e)
+            if job is not None:  # every rank: the window, not the ranks
+                k = "job-wide " + str(job.get("kind"))
+                for ax in axes:
+                    ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=KIND_COLOURS["comm-slow"], alpha=0.25,
+                               label=None if k in labelled or ax is not axes[0] else k)
+                labelled.add(k)
             for k, ranks in straggler_ranks(e).items():
                 colour = KIND_COLOURS.get(k, "black")
-                if k == "comm-slow":  # every rank: the window, not the ranks
-                    for ax in axes:
-                        ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=colour, alpha=0.25,
-                                   label=None if k in labelled or ax is not axes[0] else k)
-                    labelled.add(k)
-                    continue
+                if k == "comm-slow":
+                    continue  # an older log's job-wide slowdown: drawn above
+                costs = named_costs(e)
                 for r in ranks:
                     if r not in row_of:
                         continue
@@ -106,6 +112,9 @@ def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:
                         ax.add_patch(Rectangle((span[0] - 0.5, row_of[r] - 0.5), span[1] - span[0] + 1, 1, fill=False,
                                                edgecolor=colour, linewidth=1.0,
                                                label=None if k in labelled or ax is not axes[0] else k))
+                    if r in costs and labels < COST_LABELS:  # what it cost the job, % of step
+                        axes[0].text(span[0], row_of[r], f"{costs[r]:.0f}%", fontsize=6, color=colour, va="center")
+                        labels += 1
                     labelled.add(k)
         elif kind == "stall":
             step = e.get("last_step")

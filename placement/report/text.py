@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from placement.cpuset import format_cpulist
+from placement.monitor.straggler import cost_words
 from placement.monitor.summary import RunSummary, summarize
 from placement.report.logs import RunLog
 
@@ -62,7 +63,15 @@ def _straggler(e: dict) -> str:
     parts = []
     for s in e.get("stragglers", []):
         late = "" if s.get("lateness_ms") is None else f", late {s['lateness_ms']:.1f} ms/step"
-        parts.append(f"rank(s) {s.get('ranks')} {s.get('kind')}{late}: {s.get('why')}")
+        cost = cost_words(s.get("cost_ms_per_step"), s.get("cost_pct"), s.get("cost_by_cause"))
+        since = f" (since step {s['since_step']})" if s.get("since_step") is not None else ""
+        parts.append(f"rank(s) {s.get('ranks')} {s.get('kind')}{late}{since}: " + (f"{cost}; " if cost else "")
+                     + str(s.get("why")))
+    job = e.get("job_wide")
+    if isinstance(job, dict):
+        cost = cost_words(job.get("cost_ms_per_step"), job.get("cost_pct"),
+                          {job.get("cause"): job.get("cost_ms_per_step") or 0.0})
+        parts.append(f"job-wide {job.get('kind')}: " + (f"{cost}; " if cost else "") + str(job.get("why")))
     waiting = e.get("waiting") or []
     tail = f" | waiting for them: {waiting}" if waiting else ""
     return f"straggler steps {steps[0]}-{steps[-1]}: " + "; ".join(parts) + tail

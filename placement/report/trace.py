@@ -26,7 +26,7 @@ from typing import Optional, TextIO
 
 from placement.cpuset import format_cpulist
 from placement.monitor.record import VERDICTS
-from placement.report.cluster import stalled_ranks, straggler_ranks
+from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
 
 TRACED_EVENTS = ("bind", "memory", "tune", "rollback", "warning", "straggler", "stall", "monitor")
@@ -218,7 +218,15 @@ def _events(out: TextIO, table: RunLog, pid_of: dict[int, int], ranks: set[int],
             continue
         args = {k: v for k, v in e.items() if k not in _BULKY and k not in ("t", "type")}
         name = kind if kind != "straggler" else "straggler: " + ", ".join(
-            f"{k} {rs[:8]}" + ("..." if len(rs) > 8 else "") for k, rs in straggler_ranks(e).items())
+            f"{k} {rs[:8]}" + ("..." if len(rs) > 8 else "") for k, rs in straggler_ranks(e).items()
+            if k != "comm-slow")
+        if kind == "straggler":
+            costs = named_costs(e)
+            if costs:
+                name += " (cost " + ", ".join(f"{r}: {c:.1f}%" for r, c in list(costs.items())[:8]) + " of step)"
+            job = job_wide(e)
+            if job is not None:
+                name += ("; " if name != "straggler: " else "") + f"job-wide {job.get('kind')}"
         for rank in _event_ranks(e):
             if rank not in ranks:
                 continue

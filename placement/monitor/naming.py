@@ -1,0 +1,67 @@
+"""Which of a window's straggler candidates rank 0 names: only what costs the job, and only once
+it is more than one window's noise.
+
+classify (straggler.py) finds every rank that entered its collectives late, with what each
+costs. On a busy machine some rank is always a little late: on a balanced 2-rank soak of the
+main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as comm-slow. So:
+- a candidate is material when its share of the window's cost is at least Thresholds.min_cost_pct
+  of the job's step (straggler.material_ranks; the job-wide slowdown likewise, on its own cost);
+- a rank is named once it has been a material candidate in confirm_windows consecutive windows,
+  and in every window after that for as long as that lasts: a rank that is named keeps being
+  named only while it costs, and one window's noise names nobody;
+- a slowdown every rank shares is reported once per episode (its first confirmed window), as
+  the job's with its cause, not as every rank named.
+The cost of what is named is recomputed for the ranks named (a candidate held back is not in it).
+The windows that confirmed a rank are not lost: the event that names it says from which step
+it has been a material candidate (`since_step`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from placement.monitor.straggler import StragglerReport, Thresholds, costs_ms
+
+
+class Naming:
+    """Rank 0's precision filter over consecutive judged windows (one per exchange)."""
+
+    def __init__(self, th: Thresholds):
+        self._th = th
+        self._streak: dict[int, int] = {}  # rank -> consecutive material windows as a candidate
+        self._since: dict[int, int] = {}  # rank -> first step of its current streak
+        self._job_streak = 0  # consecutive material job-wide windows
+        self.held_back = 0  # candidate windows not named (noise, or not yet confirmed): counted, not lost
+
+    def decide(self, report: StragglerReport, first_step: int) -> StragglerReport:
+        """The report as named for the window starting at `first_step`: candidates confirmed
+        and material, the job-wide slowdown on its first confirmed window, costs of those named."""
+        th = self._th
+        candidates = {r for s in report.stragglers if s.material for r in (s.ranks if isinstance(s.ranks, list) else [])}
+        for r in list(self._streak):
+            if r not in candidates:
+                del self._streak[r]
+                del self._since[r]
+        for r in candidates:
+            self._streak[r] = self._streak.get(r, 0) + 1
+            self._since.setdefault(r, first_step)
+        named = {r for r in candidates if self._streak.get(r, 0) >= th.confirm_windows}
+        kept = [dataclasses.replace(s, since_step=min(self._since[r] for r in s.ranks)) for s in report.stragglers
+                if isinstance(s.ranks, list) and s.ranks and set(s.ranks) <= named]
+        self.held_back += len(report.stragglers) - len(kept)
+        out = dataclasses.replace(report, stragglers=kept, job_wide=None)
+        if kept:
+            if len(kept) != len(report.stragglers):
+                if report.lateness_steps and all(s.lateness_ms is not None for s in kept):
+                    together = costs_ms(report.lateness_steps, sorted(named))[1]
+                else:  # ranks whose threads starve the collectives: their shares of its excess
+                    together = sum(s.cost_ms_per_step or 0.0 for s in kept)
+                out.cost_ms_per_step = together
+                out.cost_pct = 100.0 * together / report.step_ms if report.step_ms else None
+        else:
+            out.waiting, out.cost_ms_per_step, out.cost_pct = [], None, None
+        job = report.job_wide
+        self._job_streak = self._job_streak + 1 if job is not None and job.cost_pct >= th.min_cost_pct else 0
+        if self._job_streak == th.confirm_windows:
+            out.job_wide = job
+        return out
+
