@@ -43,7 +43,7 @@ from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.config import PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
 from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
-from placement.identity import RankIdentity, process_group
+from placement.identity import RankIdentity, job_id, new_run_id, process_group, run_id_from_env, shared_run_id
 from placement.monitor import exitflush
 # The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
 # stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
@@ -105,8 +105,35 @@ def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], o
     return load_config(overrides=dotted, base=layers)
 
 
-def _open_event_log(log_dir: str, rank: int):
-    return open_rank_log(log_dir, rank)  # LogDirError, one line: the same decision as placerun's
+_run_id: Optional[str] = None  # this process's run (every attach of it is one run)
+_run_id_why: Optional[str] = None  # why it is this rank's own, not its job's (said once per log)
+
+
+def _find_run_id(identity: RankIdentity) -> str:
+    """The run's id, the same on every rank: from torch elastic's environment, else rank 0's
+    through the job's c10d store (attach() after init_process_group, without a launcher), else
+    this process's own (one rank, or no store)."""
+    global _run_id, _run_id_why
+    if _run_id is None:
+        _run_id = run_id_from_env()
+        if _run_id is None and identity.world_size > 1:
+            store = None
+            try:
+                store = default_store()
+            except Exception:
+                pass
+            if store is not None:
+                _run_id, _run_id_why = shared_run_id(store, identity.rank)
+        if _run_id is None:
+            _run_id = new_run_id()
+    return _run_id
+
+
+def _open_event_log(log_dir: str, rank: int, run: Optional[str] = None):
+    events = open_rank_log(log_dir, rank, run)  # LogDirError, one line: the same decision as placerun's
+    if _run_id_why is not None and run == _run_id:
+        warn_rank(events, rank, _run_id_why)
+    return events
 
 
 def _identity(environ=os.environ) -> RankIdentity:
@@ -355,13 +382,13 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
                 and session.events.path is not None:
             events = session.events
         else:
-            events, owns_events = _open_event_log(cfg.monitor.log_dir, rank), True
+            events, owns_events = _open_event_log(cfg.monitor.log_dir, rank, session.events.run), True
         if dropped:
             warn_rank(events, rank, f"placerun's plan wins: attach() settings dropped: {', '.join(dropped)} "
                                "(placerun bound this rank before the program started; give them to placerun)")
         session.binder.rescan()
     else:
-        events = _open_event_log(cfg.monitor.log_dir, rank)
+        events = _open_event_log(cfg.monitor.log_dir, rank, _find_run_id(identity))
         owns_events = True
         if cfg.policy != "none":
             found = FoundPlacement.read()
@@ -430,7 +457,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
-    events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host,
+    events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host, job=job_id(),
                  node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,

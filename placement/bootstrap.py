@@ -30,7 +30,7 @@ from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.errors import PlacementError
 from placement.events import open_rank_log
 from placement.handoff import Handoff, HandoffError
-from placement.identity import RankIdentity
+from placement.identity import RankIdentity, run_id_from_env
 
 
 def stage1(environ: MutableMapping[str, str] = os.environ):
@@ -41,7 +41,7 @@ def stage1(environ: MutableMapping[str, str] = os.environ):
     # placerun checked the directory before starting any worker; should it have become
     # unwritable since, this is the same one-line error (LogDirError), never a silent null log;
     # start_worker says it and the program runs unbound, as it would under torchrun.
-    events = open_rank_log(cfg.monitor.log_dir, identity.rank)
+    events = open_rank_log(cfg.monitor.log_dir, identity.rank, run_id_from_env(environ))
     try:
         s = run_stage1(cfg, handoff.plan, events, identity, entry="placerun", environ=environ,
                        keep=handoff.keep_env, restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))

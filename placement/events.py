@@ -77,10 +77,11 @@ def check_log_dir(log_dir: str) -> None:
         pass
 
 
-def open_rank_log(log_dir: str, rank: int) -> "EventLog":
-    """The rank's event log in `log_dir`; LogDirError (one line) when it cannot be opened."""
+def open_rank_log(log_dir: str, rank: int, run: Optional[str] = None) -> "EventLog":
+    """The rank's event log in `log_dir`, its records marked with `run`; LogDirError (one line)
+    when it cannot be opened."""
     try:
-        return EventLog(rank_log_path(log_dir, rank), rank)
+        return EventLog(rank_log_path(log_dir, rank), rank, run)
     except OSError as e:
         raise _log_dir_error(log_dir, e.strerror or str(e)) from None
 
@@ -135,9 +136,10 @@ class EventLog:
     close/exit with the total.
     """
 
-    def __init__(self, path: Optional[str], rank: int = 0):
+    def __init__(self, path: Optional[str], rank: int = 0, run: Optional[str] = None):
         self.path = path
         self.rank = rank
+        self.run = run  # the run's id (identity.py), in every record written; None: not known
         self._lock = threading.Lock()
         self._inside = threading.local()  # .here: this thread holds (or is taking/releasing) _lock
         self._fd: Optional[int] = None
@@ -212,6 +214,8 @@ class EventLog:
     def event(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
         """Write one event record and return it."""
         rec = {"type": kind, "t": time.time(), "rank": self.rank, **fields}
+        if self.run is not None:
+            rec["run"] = self.run
         self.write(rec)
         return rec
 
@@ -259,8 +263,11 @@ class EventLog:
         records = blob.count("\n")
         prefix = "\n" if self._torn else ""  # a torn last line stays alone (a reader skips it)
         if self.dropped > self._dropped_logged:
-            prefix += json.dumps({"type": EventKind.LOST, "t": time.time(), "rank": self.rank, "records": self.dropped,
-                                  "error": self.error}, separators=(",", ":")) + "\n"
+            lost = {"type": EventKind.LOST, "t": time.time(), "rank": self.rank, "records": self.dropped,
+                    "error": self.error}
+            if self.run is not None:
+                lost["run"] = self.run
+            prefix += json.dumps(lost, separators=(",", ":")) + "\n"
         if not blob and not prefix:
             return
         self._buf, self._buf_bytes = [], 0

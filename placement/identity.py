@@ -9,9 +9,11 @@ without placerun by itself; both through RankIdentity.find.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import sys
+import uuid
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -84,3 +86,56 @@ def _node_rank(environ: Mapping[str, str]) -> Optional[int]:
         return int(environ["GROUP_RANK"])
     except (KeyError, ValueError):
         return None
+
+
+# ---- which run a record belongs to -------------------------------------------------------
+# Every record a rank writes carries its run's id, the same on every rank of that run, so that
+# `placement report` tells runs (a relaunch appending to the same logs) and jobs apart.
+RUN_ID_WAIT_S = 60.0  # attach() without a launcher: how long a rank waits for rank 0's run id
+_RUN_KEY = "placement/run_id"
+
+
+def job_id(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The job as its launcher names it: torch elastic's run id (placerun/torchrun's --rdzv-id,
+    a fresh uuid under --standalone), else Slurm's job id; None when neither says."""
+    run = environ.get("TORCHELASTIC_RUN_ID")
+    if run and run != "none":
+        return run
+    return environ.get("SLURM_JOB_ID") or None
+
+
+def run_id_from_env(environ: Mapping[str, str] = os.environ) -> Optional[str]:
+    """The run's id where the launcher's environment alone fixes it, the same on every rank and
+    host: torch elastic's run id, restart count and master address/port (a port the agents pick
+    each attempt, so two jobs given the same --rdzv-id still differ). None without torch elastic."""
+    run = environ.get("TORCHELASTIC_RUN_ID")
+    if not run:
+        return None
+    key = "|".join((run, environ.get("TORCHELASTIC_RESTART_COUNT", "0"), environ.get("MASTER_ADDR", ""),
+                    environ.get("MASTER_PORT", "")))
+    return hashlib.sha1(key.encode()).hexdigest()[:12]
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def shared_run_id(store, rank: int, timeout_s: float = RUN_ID_WAIT_S) -> tuple[str, Optional[str]]:
+    """(run id, why it is this rank's own): rank 0's new id through the job's c10d store (rank 0
+    sets it and goes on; the others wait for it at most timeout_s). A rank that cannot have it
+    uses an id of its own and says why: its records are then reported as a run of their own."""
+    import datetime
+
+    if rank == 0:
+        run = new_run_id()
+        try:
+            store.set(_RUN_KEY, run)
+            return run, None
+        except Exception as e:
+            return run, f"rank 0's run id could not be shared through the c10d store ({type(e).__name__}: {e})"
+    try:
+        store.wait([_RUN_KEY], datetime.timedelta(seconds=timeout_s))
+        return bytes(store.get(_RUN_KEY)).decode(errors="replace")[:64], None
+    except Exception as e:
+        return new_run_id(), (f"rank 0's run id did not come through the c10d store within {timeout_s:.0f} s "
+                              f"({type(e).__name__}); this rank's records carry an id of their own")

@@ -36,6 +36,9 @@ def test_four_ranks_on_two_nodes_name_the_straggler_on_its_node(tmp_path, capsys
     node_of = {r: next(e["node_rank"] for e in log if e["type"] == "start" and e.get("source") == "monitor")
                for r, log in logs.items()}
     assert node_of[0] == node_of[1] != node_of[2] == node_of[3]
+    # One run id on every record of both agents' ranks: fixed by torch elastic's environment alone
+    run_ids = {e.get("run") for log in logs.values() for e in log}
+    assert len(run_ids) == 1 and None not in run_ids, run_ids
     events = [e for e in logs[0] if e["type"] == "straggler"]
     assert all(e["type"] != "straggler" for r in (1, 2, 3) for e in logs[r]), "only rank 0 judges"
     slow_windows = [e for e in events if e["steps"][0] > 10]

@@ -4,6 +4,7 @@ import struct
 
 import placement
 from placement.cli import main as cli
+from placement.monitor.record import StepRecord
 from placement.events import EventLog
 
 
@@ -93,5 +94,51 @@ def test_a_log_holding_two_runs_reports_the_last(tmp_path, capsys):
     ev.close()
     assert cli(["report", str(tmp_path / "rank0.jsonl")]) == 0
     out = capsys.readouterr().out
-    assert "holds 2 runs; the last one is reported" in out
+    # written before runs had ids: told apart by the step numbers starting over
+    assert "rank 0: its steps started over 1 time(s) in this run; the last start is reported" in out
     assert "10.00" in out and "50.00" not in out
+
+
+def _run(tmp_path, run: str, step_ms: float, t0: float, job: str, ranks=(0, 1), steps=3, log_dir=None):
+    """A run as the monitor writes it: a start event and step records carrying its id, per rank."""
+    for rank in ranks:
+        ev = EventLog(str((log_dir or tmp_path) / f"rank{rank}.jsonl"), rank, run)
+        rec = ev.event("start", source="monitor", job=job, host="h")
+        rec["t"] = t0
+        ev._buf.clear(), ev.write(rec)
+        ev.write_lines([StepRecord(rank, s, t0 + s, step_ms, run=run).to_json() for s in range(1, steps + 1)])
+        ev.event("straggler", steps=[1, steps], stragglers=[{"kind": "cpu-slow", "ranks": [1], "lateness_ms": 1.0,
+                                                           "why": f"in run {run}"}], waiting=[0])
+        ev.close()
+
+
+def test_a_log_holding_two_runs_reports_one_and_says_so(tmp_path, capsys):
+    _run(tmp_path, "aaaa11112222", 50.0, 1000.0, "job-1")
+    _run(tmp_path, "bbbb33334444", 10.0, 2000.0, "job-1", steps=4)
+    assert cli(["report", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "these logs hold 2 runs: reporting run 2 bbbb33334444 job job-1" in out, out
+    assert "10.00" in out and "50.00" not in out  # the last run's steps only ...
+    assert "in run bbbb33334444" in out and "in run aaaa11112222" not in out  # ... and its events only
+    assert "  run 1 aaaa11112222 job job-1" in out
+    # --run by number and by an id's beginning; anything else is one line, exit 2
+    assert cli(["report", str(tmp_path), "--run", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "reporting run 1 aaaa11112222" in out and "50.00" in out and "10.00" not in out
+    assert cli(["report", str(tmp_path), "--run", "bbbb"]) == 0
+    assert "reporting run 2 bbbb33334444" in capsys.readouterr().out
+    for bad in ("3", "0", "cccc", ""):
+        assert cli(["report", str(tmp_path), "--run", bad]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "1 aaaa11112222; 2 bbbb33334444" in err, err
+
+
+def test_two_jobs_named_together_are_not_merged(tmp_path, capsys):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    _run(tmp_path, "aaaa11112222", 50.0, 1000.0, "job-1", log_dir=a)
+    _run(tmp_path, "bbbb33334444", 10.0, 2000.0, "job-2", steps=4, log_dir=b)
+    assert cli(["report", str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    assert "these logs hold 2 runs of 2 jobs: reporting run 2 bbbb33334444 job job-2" in out
+    assert "placement report: 4 file(s), 8 step records, 4 events" in out, out  # job-2's alone, not 6 + 8

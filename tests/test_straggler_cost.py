@@ -48,7 +48,13 @@ def test_an_injected_slow_rank_costs_the_job_what_was_injected(tmp_path, capsys)
                 p.kill()
     for rank, (p, out) in enumerate(zip(procs, outs)):
         assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
-    log = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    logs = {r: [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
+            for r in range(WORLD)}
+    # One run, one id on every record of every rank: rank 0's, through the job's c10d store (no
+    # launcher here to name the run).
+    run_ids = {rec.get("run") for r in range(WORLD) for rec in logs[r]}
+    assert len(run_ids) == 1 and None not in run_ids, run_ids
+    log = logs[0]
     events = [e for e in log if e["type"] == "straggler"]
     inside = [e for e in events if SLOW_STEPS.start <= e["steps"][0] and e["steps"][1] < SLOW_STEPS.stop]
     named = [s for e in inside for s in e["stragglers"] if s["ranks"] == [1]]

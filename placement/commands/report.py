@@ -11,7 +11,7 @@ from placement.report.cluster import cluster_text, event_counts, summarize_clust
 from placement.report.heatmap import write_heatmap
 from placement.report.logs import RANK_TABLE_MAX, LogReadError, read_logs
 from placement.report.plot import write_plot
-from placement.report.text import report_text
+from placement.report.text import report_text, run_lines
 from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select, write_trace
 
 
@@ -28,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: only steps A..B (A: or :B leave one end open)")
     p.add_argument("--ranks", metavar="LIST", type=_ranks_arg,
                    help="with --trace: only these ranks (e.g. 0-7,64,100-103)")
+    p.add_argument("--run", metavar="N|ID",
+                   help="which run of those the logs hold (its number in order of start, or its id); default: the last")
 
 
 def _steps_arg(text: str):
@@ -47,7 +49,7 @@ def _ranks_arg(text: str):
 def run(args: argparse.Namespace) -> int:
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
-    log = read_logs(args.logs)  # every line parsed once; StepRecords as well for a few ranks
+    log = read_logs(args.logs, run=args.run)  # every line parsed once; StepRecords as well for a few ranks
     if args.trace:
         first, last = args.steps or (None, None)
         keep = TraceFilter(first_step=first, last_step=last, ranks=args.ranks)
@@ -74,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
               f"{len(log)} step records, {len(log.events)} events")
         if log.skipped:
             print(f"skipped {log.skipped} truncated or corrupt line(s)")
-        if log.earlier_runs:
-            print(f"{len(log.earlier_runs)} rank(s) whose log holds several runs: the last one is reported")
+        for line in run_lines(log):
+            print(line)
         print("")
         print(cluster_text(summary, log))
         print("")

@@ -88,6 +88,7 @@ class StepRecord:
     # read every step, k when the monitor's budget has them read every k-th step, 0 when not
     # read (steps after the last reading, at exit).
     probe_steps: int = 1
+    run: Optional[str] = None  # the run's id (identity.py): which run of the job wrote it
 
     def to_dict(self) -> dict[str, Any]:
         # Built by hand: dataclasses.asdict costs ~50 us per record, a whole step's budget.
@@ -96,7 +97,8 @@ class StepRecord:
                 "comm_count": self.comm_count,
                 "roles": {name: s.to_dict() for name, s in self.roles.items()},
                 "verdict": self.verdict, "local_rank": self.local_rank,
-                "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps}
+                "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps,
+                **({} if self.run is None else {"run": self.run})}
 
     def to_json(self) -> str:
         """One JSONL line, equal to json.dumps(self.to_dict(), separators=(",", ":")) but built
@@ -107,7 +109,7 @@ class StepRecord:
                 f'"comm_count":{self.comm_count},"roles":{{{roles}}},"verdict":"{self.verdict}",'
                 f'"local_rank":{self.local_rank},'
                 f'"comm_enter_t":{"null" if self.comm_enter_t is None else _num(self.comm_enter_t)},'
-                f'"probe_steps":{self.probe_steps}}}')
+                f'"probe_steps":{self.probe_steps}' + ("}" if self.run is None else f',"run":"{self.run}"}}'))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":

@@ -486,7 +486,8 @@ class StepMonitor:
                 merge_span(roles, r.span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
-                             local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i])
+                             local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i],
+                             run=self.events.run)
             rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), tune.runq_wait_pct,
                                        tune.comm_share_pct, tune.data_share_pct)
             batch.append(rec)

@@ -11,10 +11,13 @@ entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE
 Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
 reads of the wrong type: valid_step, valid_event) are skipped and counted, never fatal; one
 rule for the columns and the StepRecords, which come from the same reading. `lost` events (records the writer could not
-write, e.g. a full disk) are totalled per rank. Runs: within one file, a rank whose step
-number does not go up has started a new run (a relaunch appending to the same log); the
-earlier runs of that rank in that file are dropped and counted, so a file that holds several
-runs is reported by its last run.
+write, e.g. a full disk) are totalled per rank. Runs: every record carries its run's id (`run`,
+the same on every rank of the run: placement/identity.py), so logs that hold several runs (a
+relaunch appending to the same files, or two jobs' directories named together) are read apart,
+and one run is reported: the one that began last, or the one asked for (`run`: its number in
+order of start, or its id). Within one run, a rank whose step number does not go up has started
+over (a log written before run ids, or a launcher that reuses one): its earlier steps there are
+dropped and counted.
 
 Which node a rank ran on: the `host` and `node_rank` of its monitor's `start` event
 (node_rank = torch elastic's GROUP_RANK, which tells apart two agents on one host), else
@@ -69,6 +72,8 @@ class RunLog:
     skipped: int = 0  # lines that were not a readable record
     lost: dict[int, int] = field(default_factory=dict)  # rank -> records its writer could not write
     earlier_runs: dict[int, int] = field(default_factory=dict)  # rank -> runs dropped before the last
+    runs: list["RunInfo"] = field(default_factory=list)  # every run the logs hold, in order of start
+    run: Optional["RunInfo"] = None  # the run these columns and events are of
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -104,6 +109,38 @@ class RunLog:
         if len(self.t):
             times.append(float(np.nanmin(self.t - self.step_ms / 1e3)))
         return min(times) if times else 0.0
+
+
+NO_ID = ""  # the run of records written before runs had ids
+
+
+@dataclass
+class RunInfo:
+    """One run the logs hold: its id, its job (the launcher's, from `start` events), when it
+    began and ended (first and last record), its ranks and step records."""
+
+    id: str
+    number: int = 0  # 1-based, in order of start
+    job: Optional[str] = None
+    first_t: float = float("inf")
+    last_t: float = float("-inf")
+    ranks: set[int] = field(default_factory=set)
+    records: int = 0
+
+    def saw(self, t: Any) -> None:
+        if is_number(t):
+            self.first_t = min(self.first_t, t)
+            self.last_t = max(self.last_t, t)
+
+    def describe(self) -> str:
+        from placement.cpuset import format_cpulist
+
+        import time
+
+        began = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.first_t)) if self.first_t != float("inf") else "?"
+        ranks = format_cpulist(sorted(self.ranks)) if self.ranks else "none"
+        return (f"{self.number} {self.id or '(no id)'}" + (f" job {self.job}" if self.job else "")
+                + f" began {began}, ranks {ranks}, {self.records} step records")
 
 
 def expand(paths: list[str]) -> list[str]:
@@ -158,7 +195,7 @@ def valid_step(d: dict) -> bool:
             and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
             and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
             and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
-            and type(get("verdict", "")) is str and type(roles) is dict):
+            and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
         return False
     for sample in roles.values():
         if type(sample) is not dict:
@@ -168,7 +205,8 @@ def valid_step(d: dict) -> bool:
 
 def valid_event(d: dict) -> bool:
     """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
-    if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))):
+    if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))) \
+            or type(d.get("run", "")) is not str:
         return False
     if d["type"] == "straggler":
         return isinstance(d.get("stragglers", []), list) and all(isinstance(x, dict) for x in d.get("stragglers", []))
@@ -235,7 +273,7 @@ class _Columns:
 
 @dataclass
 class _Run:
-    """One rank's current run in the file being read."""
+    """One rank's records of one run in the file being read."""
 
     last_step: int
     columns: _Columns = field(default_factory=_Columns)
@@ -261,10 +299,19 @@ class _Reader:
     def __init__(self, records_up_to: Optional[int]):
         """records_up_to: keep StepRecords while at most that many ranks are seen; None: none."""
         self.records_up_to = records_up_to
-        self.columns = _Columns()
-        self.records: Optional[dict[int, list[StepRecord]]] = None if records_up_to is None else {}
+        self.columns: dict[str, _Columns] = {}  # run id -> its step records as columns
+        self.records: Optional[dict[tuple[str, int], list[StepRecord]]] = None if records_up_to is None else {}
+        self.seen_ranks: set[int] = set()
         self.where: dict[int, _Where] = {}
+        self.runs: dict[str, RunInfo] = {}
+        self.earlier: dict[tuple[str, int], int] = {}  # (run, rank) -> times its steps started over
         self.log = RunLog(*([None] * 9))
+
+    def _run(self, run_id: str) -> RunInfo:
+        info = self.runs.get(run_id)
+        if info is None:
+            info = self.runs[run_id] = RunInfo(run_id)
+        return info
 
     def read_file(self, path: str, directory: str) -> None:
         try:
@@ -273,7 +320,7 @@ class _Reader:
             raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
         log = self.log
         said: dict[int, _Where] = {}  # rank -> its host/node as this file's start events say
-        runs: dict[int, _Run] = {}
+        runs: dict[tuple[str, int], _Run] = {}
         for line in raw.split(b"\n"):
             if not line.strip():
                 continue
@@ -281,28 +328,38 @@ class _Reader:
             if d is None:
                 log.skipped += 1
                 continue
+            run_id = d.get("run", NO_ID)
+            info = self._run(run_id)
             if d["type"] != "step":
                 log.events.append(d)
+                info.saw(d.get("t"))
                 if d["type"] == "lost":  # cumulative count: the last one written is the total
                     log.lost[d["rank"]] = max(log.lost.get(d["rank"], 0), d["records"])
-                elif d["type"] == "start" and d.get("rank") is not None and (d.get("host") or d.get("node_rank") is not None):
-                    said[d["rank"]] = _Where(d.get("host"), d.get("node_rank"))
+                elif d["type"] == "start":
+                    if isinstance(d.get("job"), str):
+                        info.job = d["job"]
+                    if d.get("rank") is not None and (d.get("host") or d.get("node_rank") is not None):
+                        said[d["rank"]] = _Where(d.get("host"), d.get("node_rank"))
                 continue
             rank, step = d["rank"], d["step"]
-            run = runs.get(rank)
+            run = runs.get((run_id, rank))
             if run is None or step <= run.last_step:
-                if run is not None:  # step numbers start over: a new run in the same file
-                    log.earlier_runs[rank] = log.earlier_runs.get(rank, 0) + 1
-                run = runs[rank] = _Run(step)
+                if run is not None:  # step numbers start over: the same run id begun again
+                    self.earlier[(run_id, rank)] = self.earlier.get((run_id, rank), 0) + 1
+                run = runs[(run_id, rank)] = _Run(step)
                 self._saw(rank)
             run.last_step = step
             run.columns.append(d)
+            info.saw(d["t"])
             if self.records is not None:
                 run.records.append(StepRecord.from_dict(d))
-        for rank, run in runs.items():
-            self.columns.extend(run.columns)
+        for (run_id, rank), run in runs.items():
+            self.columns.setdefault(run_id, _Columns()).extend(run.columns)
+            info = self.runs[run_id]
+            info.ranks.add(rank)
+            info.records += len(run.columns.rank)
             if self.records is not None:
-                self.records.setdefault(rank, []).extend(run.records)
+                self.records.setdefault((run_id, rank), []).extend(run.records)
             said.setdefault(rank, _Where())
         for rank, w in said.items():
             if rank not in self.where or not self.where[rank].said():
@@ -310,16 +367,27 @@ class _Reader:
 
     def _saw(self, rank: int) -> None:
         """Drops the StepRecords once the logs hold more ranks than records_up_to."""
-        if self.records is not None and rank not in self.records:
-            self.records[rank] = []
-            if len(self.records) > self.records_up_to:
+        if self.records is not None and rank not in self.seen_ranks:
+            self.seen_ranks.add(rank)
+            if len(self.seen_ranks) > self.records_up_to:
                 self.records = None
 
-    def finish(self) -> RunLog:
+    def finish(self, choice: Optional[str] = None) -> RunLog:
         import numpy as np
 
-        log, cols = self.log, self.columns
-        log.node = {rank: w.label() for rank, w in self.where.items()}
+        log = self.log
+        runs = sorted((r for r in self.runs.values() if r.records or r.id != NO_ID or len(self.runs) == 1),
+                      key=lambda r: (r.first_t, r.id))
+        for n, r in enumerate(runs, 1):
+            r.number = n
+        log.runs = runs
+        log.run = chosen = pick_run(runs, choice)
+        run_id = chosen.id if chosen is not None else NO_ID
+        cols = self.columns.get(run_id, _Columns())
+        log.events = [e for e in log.events if e.get("run", NO_ID) == run_id]
+        log.earlier_runs = {rank: n for (rid, rank), n in self.earlier.items() if rid == run_id}
+        log.node = {rank: w.label() for rank, w in self.where.items()
+                    if chosen is None or rank in chosen.ranks or not chosen.ranks}
         rank, step = cols.numpy("rank", np.int64), cols.numpy("step", np.int64)
         order = np.lexsort((step, rank))
         log.rank, log.step = rank[order], step[order]
@@ -327,32 +395,50 @@ class _Reader:
             setattr(log, name, cols.numpy(name, np.float64)[order])
         log.verdict = cols.numpy("verdict", np.int8)[order]
         if self.records is not None:
-            for recs in self.records.values():
-                recs.sort(key=lambda r: r.step)
-        log.records = self.records
+            log.records = {rank: sorted(recs, key=lambda r: r.step) for (rid, rank), recs in self.records.items()
+                           if rid == run_id}
         log.events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0)
         return log
 
 
-def _read(files: list[str], records_up_to: Optional[int]) -> RunLog:
+def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
+    """The run asked for (its number or id, or an id's unique beginning), or the one that began
+    last; LogReadError (one line, naming the runs there are) when none or several match."""
+    if not runs:
+        return None
+    if choice is None:
+        return runs[-1]
+    text = choice.strip()
+    if text.isdigit() and 1 <= int(text) <= len(runs):
+        return runs[int(text) - 1]
+    matches = [r for r in runs if r.id and r.id.startswith(text)] if text else []
+    if len(matches) == 1:
+        return matches[0]
+    listed = "; ".join(f"{r.number} {r.id or '(no id)'}" for r in runs[:10]) + ("; ..." if len(runs) > 10 else "")
+    raise LogReadError(f"--run {choice!r} is not valid; valid: a run's number 1..{len(runs)} or its id "
+                       f"(these logs hold: {listed})")
+
+
+def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) -> RunLog:
     reader = _Reader(records_up_to)
     reader.log.files = files
     common = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
     for path in files:
         directory = os.path.relpath(os.path.dirname(os.path.abspath(path)), common) if common else ""
         reader.read_file(path, directory if directory != "." else os.path.basename(common))
-    return reader.finish()
+    return reader.finish(run)
 
 
-def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX) -> RunLog:
-    """Read every log named (files, directories searched recursively, globs), each line once.
+def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Optional[str] = None) -> RunLog:
+    """Read every log named (files, directories searched recursively, globs), each line once,
+    and keep one run of them: `run` (a number or id, pick_run), else the one that began last.
     StepRecords are kept when the logs hold at most `records_up_to` ranks. Each rank writes
     one file (events.log_path), so more files than that are taken for more ranks and no
     StepRecord is built (at 1,024 ranks, building the first 33 ranks' only to drop them would
     cost 4% more memory); should fewer ranks than files have stepped (files of events alone),
     the logs are read again for their StepRecords, the one case a line is parsed twice."""
     files = expand(paths)
-    log = _read(files, records_up_to if len(files) <= records_up_to else None)
+    log = _read(files, records_up_to if len(files) <= records_up_to else None, run)
     if log.records is None and len(files) > records_up_to and len(log.ranks()) <= records_up_to:
-        log = _read(files, records_up_to)
+        log = _read(files, records_up_to, run)
     return log

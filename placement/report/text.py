@@ -153,6 +153,22 @@ def event_lines(log: RunLog) -> list[str]:
     return out
 
 
+def run_lines(log: RunLog) -> list[str]:
+    """What the logs hold beside the run reported: one line when they hold several runs (the
+    run reported and how to choose another; 'of N jobs' when their launchers name different
+    jobs), one per rank whose steps started over within the run."""
+    out = []
+    if len(log.runs) > 1 and log.run is not None:
+        jobs = {r.job or f"run {r.id}" for r in log.runs}
+        of = f" of {len(jobs)} jobs" if len(jobs) > 1 else ""
+        out.append(f"these logs hold {len(log.runs)} runs{of}: reporting run {log.run.describe()} "
+                   f"(--run N|ID for another; --compare A B to put two side by side)")
+        out.extend(f"  run {r.describe()}" for r in log.runs if r is not log.run)
+    for rank, n in sorted(log.earlier_runs.items()):
+        out.append(f"rank {rank}: its steps started over {n} time(s) in this run; the last start is reported")
+    return out
+
+
 def report_text(log: RunLog) -> str:
     rows = summaries(log)
     parts = [f"placement report: {len(log.files)} file(s), {len(log)} step records, "
@@ -161,8 +177,7 @@ def report_text(log: RunLog) -> str:
         parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")
     for rank, n in sorted(log.lost.items()):
         parts.append(f"rank {rank}: {n} record(s) were lost: its writer could not write them (see its `lost` event)")
-    for rank, n in sorted(log.earlier_runs.items()):
-        parts.append(f"rank {rank}: the log holds {n + 1} runs; the last one is reported")
+    parts.extend(run_lines(log))
     parts.append("")
     parts.append(rank_table(rows) if rows else "no step records")
     parts.append("")
