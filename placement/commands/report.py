@@ -1,13 +1,17 @@
-"""`placement report LOGS... [--plot OUT.png] [--heatmap OUT.png] [--trace OUT.json [--steps A:B]
-[--ranks LIST]]`: per-rank
-table and events for a few ranks; for a cluster (many ranks, several nodes) who held the job
-back, stalled ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and
-a Chrome trace-event file."""
+"""`placement report LOGS... [--run N|ID] [--json] [--plot OUT.png] [--heatmap OUT.png] [--trace
+OUT.json [--steps A:B] [--ranks LIST]]` and `placement report --compare BASE NEW`: per-rank table
+and events for a few ranks; for a cluster (many ranks, several nodes) who held the job back,
+stalled ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and a Chrome
+trace-event file; two runs side by side."""
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 from placement.report.cluster import cluster_text, event_counts, summarize_cluster
+from placement.report.compare import compare, compare_text
+from placement.report.document import report_document
 from placement.report.heatmap import write_heatmap
 from placement.report.logs import RANK_TABLE_MAX, LogReadError, read_logs
 from placement.report.plot import write_plot
@@ -16,7 +20,7 @@ from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("logs", nargs="+", metavar="LOG",
+    p.add_argument("logs", nargs="*", metavar="LOG",
                    help="monitor logs (<log_dir>/rank<R>.jsonl), directories holding them (searched "
                         "recursively: one per node) or quoted globs ('logs/*/rank*.jsonl')")
     p.add_argument("--plot", metavar="OUT.png", help="also write a PNG stacking each step's time per rank")
@@ -30,6 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: only these ranks (e.g. 0-7,64,100-103)")
     p.add_argument("--run", metavar="N|ID",
                    help="which run of those the logs hold (its number in order of start, or its id); default: the last")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON document (placement.report/1)")
+    p.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
+                   help="two runs side by side, each LOG[@RUN] (a file, directory or glob, and which of its runs): "
+                        "step time, throughput, the parts of a step, and whether the difference is beyond the noise")
 
 
 def _steps_arg(text: str):
@@ -47,6 +55,15 @@ def _ranks_arg(text: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.compare:
+        if args.logs or args.plot or args.heatmap or args.trace or args.run:
+            raise LogReadError("--compare BASE NEW takes its two runs alone (LOG[@RUN] each); "
+                               "give the other options without it")
+        comparison = compare(*args.compare)
+        print(json.dumps(comparison.to_dict()) if args.json else compare_text(comparison))
+        return 0
+    if not args.logs:
+        raise LogReadError("give the monitor logs to report (e.g. placement_logs/), or --compare BASE NEW")
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
     log = read_logs(args.logs, run=args.run)  # every line parsed once; StepRecords as well for a few ranks
@@ -60,6 +77,10 @@ def run(args: argparse.Namespace) -> int:
         raise LogReadError(f"--plot draws one panel per rank and {len(ranks)} ranks are too many "
                            f"(at most {RANK_TABLE_MAX}); use --heatmap")
     summary = summarize_cluster(log)
+    if args.json:
+        _side_outputs(args, log, keep if args.trace else None, selected if args.trace else None, sys.stderr)
+        print(json.dumps(report_document(log, summary), default=str))
+        return 0
     if summary.stalled:  # what a hung job's user looks for first
         print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
               + ", ".join(f"rank {s.rank} after step {'?' if s.last_step is None else s.last_step}"
@@ -82,13 +103,19 @@ def run(args: argparse.Namespace) -> int:
         print(cluster_text(summary, log))
         print("")
         print(event_counts(log))
+    _side_outputs(args, log, keep if args.trace else None, selected if args.trace else None, sys.stdout)
+    return 0
+
+
+def _side_outputs(args: argparse.Namespace, log, keep, selected, out) -> None:
+    """The files asked for beside the report (--plot, --heatmap, --trace), each said on `out`."""
     if args.plot:
         write_plot(log, args.plot)
-        print(f"\nplot: {args.plot}")
+        print(f"\nplot: {args.plot}", file=out)
     if args.heatmap:
         write_heatmap(log, args.heatmap)
-        print(f"heatmap: {args.heatmap}")
+        print(f"heatmap: {args.heatmap}", file=out)
     if args.trace:
         steps, events = write_trace(log, args.trace, keep, selected)
-        print(f"trace: {args.trace} ({steps} steps, {events} events; open in https://ui.perfetto.dev or chrome://tracing)")
-    return 0
+        print(f"trace: {args.trace} ({steps} steps, {events} events; open in https://ui.perfetto.dev or chrome://tracing)",
+              file=out)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from placement.monitor.budget import MAX_EVERY
-from placement.monitor.summary import cpu_stall_ms
+from placement.monitor.parts import record_parts
 from placement.vocab import Vocabulary
 
 
@@ -61,7 +61,7 @@ KINDS = StragglerKind.values()
 class Cause(Vocabulary):
     """What a straggler's cost (or a job-wide slowdown's) is made of."""
 
-    CPU_STALL = "cpu_stall"  # runqueue wait of main/NCCL threads (summary.cpu_stall_ms)
+    CPU_STALL = "cpu_stall"  # the step part of that name (monitor/parts.py): main's runqueue wait
     DATA = "data"  # waiting for the next batch
     COMPUTE = "compute"  # the rest: more work, a slower device
     COMM = "comm"  # the collectives themselves
@@ -118,7 +118,15 @@ class RankFigures:
         return cls(**vals)
 
     def stall_ms(self) -> Optional[float]:
-        return cpu_stall_ms(self.main_runq_ms, self.nccl_runq_ms)
+        """Its CPU stall per step: the step part of that name (monitor/parts.py)."""
+        return self.main_runq_ms
+
+    def threads_stall_ms(self) -> Optional[float]:
+        """Runqueue wait per step of its main and NCCL threads together: the collectives of a
+        rank whose comm threads cannot run are slow for every rank (_cpu_starved)."""
+        if self.main_runq_ms is None and self.nccl_runq_ms is None:
+            return None
+        return (self.main_runq_ms or 0.0) + (self.nccl_runq_ms or 0.0)
 
 
 @dataclass
@@ -232,7 +240,7 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         data_ms=_mean(r.data_ms for r in records) or 0.0,
         comm_ms=_mean(r.comm_ms for r in records),
         comm_steps=tuple(comm_of.get(s) for s in range(first_step, last_step + 1)),
-        main_runq_ms=_mean(role(r, "main", "runq_ms") for r in records),
+        main_runq_ms=_mean(record_parts(r).cpu_stall_ms for r in records),  # the CPU stall part
         nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
         main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
         main_mhz=_mean(role(r, "main", "mhz") for r in records))
@@ -349,15 +357,20 @@ def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: 
     return out
 
 
-def _by_cause(cost: float, data_x: float, stall_x: Optional[float]) -> dict[Cause, float]:
+def _by_cause(cost: float, data_x: float, stall_x: Optional[float], nccl_x: Optional[float] = None) -> dict[Cause, float]:
     """A cost split by cause from the rank's excess over its punctual peers: data wait and CPU
-    stall as measured (scaled down together when they exceed the cost), compute the rest."""
-    data, stall = max(0.0, data_x), max(0.0, stall_x or 0.0)
-    if data + stall > cost:
-        scale = cost / (data + stall) if data + stall else 0.0
-        data, stall = data * scale, stall * scale
-    return {Cause.CPU_STALL: round(stall, 3), Cause.DATA: round(data, 3),
-            Cause.COMPUTE: round(max(0.0, cost - data - stall), 3)}
+    stall as measured, its NCCL threads' runqueue wait (inside its comm wait) as comm, all scaled
+    down together when they exceed the cost; compute the rest."""
+    data, stall, comm = max(0.0, data_x), max(0.0, stall_x or 0.0), max(0.0, nccl_x or 0.0)
+    known = data + stall + comm
+    if known > cost:
+        scale = cost / known if known else 0.0
+        data, stall, comm = data * scale, stall * scale, comm * scale
+    out = {Cause.CPU_STALL: round(stall, 3), Cause.DATA: round(data, 3),
+           Cause.COMPUTE: round(max(0.0, cost - data - stall - comm), 3)}
+    if comm:
+        out[Cause.COMM] = round(comm, 3)
+    return out
 
 
 def _pct(ms: float, step_ms: float) -> Optional[float]:
@@ -395,6 +408,8 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
         data_x = r.data_ms - (_median([p.data_ms for p in punctual]) or 0.0)
         peer_stall = _median([p.stall_ms() for p in punctual])
         stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
+        peer_nccl = _median([p.nccl_runq_ms for p in punctual])
+        nccl_x = None if r.nccl_runq_ms is None else r.nccl_runq_ms - (peer_nccl or 0.0)
         peer_mhz = _median([p.main_mhz for p in punctual])
         slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
         arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
@@ -403,8 +418,12 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(_median([p.data_ms for p in punctual]))} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
-            why = (f"{arrives}; its main/NCCL threads wait {r.stall_ms():.1f} ms/step in the runqueue "
+            why = (f"{arrives}; its main thread waits {r.stall_ms():.1f} ms/step in the runqueue (CPU stall) "
                    f"vs {_fmt(peer_stall)} on peers")
+        elif nccl_x is not None and nccl_x >= th.explain_frac * lat:
+            kind = StragglerKind.CPU_SLOW
+            why = (f"{arrives}; its NCCL threads wait {r.nccl_runq_ms:.1f} ms/step in the runqueue "
+                   f"vs {_fmt(peer_nccl)} on peers")
         elif slow_core:
             kind = StragglerKind.CPU_SLOW
             why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
@@ -413,7 +432,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
                    f"({_fmt(r.stall_ms())} ms) explains it")
         cost = own[r.rank]
-        by_cause = _by_cause(cost, data_x, stall_x)
+        by_cause = _by_cause(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
         if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
             by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
@@ -436,7 +455,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
                 report.stragglers.append(Straggler(
                     StragglerKind.CPU_SLOW, [r.rank], None,
                     f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
-                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.stall_ms():.1f} "
+                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
                     f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
                     share, _pct(share, median_step), {Cause.CPU_STALL: round(share, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0},
                     material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
@@ -455,8 +474,8 @@ def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> 
     (with the peers' median wait), fewest first: when every rank is starved, nobody stands out."""
     out = []
     for r in ranks:
-        stall = r.stall_ms()
-        peer = _median([p.stall_ms() for p in ranks if p.rank != r.rank])
+        stall = r.threads_stall_ms()
+        peer = _median([p.threads_stall_ms() for p in ranks if p.rank != r.rank])
         if stall is not None and stall - (peer or 0.0) >= th.explain_frac * excess_ms:
             out.append((r, peer))
     return out if len(out) < len(ranks) else []

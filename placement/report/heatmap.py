@@ -71,7 +71,7 @@ def write_heatmap(table: RunLog, out_path: str) -> None:
                          vmin=0, vmax=max(5.0, float(np.nanmax(stall_pct)) if np.isfinite(stall_pct).any() else 5.0))
     fig.colorbar(im1, ax=axes[1], fraction=0.04, pad=0.01).set_label("CPU stall, % of step")
     axes[0].set_title("step time vs the job's median", fontsize=10)
-    axes[1].set_title("CPU stall (main + NCCL runqueue wait)", fontsize=10)
+    axes[1].set_title("CPU stall (main's runqueue wait while computing: a part of the step)", fontsize=10)
     _marks(table, axes, row_of)
     _node_bands(table, axes, order)
     for ax in axes:

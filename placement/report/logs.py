@@ -5,7 +5,7 @@ StepRecords too (the per-rank table and the plot), plus the events in time order
 Columns because `placement report` on a cluster reads a million step records (1,024 ranks x
 1,000 steps): as StepRecord objects with their role dicts that is gigabytes, as columns
 ~60 MB. Only what the views use is kept as a column: rank, step, end time, step/data/comm
-ms, CPU stall (summary.cpu_stall_ms of the main and NCCL runqueue waits), first-collective
+ms, CPU stall (its step part, monitor/parts.py), first-collective
 entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
 
 Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
@@ -35,7 +35,7 @@ from typing import Any, Optional
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
 from placement.monitor.record import VERDICTS, StepRecord
-from placement.monitor.summary import cpu_stall_ms
+from placement.monitor.parts import split_step
 
 LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
 RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of a row (and a plot panel) per rank
@@ -256,7 +256,8 @@ class _Columns:
         self.step_ms.append(d["step_ms"])
         self.data_ms.append(_or_nan(d.get("data_ms")))
         self.comm_ms.append(_or_nan(d.get("comm_ms")))
-        self.stall_ms.append(_or_nan(cpu_stall_ms(_runq(roles, "main"), _runq(roles, "nccl"))))
+        self.stall_ms.append(_or_nan(split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"),
+                                                _runq(roles, "main")).cpu_stall_ms))
         self.enter_t.append(_or_nan(d.get("comm_enter_t")))
 
     def extend(self, other: "_Columns") -> None:

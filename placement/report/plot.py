@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from placement.monitor.summary import stall_ms
+from placement.monitor.parts import record_parts
 from placement.report.logs import LogReadError, RunLog
 
 SEGMENTS = (("data wait", "#4C72B0"), ("comm", "#DD8452"), ("CPU stall", "#C44E52"), ("compute", "#8DA0CB"))
@@ -51,10 +51,11 @@ def write_plot(log: RunLog, out_path: str) -> None:
     for ax, rank in zip(axes[:, 0], ranks):
         recs = records[rank]
         x = [r.step for r in recs]
-        data = [r.data_ms for r in recs]
-        comm = [r.comm_ms or 0.0 for r in recs]
-        stall = [stall_ms(r) or 0.0 for r in recs]
-        compute = [max(0.0, r.step_ms - d - c - s) for r, d, c, s in zip(recs, data, comm, stall)]
+        parts = [record_parts(r) for r in recs]  # disjoint: the stack is the step
+        data = [p.data_ms for p in parts]
+        comm = [p.comm_ms for p in parts]
+        stall = [p.cpu_stall_ms or 0.0 for p in parts]
+        compute = [p.compute_ms for p in parts]
         ax.stackplot(x, data, comm, stall, compute, labels=[s[0] for s in SEGMENTS],
                      colors=[s[1] for s in SEGMENTS], step="mid", linewidth=0)
         ax.set_ylabel(f"rank {rank}\nms / step")
@@ -89,7 +90,8 @@ def write_plot(log: RunLog, out_path: str) -> None:
             if l not in labels:
                 handles.append(h)
                 labels.append(l)
-    fig.suptitle("placement: where each step's time went (compute = step - data - comm - CPU stall)",
+    fig.suptitle("placement: where each step's time went (data wait, comm wait, CPU stall, compute: disjoint, "
+                 "adding up to the step)",
                  fontsize=10, y=0.995)
     top = 1 - 0.75 / fig.get_figheight()
     fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, top + 0.02), ncol=min(len(labels), 8),

@@ -8,7 +8,7 @@ from placement.monitor.straggler import cost_words
 from placement.monitor.summary import RunSummary, summarize
 from placement.report.logs import RunLog
 
-HEADER = ("rank", "steps", "p50 ms", "p99 ms", "CPU stall %", "comm %", "data %", "verdict (most steps)")
+HEADER = ("rank", "steps", "p50 ms", "p99 ms", "data %", "comm %", "CPU stall %", "compute %", "verdict (most steps)")
 SHOWN_EVENTS = ("bind", "memory", "tune", "rollback", "straggler", "stall", "warning", "start", "end", "monitor", "lost")
 
 
@@ -25,13 +25,13 @@ def rank_table(rows: list[RunSummary]) -> str:
     body = []
     for s in rows:
         top = max(s.verdicts.items(), key=lambda kv: kv[1])
-        body.append((str(s.rank), str(s.steps), _f(s.p50_ms, 2), _f(s.p99_ms, 2), _f(s.stall_pct), _f(s.comm_pct),
-                     _f(s.data_pct), f"{top[0]} ({100 * top[1] // s.steps}%)"))
+        body.append((str(s.rank), str(s.steps), _f(s.p50_ms, 2), _f(s.p99_ms, 2), _f(s.data_pct), _f(s.comm_pct),
+                     _f(s.stall_pct), _f(s.compute_pct), f"{top[0]} ({100 * top[1] // s.steps}%)"))
     widths = [max(len(h), *(len(r[i]) for r in body)) if body else len(h) for i, h in enumerate(HEADER)]
-    lines = ["  ".join(h.rjust(w) if i < 7 else h for i, (h, w) in enumerate(zip(HEADER, widths)))]
+    lines = ["  ".join(h.rjust(w) if i < 8 else h for i, (h, w) in enumerate(zip(HEADER, widths)))]
     lines.append("  ".join("-" * w for w in widths))
     for r in body:
-        lines.append("  ".join(c.rjust(w) if i < 7 else c for i, (c, w) in enumerate(zip(r, widths))))
+        lines.append("  ".join(c.rjust(w) if i < 8 else c for i, (c, w) in enumerate(zip(r, widths))))
     return "\n".join(lines)
 
 
@@ -153,13 +153,18 @@ def event_lines(log: RunLog) -> list[str]:
     return out
 
 
+# The parts of a step, said once (monitor/parts.py); README.md says the same.
+PARTS_SENTENCE = ("a step's time = data wait + comm wait + CPU stall (main's runqueue wait while computing) + "
+                  "compute, disjoint, as % of step time: they add up to 100")
+
+
 def run_lines(log: RunLog) -> list[str]:
     """What the logs hold beside the run reported: one line when they hold several runs (the
     run reported and how to choose another; 'of N jobs' when their launchers name different
     jobs), one per rank whose steps started over within the run."""
     out = []
     if len(log.runs) > 1 and log.run is not None:
-        jobs = {r.job or f"run {r.id}" for r in log.runs}
+        jobs = {r.job for r in log.runs if r.job}  # as the launchers name them (none: not known)
         of = f" of {len(jobs)} jobs" if len(jobs) > 1 else ""
         out.append(f"these logs hold {len(log.runs)} runs{of}: reporting run {log.run.describe()} "
                    f"(--run N|ID for another; --compare A B to put two side by side)")
@@ -181,8 +186,7 @@ def report_text(log: RunLog) -> str:
     parts.append("")
     parts.append(rank_table(rows) if rows else "no step records")
     parts.append("")
-    parts.append("CPU stall = runqueue wait of main + NCCL threads; comm and data = time in collectives and "
-                 "waiting for batches; all as % of step time")
+    parts.append(PARTS_SENTENCE)
     lines = event_lines(log)
     parts.append("")
     parts.append(f"events ({len(lines)}):" if lines else "events: none")

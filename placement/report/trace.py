@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Optional, TextIO
 
 from placement.cpuset import format_cpulist
+from placement.monitor.parts import split_step
 from placement.monitor.record import VERDICTS
 from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
@@ -174,17 +175,21 @@ def _steps(out: TextIO, table: RunLog, pid_of: dict[int, int], selected: dict) -
             comm_start = ent if ent == ent and start <= ent <= end else end - c / 1e3
             comm_start = min(max(comm_start, start + data / 1e3), end)
             c = min(c, (end - comm_start) * 1e3)
-            compute_ms = ms - data - (0.0 if comm != comm else comm) - (0.0 if stall != stall else stall)
+            # The step's parts (monitor/parts.py), the same as the report's; the stall column is
+            # already the CPU stall part, so it stays as read.
+            parts = split_step(ms, data, comm, stall)
             lines.append(
                 f'{{"name":"step {step}","cat":"step","ph":"X","ts":{_us(start)},"dur":{span_ms * 1e3:.3f},{head},'
-                f'"args":{{"step":{step},"step_ms":{ms:.3f},"data_ms":{_n(data)},"comm_ms":{_n(comm)},'
-                f'"cpu_stall_ms":{_n(stall)},"compute_ms":{_n(max(compute_ms, 0.0))},'
+                f'"args":{{"step":{step},"step_ms":{ms:.3f},"data_ms":{_n(parts.data_ms)},"comm_ms":{_n(parts.comm_ms)},'
+                f'"cpu_stall_ms":{_n(stall)},"compute_ms":{_n(parts.compute_ms)},'
                 f'"verdict":"{VERDICTS[v] if 0 <= v < len(VERDICTS) else "?"}"}}}},\n')
             if data > 0:
                 lines.append(f'{{"name":"data wait","cat":"data","ph":"X","ts":{_us(start)},"dur":{data * 1e3:.3f},{head}}},\n')
             gap = (comm_start - start) * 1e3 - data
             if gap > 0:
-                lines.append(f'{{"name":"compute","cat":"compute","ph":"X","ts":{_us(start + data / 1e3)},'
+                # Main ran (or waited in the runqueue to run) between its batch and its first
+                # collective: compute and CPU stall, whose split the step's args give.
+                lines.append(f'{{"name":"compute + CPU stall","cat":"compute","ph":"X","ts":{_us(start + data / 1e3)},'
                              f'"dur":{gap * 1e3:.3f},{head}}},\n')
             if c > 0:
                 lines.append(f'{{"name":"comm","cat":"comm","ph":"X","ts":{_us(comm_start)},"dur":{c * 1e3:.3f},{head}}},\n')

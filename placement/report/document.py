@@ -1,0 +1,68 @@
+"""`placement report --json`: what the text report says, as one JSON document (schema
+placement.report/1), for scripts and dashboards, as `topo`, `plan` and `doctor` give theirs."""
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Optional
+
+from placement.monitor.parts import StepPart
+from placement.monitor.summary import summarize
+from placement.report.cluster import ClusterSummary
+from placement.report.logs import RANK_TABLE_MAX, RunInfo, RunLog
+
+
+def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
+    """The parts of the job's steps (monitor/parts.py, the columns split as split_step does), summed
+    over every rank's steps, as % of their summed step time; CPU stall None when never read."""
+    import numpy as np
+
+    step = np.clip(np.nan_to_num(log.step_ms), 0.0, None)
+    total = float(step.sum())
+    if not len(step) or total <= 0:
+        return {str(p): None for p in StepPart}
+    data = np.clip(np.nan_to_num(log.data_ms), 0.0, step)
+    comm = np.clip(np.nan_to_num(log.comm_ms), 0.0, step - data)
+    known = np.isfinite(log.stall_ms)
+    stall = np.clip(np.nan_to_num(log.stall_ms), 0.0, step - data - comm)
+    compute = step - data - comm - stall
+    return {str(StepPart.DATA): 100.0 * float(data.sum()) / total,
+            str(StepPart.COMM): 100.0 * float(comm.sum()) / total if np.isfinite(log.comm_ms).any() else None,
+            str(StepPart.CPU_STALL): 100.0 * float(stall.sum()) / total if known.any() else None,
+            str(StepPart.COMPUTE): 100.0 * float(compute.sum()) / total}
+
+
+def _run(r: Optional[RunInfo]) -> Optional[dict[str, Any]]:
+    if r is None:
+        return None
+    return {"number": r.number, "id": r.id or None, "job": r.job, "first_t": r.first_t if r.records else None,
+            "last_t": r.last_t if r.records else None, "ranks": sorted(r.ranks), "records": r.records}
+
+
+def report_document(log: RunLog, summary: ClusterSummary) -> dict[str, Any]:
+    """The report of one run (log.run) as a JSON-able dict."""
+    from collections import Counter
+
+    ranks = []
+    if log.records is not None and len(log.ranks()) <= RANK_TABLE_MAX:
+        for rank, recs in sorted(log.records.items()):
+            s = summarize(rank, recs)
+            if s is not None:
+                ranks.append(asdict(s))
+    lost_total = sum(summary.lost_ms.values())
+    return {
+        "schema": "placement.report/1",
+        "files": len(log.files), "skipped_lines": log.skipped, "lost_records": {str(r): n for r, n in log.lost.items()},
+        "run": _run(log.run), "runs": [_run(r) for r in log.runs],
+        "job": {"ranks": len(log.ranks()), "step_records": len(log), "median_step_ms": summary.median_step_ms,
+                "parts_pct": job_parts_pct(log)},
+        "ranks": ranks,
+        "held_back": {
+            "judged_windows": summary.judged_windows, "job_wide_slowdowns": summary.comm_slow_windows,
+            "lost_pct": 100.0 * lost_total / summary.job_ms if summary.job_ms and lost_total else 0.0,
+            "lost_pct_by_cause": {c: 100.0 * ms / summary.job_ms for c, ms in summary.lost_ms.items()}
+            if summary.job_ms else {},
+            "holders": {kind: [asdict(h) for h in hs] for kind, hs in summary.holders.items()}},
+        "stalled": [asdict(s) for s in summary.stalled],
+        "nodes": [asdict(n) for n in summary.nodes],
+        "events": dict(Counter(str(e.get("type")) for e in log.events)),
+    }
