@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(comparison.to_dict()) if args.json else compare_text(comparison))
         return 0
     if not args.logs:
-        raise LogReadError("give the monitor logs to report (e.g. placement_logs/), or --compare BASE NEW")
+        raise LogReadError("give the monitor logs to report (LOG..., e.g. placement_logs/), or --compare BASE NEW")
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
     log = read_logs(args.logs, run=args.run)  # every line parsed once; StepRecords as well for a few ranks
