@@ -15,8 +15,9 @@ Every 2 s each rank samples its own VmRSS and Python's allocated blocks (the mon
 loop's objects: what a leak in either grows); at the end it reads back, with the workers of the
 last epoch alive, every thread's CPU set against the role's planned set (drift left unrepaired).
 From the placement logs: events per hour by type, binding drift the binder found and repaired
-(`bind` events with `drift`), and the bytes the logs took per step per rank, with what that
-comes to for a week at 1 step/s on 16,384 ranks.
+(`bind` events with `drift`), and the bytes the logs took per step per rank, as written and once
+rotated (compressed as monitor.log_rotate_mb compresses a rotated log), with what each comes to
+for a week at 1 step/s on 16,384 ranks.
 
 Memory growth is the least-squares slope of the samples against the step after the first quarter
 of the run (start-up: allocator pools, caches filling), in MiB per 10,000 steps.
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import gzip
 import json
 import os
 import statistics
@@ -163,6 +165,9 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
         ranks = [json.loads(f.read_text()) for f in sorted(out.glob("soak-rank*.json"))]
         log = read_logs(sorted({r["log_dir"] for r in ranks}))  # the report's reader: torn lines skipped, counted
         log_bytes = sum(Path(f).stat().st_size for f in log.files)
+        # what the same logs take once rotated (monitor.log_rotate_mb): compressed as the rotation does
+        gz_bytes = sum(len(gzip.compress(Path(f).read_bytes(), compresslevel=6)) if not f.endswith(".gz")
+                       else Path(f).stat().st_size for f in log.files)
     kinds = collections.Counter(e["type"] for e in log.events)
     drift = sum(1 for e in log.events if e["type"] == "bind" and "drift" in e)
     steps = sum(r["steps"] for r in ranks)
@@ -170,6 +175,7 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
     rss = {r["rank"]: _slope_per_10k_steps(r["samples"], "rss_kib", 1 / 1024) for r in ranks}
     blocks = {r["rank"]: _slope_per_10k_steps(r["samples"], "py_blocks", 1.0) for r in ranks}
     per_step = log_bytes / steps if steps else None
+    gz_per_step = gz_bytes / steps if steps else None
     unrepaired = sum(len(r["off_plan"]) for r in ranks)
     return {
         "minutes": minutes, "hosts": n_hosts if bed is not None else 1, "ranks": len(ranks),
@@ -183,6 +189,8 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
         "drift_unrepaired": unrepaired,
         "log_bytes_per_step_per_rank": None if per_step is None else round(per_step, 1),
         "week_at_16k_ranks_tb": None if per_step is None else round(per_step * WEEK_S * BIG_JOB_RANKS / 1e12, 2),
+        "rotated_bytes_per_step_per_rank": None if gz_per_step is None else round(gz_per_step, 1),
+        "week_at_16k_ranks_tb_rotated": None if gz_per_step is None else round(gz_per_step * WEEK_S * BIG_JOB_RANKS / 1e12, 3),
         "met": all(v is not None and v < 1.0 for v in rss.values()) and unrepaired == 0,
     }
 

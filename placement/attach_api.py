@@ -129,8 +129,8 @@ def _find_run_id(identity: RankIdentity) -> str:
     return _run_id
 
 
-def _open_event_log(log_dir: str, rank: int, run: Optional[str] = None):
-    events = open_rank_log(log_dir, rank, run)  # LogDirError, one line: the same decision as placerun's
+def _open_event_log(log_dir: str, rank: int, run: Optional[str] = None, rotate_mb: float = 0.0):
+    events = open_rank_log(log_dir, rank, run, rotate_mb)  # LogDirError, one line: the same decision as placerun's
     if _run_id_why is not None and run == _run_id:
         warn_rank(events, rank, _run_id_why)
     return events
@@ -382,13 +382,14 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
                 and session.events.path is not None:
             events = session.events
         else:
-            events, owns_events = _open_event_log(cfg.monitor.log_dir, rank, session.events.run), True
+            events, owns_events = _open_event_log(cfg.monitor.log_dir, rank, session.events.run,
+                                                  cfg.monitor.log_rotate_mb), True
         if dropped:
             warn_rank(events, rank, f"placerun's plan wins: attach() settings dropped: {', '.join(dropped)} "
                                "(placerun bound this rank before the program started; give them to placerun)")
         session.binder.rescan()
     else:
-        events = _open_event_log(cfg.monitor.log_dir, rank, _find_run_id(identity))
+        events = _open_event_log(cfg.monitor.log_dir, rank, _find_run_id(identity), cfg.monitor.log_rotate_mb)
         owns_events = True
         if cfg.policy != "none":
             found = FoundPlacement.read()

@@ -41,7 +41,7 @@ def stage1(environ: MutableMapping[str, str] = os.environ):
     # placerun checked the directory before starting any worker; should it have become
     # unwritable since, this is the same one-line error (LogDirError), never a silent null log;
     # start_worker says it and the program runs unbound, as it would under torchrun.
-    events = open_rank_log(cfg.monitor.log_dir, identity.rank, run_id_from_env(environ))
+    events = open_rank_log(cfg.monitor.log_dir, identity.rank, run_id_from_env(environ), cfg.monitor.log_rotate_mb)
     try:
         s = run_stage1(cfg, handoff.plan, events, identity, entry="placerun", environ=environ,
                        keep=handoff.keep_env, restart=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))

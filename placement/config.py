@@ -90,6 +90,8 @@ def _key(default: Any, doc: str) -> Any:
 class MonitorConfig:
     enabled: bool = _key(True, "the step monitor: per-step records, straggler naming, stall watch")
     log_dir: str = _key("placement_logs", "where each rank writes `rank<R>.jsonl`")
+    log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
+                                       "~10x smaller; `placement report` reads both); 0 = never")
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
     rescan_every: int = _key(20, "steps between rescans of the thread list")
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
@@ -199,6 +201,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
+    if m.log_rotate_mb != 0:
+        _range("monitor.log_rotate_mb", m.log_rotate_mb, 0.01, 1 << 20)
     _range("monitor.straggler_min_cost_pct", m.straggler_min_cost_pct, 0.0, 100.0)
     _range("monitor.straggler_confirm_windows", m.straggler_confirm_windows, 1, 1000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)

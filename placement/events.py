@@ -8,9 +8,13 @@ as a `lost` event that `placement report` shows.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import errno
+import gzip
 import json
 import os
+import re
+import shutil
 import tempfile
 import threading
 import time
@@ -77,11 +81,11 @@ def check_log_dir(log_dir: str) -> None:
         pass
 
 
-def open_rank_log(log_dir: str, rank: int, run: Optional[str] = None) -> "EventLog":
-    """The rank's event log in `log_dir`, its records marked with `run`; LogDirError (one line)
-    when it cannot be opened."""
+def open_rank_log(log_dir: str, rank: int, run: Optional[str] = None, rotate_mb: float = 0.0) -> "EventLog":
+    """The rank's event log in `log_dir`, its records marked with `run`, rotated and compressed
+    every `rotate_mb` (0: never); LogDirError (one line) when it cannot be opened."""
     try:
-        return EventLog(rank_log_path(log_dir, rank), rank, run)
+        return EventLog(rank_log_path(log_dir, rank), rank, run, int(rotate_mb * (1 << 20)))
     except OSError as e:
         raise _log_dir_error(log_dir, e.strerror or str(e)) from None
 
@@ -136,10 +140,12 @@ class EventLog:
     close/exit with the total.
     """
 
-    def __init__(self, path: Optional[str], rank: int = 0, run: Optional[str] = None):
+    def __init__(self, path: Optional[str], rank: int = 0, run: Optional[str] = None, rotate_bytes: int = 0):
         self.path = path
         self.rank = rank
         self.run = run  # the run's id (identity.py), in every record written; None: not known
+        self.rotate_bytes = rotate_bytes  # rotate the file past this size (0: never): _rotate
+        self._size = 0
         self._lock = threading.Lock()
         self._inside = threading.local()  # .here: this thread holds (or is taking/releasing) _lock
         self._fd: Optional[int] = None
@@ -153,6 +159,7 @@ class EventLog:
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            self._size = os.fstat(self._fd).st_size
             _open_logs.add(self)
 
     # ---- the lock: never waited on by the thread that holds it ----------------------------
@@ -285,6 +292,28 @@ class EventLog:
         self._torn = False
         if f'"{EventKind.LOST}"' in prefix:
             self._dropped_logged = self.dropped
+        self._size += written
+        if self.rotate_bytes and self._size >= self.rotate_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        """The file so far becomes rank<R>.<NNNN>.jsonl (the next free number) and a thread of its
+        own compresses it to .jsonl.gz (~10x smaller: docs/monitor.md, log size); writing goes on in
+        a new rank<R>.jsonl at once. A rotation that fails leaves the file growing and says so once."""
+        stem = self.path[:-len(".jsonl")] if self.path.endswith(".jsonl") else self.path
+        try:
+            taken = {int(m.group(1)) for m in (_ROTATED.match(name) for name in os.listdir(os.path.dirname(
+                os.path.abspath(self.path)) or ".")) if m and m.group(0).startswith(os.path.basename(stem) + ".")}
+            rotated = f"{stem}.{max(taken, default=0) + 1:04d}.jsonl"
+            os.rename(self.path, rotated)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            self.rotate_bytes = 0
+            _say(f"placement: rank {self.rank}: cannot rotate {self.path} ({e.strerror or e}); it keeps growing")
+            return
+        old, self._fd, self._size = self._fd, fd, 0
+        os.close(old)
+        threading.Thread(target=compress_rotated, args=(rotated, self.rank), name="placement_gzip", daemon=True).start()
 
     def _count_lost(self, n: int, why: str) -> None:
         if n <= 0:
@@ -294,6 +323,27 @@ class EventLog:
             self.error = why
             _say(f"placement: rank {self.rank}: cannot write {self.path} ({why}): {n} record(s) dropped; "
                  "further losses are counted and the total is said at exit and in `placement report`")
+
+
+_ROTATED = re.compile(r"^rank\d+\.(\d+)\.jsonl(\.gz)?$")
+
+
+def compress_rotated(path: str, rank: int) -> Optional[str]:
+    """Compress a rotated log to path + '.gz' (written aside, then renamed, then the original
+    removed: a reader never sees a half file, and one that lists both reads the original,
+    logs.expand); on failure the original stays, said once. The .gz path, or None."""
+    tmp, done = path + ".gz.tmp", path + ".gz"
+    try:
+        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.rename(tmp, done)
+        os.unlink(path)
+        return done
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        _say(f"placement: rank {rank}: cannot compress {path} ({e.strerror or e}); it stays uncompressed")
+        return None
 
 
 def report_all_losses() -> None:

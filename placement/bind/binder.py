@@ -197,13 +197,35 @@ class RoleBinder:
             self._release_main(now)
         results = self._check_drift()
         worker_nice = self.dataloader_nice()
+        workers: dict[tuple, list[BindResult]] = {}  # a DataLoader worker's threads bound alike
         for t in self._scanned():
-            if t.role is ThreadRole.DATALOADER:
+            worker = t.role is ThreadRole.DATALOADER
+            if worker:
                 self._set_nice(t, worker_nice)
-            r = self._bind(t)
+            r = self._bind(t, log=not worker)
             if r is not None:
                 results.append(r)
+                if worker and r.ok:
+                    workers.setdefault((r.pid, r.planned, r.applied), []).append(r)
+                elif worker:
+                    self._log(r, self._reasons.get(t.role, ""))
+        for group in workers.values():
+            self._log_worker(group)
         return results
+
+    def _log_worker(self, group: list[BindResult]) -> None:
+        """One `bind` event for the threads of one DataLoader worker bound alike (its first tid,
+        `tids` and `threads`): workers respawn every epoch with ~10 threads each, and an event per
+        thread was a quarter of a soak's log bytes (benchmarks/soak.py)."""
+        if self.events is None:
+            return
+        first = group[0]
+        self.events.event(EventKind.BIND, **first.to_dict(), reason=self._reasons.get(ThreadRole.DATALOADER, ""),
+                          threads=len(group), tids=[r.tid for r in group])
+
+    def _log(self, r: BindResult, reason: str, **extra) -> None:
+        if self.events is not None:
+            self.events.event(EventKind.BIND, **r.to_dict(), reason=reason, **extra)
 
     def _young(self, key: tuple[int, int], now: float) -> bool:
         rec = self._records[key]
@@ -222,21 +244,22 @@ class RoleBinder:
             cpus = self._role_cpus.get(ThreadRole.OTHER)
         return cpus or frozenset()
 
-    def _bind(self, t: ThreadInfo) -> Optional[BindResult]:
-        """Bind one thread to its role's set unless this binder already did; log the read-back."""
+    def _bind(self, t: ThreadInfo, log: bool = True) -> Optional[BindResult]:
+        """Bind one thread to its role's set unless this binder already did; log the read-back
+        (`log` False: the caller logs it)."""
         cpus = self._target(t)
         if not cpus or self._records[(t.pid, t.tid)].applied == cpus:
             return None
-        return self._apply(t, cpus, self._reasons.get(t.role, ""))
+        return self._apply(t, cpus, self._reasons.get(t.role, ""), log=log)
 
-    def _apply(self, t: ThreadInfo, cpus: frozenset[int], reason: str, **extra) -> Optional[BindResult]:
+    def _apply(self, t: ThreadInfo, cpus: frozenset[int], reason: str, log: bool = True, **extra) -> Optional[BindResult]:
         r = bind_thread(t.pid, t.tid, t.name, t.role, cpus)
         if r is None:  # exited meanwhile
             return None
         rec = self._records[(t.pid, t.tid)]
         rec.applied, rec.kernel = cpus, r.applied
-        if self.events is not None:
-            self.events.event(EventKind.BIND, **r.to_dict(), reason=reason, **extra)
+        if log:
+            self._log(r, reason, **extra)
         if not r.ok:
             self._warn(r.error or "")
         return r

@@ -144,12 +144,15 @@ class RunInfo:
 
 
 def expand(paths: list[str]) -> list[str]:
-    """Files named, the *.jsonl files anywhere under directories named (one per node, gathered
-    into a tree), and what glob patterns match (quoted, so the shell left them to us)."""
+    """Files named, the *.jsonl and rotated *.jsonl.gz files anywhere under directories named
+    (one per node, gathered into a tree), and what glob patterns match (quoted, so the shell left
+    them to us). A rotated log found both compressed and not (its compression was under way) is
+    read once, uncompressed."""
     out = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True))
+            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True)
+                           + glob.glob(os.path.join(p, "**", "*.jsonl.gz"), recursive=True))
             if not found:
                 raise LogReadError(f"{p!r} holds no *.jsonl file; give monitor logs, e.g. placement_logs/rank0.jsonl")
             out.extend(found)
@@ -160,7 +163,8 @@ def expand(paths: list[str]) -> list[str]:
             out.extend(found)
         else:
             out.append(p)
-    return list(dict.fromkeys(out))
+    listed = set(out)
+    return [f for f in dict.fromkeys(out) if not (f.endswith(".jsonl.gz") and f[:-3] in listed)]
 
 
 _I64 = 1 << 63
@@ -319,6 +323,8 @@ class _Reader:
             raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
         except OSError as e:
             raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
+        if path.endswith(".gz"):
+            raw = _gunzip(path, raw)
         log = self.log
         said: dict[int, _Where] = {}  # rank -> its host/node as this file's start events say
         runs: dict[tuple[str, int], _Run] = {}
@@ -400,6 +406,21 @@ class _Reader:
                            if rid == run_id}
         log.events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0)
         return log
+
+
+def _gunzip(path: str, raw: bytes) -> bytes:
+    """A rotated log's lines (events.compress_rotated), at most LOG_MAX of them; a file that is
+    not gzip, or cut short (the writer was killed), gives what could be read and is said once."""
+    import zlib
+
+    d = zlib.decompressobj(wbits=31)
+    try:
+        out = d.decompress(raw, LOG_MAX)
+    except zlib.error as e:
+        raise LogReadError(f"cannot read log {path!r}: not a gzip file ({e})") from None
+    if d.unconsumed_tail:
+        raise LogReadError(f"cannot read log {path!r}: more than {LOG_MAX >> 20} MiB uncompressed")
+    return out
 
 
 def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:

@@ -48,7 +48,8 @@ def _bind_group(events: list[dict]) -> str:
     failed = []
     for e in events:
         key = (e.get("role") or "process", _cpus(e.get("planned", [])))
-        by_target[key] = by_target.get(key, 0) + 1
+        threads = e.get("threads", 1)  # a DataLoader worker's threads are one event
+        by_target[key] = by_target.get(key, 0) + (threads if isinstance(threads, int) else 1)
         if not e.get("ok", True):
             failed.append(f"{e.get('name')}/{e.get('tid')}: {e.get('error')}")
     parts = [f"{role}->{cpus}" + (f" x{n}" if n > 1 else "") for (role, cpus), n in by_target.items()]
