@@ -548,7 +548,7 @@ def judge_rows(rows, slots: int, world_size: int, baseline_ms: Optional[float], 
 
     f = {name: len(HEADER) + i for i, name in enumerate(FIELDS)}
     active = rows[rows[:, f["steps"]] > 0]
-    node_of = {int(r): (None if math.isnan(n) else int(n)) for r, n in zip(rows[:, f["rank"]], rows[:, 1])}
+    node_of = {int(r): (None if n != n else int(n)) for r, n in zip(rows[:, f["rank"]].tolist(), rows[:, 1].tolist())}
     if len(active) <= TRIAGE_ABOVE:
         figures = [RankFigures.from_row(r[len(HEADER):].tolist()) for r in rows]
         report = compact(name(classify(figures, baseline_ms, th)))

@@ -299,28 +299,38 @@ def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
     return None if per_step is None else {rank: statistics.median(v) for rank, v in per_step.items()}
 
 
-def costs_ms(per_step: dict[int, list[float]], named: list[int]) -> tuple[dict[int, float], float]:
-    """(rank -> what the job's step would have been shorter by had that rank alone been at its
-    peers' median lateness, the cost of all `named` together), ms per step: the means over the
-    steps of the module docstring's per-step savings."""
+def rank_steps(per_step: dict[int, list[float]]) -> list[tuple[list[tuple[float, int]], float]]:
+    """Per step: (every rank's (lateness, rank), latest first; the median lateness of the
+    ranks but the latest), costs_ms's input, built once per window."""
     ranks = list(per_step)
     n = len(per_step[ranks[0]]) if ranks else 0
-    if n == 0 or not named:
+    out = []
+    for i in range(n):
+        lat = sorted(((per_step[r][i], r) for r in ranks), reverse=True)
+        out.append((lat, statistics.median(v for v, _ in lat[1:]) if len(lat) > 1 else lat[0][0]))
+    return out
+
+
+def costs_ms(per_step: dict[int, list[float]], named: list[int],
+             ranked: Optional[list] = None) -> tuple[dict[int, float], float]:
+    """(rank -> what the job's step would have been shorter by had that rank alone been at its
+    peers' median lateness, the cost of all `named` together), ms per step: the means over the
+    steps of the module docstring's per-step savings. `ranked`: rank_steps(per_step), if built."""
+    ranked = rank_steps(per_step) if ranked is None else ranked
+    if not ranked or not named:
         return {r: 0.0 for r in named}, 0.0
     named_set = set(named)
     own = dict.fromkeys(named, 0.0)
     together = 0.0
-    for i in range(n):
-        lat = [(per_step[r][i], r) for r in ranks]
-        lat.sort(reverse=True)
+    for lat, base in ranked:
         top, top_rank = lat[0]
-        base = statistics.median(v for v, r in lat[1:]) if len(lat) > 1 else top
         if top_rank in named_set:
             nxt = lat[1][0] if len(lat) > 1 else base
             own[top_rank] += max(0.0, top - max(nxt, base))
             # every named rank at its peers' median: the latest of the others sets the pace
             latest_other = next((v for v, r in lat if r not in named_set), None)
             together += 0.0 if latest_other is None else max(0.0, top - latest_other)
+    n = len(ranked)
     return {r: c / n for r, c in own.items()}, together / n
 
 
@@ -328,12 +338,13 @@ MATERIAL_GROUPS = 32  # tie groups whose share is computed one by one; the rest 
 
 
 def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: dict[int, float],
-                   step_ms: float, th: Thresholds) -> set[int]:
+                   step_ms: float, th: Thresholds, ranked: Optional[list] = None) -> set[int]:
     """The late ranks that cost the job at least th.min_cost_pct of its step. A rank's share is
     what fixing it adds to fixing every rank later than it (costs_ms of both sets), so a rank
     a little late behind a much later one costs nothing; ranks within th.late_ms of each other
     are one group, judged together, so two equally slow ranks are both named when together they
     cost (alone, each would cost nothing: the other would set the pace)."""
+    ranked = rank_steps(per_step) if ranked is None else ranked
     order = sorted(late, key=lambda r: -lateness[r])
     out: set[int] = set()
     fixed: list[int] = []
@@ -348,7 +359,7 @@ def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: 
         if groups > MATERIAL_GROUPS:
             j = len(order)  # the rest judged as one group (at scale: bounded work)
         group = order[i:j]
-        after = costs_ms(per_step, fixed + group)[1]
+        after = costs_ms(per_step, fixed + group, ranked)[1]
         if step_ms > 0 and 100.0 * (after - before) / step_ms >= th.min_cost_pct:
             out.update(group)
         fixed += group
@@ -401,21 +412,24 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     punctual = [r for r in ranks if lateness[r.rank] <= limit]
     report.transfer_ms = min(comm, default=None)
     first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
-    own, together = costs_ms(per_step, [r.rank for r in late])
-    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th)
+    ranked = rank_steps(per_step)
+    own, together = costs_ms(per_step, [r.rank for r in late], ranked)
+    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th, ranked)
+    # the punctual peers' medians, once (at scale a window has hundreds of candidates)
+    peer_data = _median([p.data_ms for p in punctual])
+    peer_stall = _median([p.stall_ms() for p in punctual])
+    peer_nccl = _median([p.nccl_runq_ms for p in punctual])
+    peer_mhz = _median([p.main_mhz for p in punctual])
     for r in sorted(late, key=lambda r: -lateness[r.rank]):
         lat = lateness[r.rank]
-        data_x = r.data_ms - (_median([p.data_ms for p in punctual]) or 0.0)
-        peer_stall = _median([p.stall_ms() for p in punctual])
+        data_x = r.data_ms - (peer_data or 0.0)
         stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
-        peer_nccl = _median([p.nccl_runq_ms for p in punctual])
         nccl_x = None if r.nccl_runq_ms is None else r.nccl_runq_ms - (peer_nccl or 0.0)
-        peer_mhz = _median([p.main_mhz for p in punctual])
         slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
         arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
         if data_x >= th.explain_frac * lat and data_x >= (stall_x or 0.0):
             kind = StragglerKind.DATA_SLOW
-            why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(_median([p.data_ms for p in punctual]))} on peers"
+            why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(peer_data)} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
             why = (f"{arrives}; its main thread waits {r.stall_ms():.1f} ms/step in the runqueue (CPU stall) "
