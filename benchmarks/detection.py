@@ -150,11 +150,11 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
     first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
                   and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
     balanced_windows = balanced // exchange_every
-    false_events = [e for e in judged if e.get("stragglers") and e["steps"][1] <= balanced]
+    false_events = [e for e in judged if e.get("stragglers") and e["steps"][1] <= balanced]  # a rank named
     return {
         "balanced_windows": balanced_windows, "false_straggler_events": len(false_events),
         "false_per_1000_windows": round(1000.0 * len(false_events) / balanced_windows, 1) if balanced_windows else None,
-        "false_job_wide": sum(1 for e in false_events if all(s.get("kind") == "comm-slow" for s in e["stragglers"])),
+        "job_wide_events": sum(1 for e in judged if e.get("job_wide") and e["steps"][1] <= balanced),
         "hang_named_s": None if not named else round(named[0] - hang_t, 2),
         "hang_named_by": None if first is None else first.get("reported_by", 1),
         "shared_pause_s": shared_s, "shared_pause_alarms": len(_alarms(events, shared_lo, shared_hi + 1)),

@@ -92,20 +92,26 @@ def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
     for first in range(1, steps + 1, every):
         window = range(first, first + every)
         t = T0 + (first + every) * 0.125
-        stragglers, more = [], {}
+        stragglers, more, job_wide = [], {}, None
         if window.start in sc["cpu_steps"]:
             stragglers.append({"kind": "cpu-slow", "ranks": [sc["cpu_slow"]], "lateness_ms": 25.0,
-                               "why": "its main/NCCL threads wait 25.1 ms/step in the runqueue vs 0.2 on peers"})
+                               "why": "its main thread waits 25.1 ms/step in the runqueue (CPU stall) vs 0.2 on peers",
+                               "cost_ms_per_step": 24.0, "cost_pct": 19.4,
+                               "cost_by_cause": {"cpu_stall": 24.0, "data": 0.0, "compute": 0.0}})
         if window.start in sc["data_steps"]:
             stragglers.append({"kind": "data-slow", "ranks": [sc["data_slow"]], "lateness_ms": 30.0,
-                               "why": "waits 30.5 ms/step for data vs 0.6 on peers"})
+                               "why": "waits 30.5 ms/step for data vs 0.6 on peers",
+                               "cost_ms_per_step": 29.5, "cost_pct": 22.8,
+                               "cost_by_cause": {"cpu_stall": 0.0, "data": 29.5, "compute": 0.0}})
         if window.start in sc["comm_steps"]:
-            stragglers.append({"kind": "comm-slow", "ranks": f"0-{ranks - 1}", "lateness_ms": None,
-                               "why": "all ranks enter together but collectives take 60 ms vs 20"})
-        if stragglers:
-            out.append(json.dumps({"type": "straggler", "t": t, "rank": 0, "steps": [window.start, window.stop - 1],
-                                   "stragglers": stragglers, "more": more, "waiting": f"0-{ranks - 1}"},
-                                  separators=(",", ":")))
+            job_wide = {"kind": "comm-slow", "cause": "comm", "cost_ms_per_step": 40.0, "cost_pct": 40.0,
+                        "why": "all ranks enter together but collectives take 60 ms vs 20"}
+        if stragglers or job_wide:
+            event = {"type": "straggler", "t": t, "rank": 0, "steps": [window.start, window.stop - 1],
+                     "stragglers": stragglers, "more": more, "waiting": f"0-{ranks - 1}" if stragglers else []}
+            if job_wide:
+                event["job_wide"] = job_wide
+            out.append(json.dumps(event, separators=(",", ":")))
     # As rank 0's peer watch writes it from the stalled rank's post (placement/monitor/stall.py).
     stall = peer_event({"phase": "stalled", "rank": sc["stalled"], "last_step": sc["stall_step"], "stalled_s": 30.4,
                         "threshold_s": 30.0, "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
