@@ -26,13 +26,14 @@ import argparse
 import json
 import os
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gloo_ranks import attach_rank, monitor_config, start_ranks  # noqa: E402  (benchmarks/, the script's own folder)
 
 WORLD = 3
 SHARED_AT, SINGLE_AT, HANG_AT = 40, 120, 200
@@ -46,15 +47,7 @@ def worker(log_dir: str, shared_s: float, overrides: str, balanced: int) -> None
     import torch
     import torch.distributed as dist
 
-    import placement
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    monitor = {"log_dir": log_dir, "summary_every": 0}
-    for kv in filter(None, overrides.split(",")):
-        k, v = kv.split("=", 1)
-        monitor[k.removeprefix("placement.monitor.")] = float(v)
-    h = placement.attach(policy="none", tune={"enabled": False}, monitor=monitor)
+    rank, h = attach_rank(log_dir, overrides)
     x = torch.ones(1024)
     marks = {}
     for at in range(1, 10**6):
@@ -101,17 +94,8 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
     with tempfile.TemporaryDirectory(prefix="placement-detection-") as d:
         log_dir = Path(keep or d)
         log_dir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = []
-        for rank in range(WORLD):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                       LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(log_dir), str(shared_s),
-                                           ",".join(overrides), str(balanced)], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, start_new_session=True))
+        procs = start_ranks(WORLD, [__file__, "--worker", str(log_dir), str(shared_s), ",".join(overrides),
+                                    str(balanced)], start_new_session=True)
         try:
             deadline = None
             while True:
@@ -171,7 +155,6 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
 
 def main(argv=None) -> int:
     if argv is None and len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
         worker(sys.argv[2], float(sys.argv[3]), sys.argv[4], int(sys.argv[5]))
         return 0
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -180,13 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--log-dir", default="", help="keep the ranks' logs here (default: a temporary directory)")
     p.add_argument("overrides", nargs="*", metavar="placement.monitor.KEY=VALUE")
     args = p.parse_args(argv)
-    from placement.config import load_config  # bad overrides: one line, exit 2
-    from placement.errors import ConfigError
-
-    try:
-        cfg = load_config(args.overrides)
-    except ConfigError as e:
-        print(f"detection: {e}", file=sys.stderr)
+    cfg = monitor_config("detection", args.overrides)  # bad overrides: one line, exit 2
+    if cfg is None:
         return 2
     result = run(12.0 if args.quick else 60.0, args.overrides, args.log_dir, 500 if args.quick else 5000,
                  cfg.monitor.exchange_every)

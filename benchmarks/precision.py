@@ -24,15 +24,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from gloo_ranks import attach_rank, monitor_config, start_ranks  # noqa: E402  (benchmarks/, the script's own folder)
 
 WORLD = 3
 STEP_MS = 10.0
@@ -61,15 +60,7 @@ def worker(log_dir: str, overrides: str, balanced_windows: int, every: int) -> N
     import torch
     import torch.distributed as dist
 
-    import placement
-
-    dist.init_process_group("gloo")
-    rank = dist.get_rank()
-    monitor = {"log_dir": log_dir, "summary_every": 0}
-    for kv in filter(None, overrides.split(",")):
-        k, v = kv.split("=", 1)
-        monitor[k.removeprefix("placement.monitor.")] = float(v)
-    h = placement.attach(policy="none", tune={"enabled": False}, monitor=monitor)
+    rank, h = attach_rank(log_dir, overrides)
     total, injected = schedule(balanced_windows, every)
     x = torch.ones(1024)
     lengths: list[float] = []  # rank 1's balanced steps, seconds: what "X% slower" is of
@@ -97,17 +88,8 @@ def run(balanced_windows: int, every: int, overrides: list[str], keep: str = "")
     with tempfile.TemporaryDirectory(prefix="placement-precision-") as d:
         log_dir = Path(keep or d)
         log_dir.mkdir(parents=True, exist_ok=True)
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        procs = []
-        for rank in range(WORLD):
-            env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                       LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                       OMP_NUM_THREADS="1")
-            procs.append(subprocess.Popen([sys.executable, __file__, "--worker", str(log_dir), ",".join(overrides),
-                                           str(balanced_windows), str(every)], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+        procs = start_ranks(WORLD, [__file__, "--worker", str(log_dir), ",".join(overrides), str(balanced_windows),
+                                    str(every)])
         t0 = time.monotonic()
         for p in procs:
             _, err = p.communicate(timeout=3600)
@@ -166,13 +148,8 @@ def main(argv=None) -> int:
     p.add_argument("--log-dir", default="", help="keep the ranks' logs here (default: a temporary directory)")
     p.add_argument("overrides", nargs="*", metavar="placement.monitor.KEY=VALUE")
     args = p.parse_args(argv)
-    from placement.config import load_config  # bad overrides: one line, exit 2
-    from placement.errors import ConfigError
-
-    try:
-        cfg = load_config(args.overrides)
-    except ConfigError as e:
-        print(f"precision: {e}", file=sys.stderr)
+    cfg = monitor_config("precision", args.overrides)  # bad overrides: one line, exit 2
+    if cfg is None:
         return 2
     windows = args.windows if args.windows is not None else (60 if args.quick else 2000)
     if windows < 1:

@@ -22,6 +22,27 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+def run_gloo_ranks(world: int, argv: list[str], timeout: float) -> None:
+    """Run `python argv...` as ranks 0..world-1 of one env:// job on a free port (torchrun's
+    variables set, one OpenMP thread each) and wait for all; a rank that fails (or the time
+    running out) fails the test with its output's end."""
+    port = free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, *argv], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT))
+    try:
+        outs = [p.communicate(timeout=timeout)[0].decode(errors="replace") for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for rank, (p, out) in enumerate(zip(procs, outs)):
+        assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
+
+
 def exit_without_gloo_teardown() -> None:
     """End a worker process once everything its test reads is written and closed, without
     tearing gloo down: its destructors sometimes abort with "terminate called without an

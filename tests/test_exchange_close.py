@@ -9,15 +9,12 @@ RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from placerun_helpers import exit_without_gloo_teardown, free_port
+from placerun_helpers import exit_without_gloo_teardown, run_gloo_ranks
 
 EVERY = 10
 STEPS = 60
@@ -29,21 +26,7 @@ SLOW_MS = 30.0
 def test_the_steps_after_the_last_exchange_window_are_judged_at_close(tmp_path):
     from placement.monitor.straggler import exchange_steps
 
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    try:
-        outs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    run_gloo_ranks(2, [__file__, str(tmp_path)], timeout=120)
     log = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     events = [e for e in log if e["type"] == "straggler"]
     last_regular = exchange_steps(STEPS, EVERY)[1]

@@ -10,16 +10,13 @@ RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from placerun_helpers import exit_without_gloo_teardown, free_port
+from placerun_helpers import exit_without_gloo_teardown, run_gloo_ranks
 
 WORLD = 3
 STEPS = 100
@@ -33,21 +30,7 @@ EXTRA_MS = 8.0
 def test_an_injected_slow_rank_costs_the_job_what_was_injected(tmp_path, capsys):
     from placement.cli import main as cli
 
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD),
-                   LOCAL_WORLD_SIZE=str(WORLD), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, __file__, str(tmp_path)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
-    try:
-        outs = [p.communicate(timeout=180)[0].decode(errors="replace") for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for rank, (p, out) in enumerate(zip(procs, outs)):
-        assert p.returncode == 0, f"rank {rank} failed:\n{out[-3000:]}"
+    run_gloo_ranks(WORLD, [__file__, str(tmp_path)], timeout=180)
     logs = {r: [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()]
             for r in range(WORLD)}
     # One run, one id on every record of every rank: rank 0's, through the job's c10d store (no
@@ -117,5 +100,4 @@ def worker(log_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     worker(sys.argv[1])
