@@ -75,3 +75,23 @@ def test_records_are_kept_for_a_few_ranks_only(tmp_path):
     late = read_logs([str(tmp_path)])
     assert len(late.files) == RANK_TABLE_MAX + 1 and sorted(late.records) == list(range(RANK_TABLE_MAX))
     assert len(late) == 2 * RANK_TABLE_MAX
+
+
+def test_many_files_parsed_by_a_pool_read_as_one_by_one(tmp_path, monkeypatch):
+    """Beyond RANK_TABLE_MAX files they are parsed by a pool of processes, one per CPU: the
+    columns, events, runs, nodes and skipped lines are those a one-by-one reading gives."""
+    ranks = RANK_TABLE_MAX + 8
+    for rank in range(ranks):
+        _rank_log(tmp_path / f"node{rank // 8}" / f"rank{rank}.jsonl", rank, [[10.0 + rank] * 3, [5.0] * 2])
+        with open(tmp_path / f"node{rank // 8}" / f"rank{rank}.jsonl", "a") as f:
+            f.write('{"type":"step","rank":' + str(rank) + ',"step":"x"}\n{"torn')
+    pooled = read_logs([str(tmp_path)])
+    monkeypatch.setattr(logs, "PARALLEL_FROM", 10 ** 9)
+    serial = read_logs([str(tmp_path)])
+    for name in ("rank", "step") + logs.FIGURES:
+        a, b = getattr(pooled, name), getattr(serial, name)
+        assert a.tolist() == b.tolist() or all(x == y or (x != x and y != y) for x, y in zip(a.tolist(), b.tolist())), name
+    assert pooled.events == serial.events and pooled.node == serial.node and pooled.skipped == serial.skipped == 2 * ranks
+    assert pooled.earlier_runs == serial.earlier_runs == {r: 1 for r in range(ranks)}
+    assert [(r.id, r.records, sorted(r.ranks)) for r in pooled.runs] == [(r.id, r.records, sorted(r.ranks)) for r in serial.runs]
+    assert len(pooled) == 2 * ranks

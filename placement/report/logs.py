@@ -300,6 +300,66 @@ class _Where:
         return self.host or self.directory or "."
 
 
+@dataclass
+class _FileRead:
+    """What one log file holds, read on its own (in a worker process of the pool when there are
+    many files): merged into the _Reader in file order."""
+
+    path: str
+    directory: str
+    events: list[dict[str, Any]] = field(default_factory=list)
+    skipped: int = 0
+    lost: dict[int, int] = field(default_factory=dict)
+    runs: dict[str, RunInfo] = field(default_factory=dict)
+    steps: dict[tuple[str, int], _Run] = field(default_factory=dict)  # (run, rank) -> its records here
+    earlier: dict[tuple[str, int], int] = field(default_factory=dict)
+    said: dict[int, _Where] = field(default_factory=dict)  # rank -> its host/node as start events say
+
+
+def _read_file(path: str, directory: str, keep_records: bool) -> _FileRead:
+    """Parse one log file, each line once (StepRecords too with `keep_records`)."""
+    try:
+        raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
+    except OSError as e:
+        raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
+    if path.endswith(".gz"):
+        raw = _gunzip(path, raw)
+    out = _FileRead(path, directory)
+    runs, steps = out.runs, out.steps
+    for line in raw.split(b"\n"):
+        if not line.strip():
+            continue
+        d = judge_line(line)
+        if d is None:
+            out.skipped += 1
+            continue
+        run_id = d.get("run", NO_ID)
+        info = runs.get(run_id) or runs.setdefault(run_id, RunInfo(run_id))
+        if d["type"] != "step":
+            out.events.append(d)
+            info.saw(d.get("t"))
+            if d["type"] == "lost":  # cumulative count: the last one written is the total
+                out.lost[d["rank"]] = max(out.lost.get(d["rank"], 0), d["records"])
+            elif d["type"] == "start":
+                if isinstance(d.get("job"), str):
+                    info.job = d["job"]
+                if d.get("rank") is not None and (d.get("host") or d.get("node_rank") is not None):
+                    out.said[d["rank"]] = _Where(d.get("host"), d.get("node_rank"))
+            continue
+        rank, step = d["rank"], d["step"]
+        run = steps.get((run_id, rank))
+        if run is None or step <= run.last_step:
+            if run is not None:  # step numbers start over: the same run id begun again
+                out.earlier[(run_id, rank)] = out.earlier.get((run_id, rank), 0) + 1
+            run = steps[(run_id, rank)] = _Run(step)
+        run.last_step = step
+        run.columns.append(d)
+        info.saw(d["t"])
+        if keep_records:
+            run.records.append(StepRecord.from_dict(d))
+    return out
+
+
 class _Reader:
     def __init__(self, records_up_to: Optional[int]):
         """records_up_to: keep StepRecords while at most that many ranks are seen; None: none."""
@@ -312,55 +372,24 @@ class _Reader:
         self.earlier: dict[tuple[str, int], int] = {}  # (run, rank) -> times its steps started over
         self.log = RunLog(*([None] * 9))
 
-    def _run(self, run_id: str) -> RunInfo:
-        info = self.runs.get(run_id)
-        if info is None:
-            info = self.runs[run_id] = RunInfo(run_id)
-        return info
-
     def read_file(self, path: str, directory: str) -> None:
-        try:
-            raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
-        except OSError as e:
-            raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
-        if path.endswith(".gz"):
-            raw = _gunzip(path, raw)
+        self.merge(_read_file(path, directory, self.records is not None))
+
+    def merge(self, f: _FileRead) -> None:
         log = self.log
-        said: dict[int, _Where] = {}  # rank -> its host/node as this file's start events say
-        runs: dict[tuple[str, int], _Run] = {}
-        for line in raw.split(b"\n"):
-            if not line.strip():
-                continue
-            d = judge_line(line)
-            if d is None:
-                log.skipped += 1
-                continue
-            run_id = d.get("run", NO_ID)
-            info = self._run(run_id)
-            if d["type"] != "step":
-                log.events.append(d)
-                info.saw(d.get("t"))
-                if d["type"] == "lost":  # cumulative count: the last one written is the total
-                    log.lost[d["rank"]] = max(log.lost.get(d["rank"], 0), d["records"])
-                elif d["type"] == "start":
-                    if isinstance(d.get("job"), str):
-                        info.job = d["job"]
-                    if d.get("rank") is not None and (d.get("host") or d.get("node_rank") is not None):
-                        said[d["rank"]] = _Where(d.get("host"), d.get("node_rank"))
-                continue
-            rank, step = d["rank"], d["step"]
-            run = runs.get((run_id, rank))
-            if run is None or step <= run.last_step:
-                if run is not None:  # step numbers start over: the same run id begun again
-                    self.earlier[(run_id, rank)] = self.earlier.get((run_id, rank), 0) + 1
-                run = runs[(run_id, rank)] = _Run(step)
-                self._saw(rank)
-            run.last_step = step
-            run.columns.append(d)
-            info.saw(d["t"])
-            if self.records is not None:
-                run.records.append(StepRecord.from_dict(d))
-        for (run_id, rank), run in runs.items():
+        log.skipped += f.skipped
+        log.events.extend(f.events)
+        for rank, n in f.lost.items():
+            log.lost[rank] = max(log.lost.get(rank, 0), n)
+        for run_id, info in f.runs.items():
+            mine = self.runs.setdefault(run_id, RunInfo(run_id))
+            mine.first_t, mine.last_t = min(mine.first_t, info.first_t), max(mine.last_t, info.last_t)
+            mine.job = mine.job or info.job
+        for key, n in f.earlier.items():
+            self.earlier[key] = self.earlier.get(key, 0) + n
+        said = dict(f.said)
+        for (run_id, rank), run in f.steps.items():
+            self._saw(rank)
             self.columns.setdefault(run_id, _Columns()).extend(run.columns)
             info = self.runs[run_id]
             info.ranks.add(rank)
@@ -370,7 +399,7 @@ class _Reader:
             said.setdefault(rank, _Where())
         for rank, w in said.items():
             if rank not in self.where or not self.where[rank].said():
-                self.where[rank] = _Where(w.host, w.node_rank, directory)
+                self.where[rank] = _Where(w.host, w.node_rank, f.directory)
 
     def _saw(self, rank: int) -> None:
         """Drops the StepRecords once the logs hold more ranks than records_up_to."""
@@ -441,13 +470,31 @@ def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
                        f"(these logs hold: {listed})")
 
 
+PARALLEL_FROM = 8  # files from which they are parsed by a pool of processes (one per CPU)
+
+
 def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) -> RunLog:
     reader = _Reader(records_up_to)
     reader.log.files = files
     common = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
+    dirs = []
     for path in files:
         directory = os.path.relpath(os.path.dirname(os.path.abspath(path)), common) if common else ""
-        reader.read_file(path, directory if directory != "." else os.path.basename(common))
+        dirs.append(directory if directory != "." else os.path.basename(common))
+    workers = min(len(os.sched_getaffinity(0)), len(files))
+    if records_up_to is None and len(files) >= PARALLEL_FROM and workers > 1:
+        # Many files, no StepRecords: the CPU-bound parse runs on every CPU this process may use,
+        # a file per task, merged here in file order (the same result as one by one).
+        import concurrent.futures
+        import multiprocessing
+
+        # spawn, not fork: the caller may hold threads (a lock held across fork would hang a child)
+        with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            for f in pool.map(_read_file, files, dirs, [False] * len(files), chunksize=max(1, len(files) // (8 * workers))):
+                reader.merge(f)
+    else:
+        for path, directory in zip(files, dirs):
+            reader.read_file(path, directory)
     return reader.finish(run)
 
 
