@@ -628,9 +628,11 @@ class StepMonitor:
         self.sampler.close()
         close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
+        judged = {} if self.exchange is None or self.rank != 0 else \
+            {"straggler_candidates_held_back": self.exchange.naming.held_back}  # naming.py: not costly, or not yet confirmed
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
-                          probe_every=self.budget.every)
+                          probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED
 

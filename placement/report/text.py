@@ -98,7 +98,10 @@ def _describe(e: dict) -> str:
                 f"{applied.get('mode')} {applied.get('nodes')}" + (f" ({e['fallback']})" if e.get("fallback") else "")
                 + _resident_words(e.get("resident")))
     if kind == "end" and e.get("source") == "monitor":
-        return f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the monitor"
+        held = e.get("straggler_candidates_held_back")
+        return (f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the monitor"
+                + (f"; {held} straggler candidate(s) not named (cost under the threshold, or not in 2 windows in a row)"
+                   if held else ""))
     if kind == "start" and e.get("source") == "monitor":
         return (f"monitor start: comm timing {e.get('comm_timing')} (backend {e.get('backend')}), "
                 f"DDP hook {e.get('ddp_hook')}, exchange {e.get('exchange')}")
