@@ -283,9 +283,12 @@ def test_timing_off_leaves_comm_null_and_says_what_to_set(caplog):
 def test_overflow_nulls_the_steps_whose_records_were_lost(caplog):
     caplog.set_level(logging.WARNING)
     t = time.time() - 10
-    ring = [fr_entry(i, t + 0.01 * i, duration_ms=1.0, completed_s=t + 0.01 * i + 0.001, retired=True)
+    # Each collective enqueued 2 ms into its 10 ms slot, never on a step's edge: at t + 0.01 * 30
+    # against a step starting at t + 0.3 the float sums may differ by an ulp either way (time.time()
+    # decides), and collective 30 fell in the step before (4.0 ms, not 5.0, seen once under load).
+    ring = [fr_entry(i, t + 0.01 * i + 0.002, duration_ms=1.0, completed_s=t + 0.01 * i + 0.003, retired=True)
             for i in range(0, 10)]
-    wrapped = [fr_entry(i, t + 0.01 * i, duration_ms=1.0, completed_s=t + 0.01 * i + 0.001, retired=True)
+    wrapped = [fr_entry(i, t + 0.01 * i + 0.002, duration_ms=1.0, completed_s=t + 0.01 * i + 0.003, retired=True)
                for i in range(25, 35)]  # 10..24 overwritten
     comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(ring), fr_dump_json(wrapped)])],
                                   timing_on=True, environ={"TORCH_NCCL_TRACE_BUFFER_SIZE": "10"}, since=0)
