@@ -142,3 +142,13 @@ def test_two_jobs_named_together_are_not_merged(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "these logs hold 2 runs of 2 jobs: reporting run 2 bbbb33334444 job job-2" in out
     assert "placement report: 4 file(s), 8 step records, 4 events" in out, out  # job-2's alone, not 6 + 8
+
+
+def test_a_run_number_is_never_read_as_an_id_beginning(tmp_path, capsys):
+    # ids are hex: one may begin with a digit; --run 3 of 2 runs is a bad number, not that id
+    _run(tmp_path, "3aaa11112222", 50.0, 1000.0, "job-1")
+    _run(tmp_path, "bbbb33334444", 10.0, 2000.0, "job-1")
+    assert cli(["report", str(tmp_path), "--run", "3"]) == 2
+    assert "--run '3' is not valid" in capsys.readouterr().err
+    assert cli(["report", str(tmp_path), "--run", "3aaa"]) == 0
+    assert "reporting run 1 3aaa11112222" in capsys.readouterr().out

@@ -462,7 +462,10 @@ def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
     text = choice.strip()
     if text.isdigit() and 1 <= int(text) <= len(runs):
         return runs[int(text) - 1]
-    matches = [r for r in runs if r.id and r.id.startswith(text)] if text else []
+    # An id's beginning, never digits alone: "3" is a run's number, not the id 3f9c... (which a
+    # bad --run 3 of two runs would otherwise pick); an id made of digits is taken whole.
+    matches = [r for r in runs if r.id and (r.id == text or (not text.isdigit() and r.id.startswith(text)))] \
+        if text else []
     if len(matches) == 1:
         return matches[0]
     listed = "; ".join(f"{r.number} {r.id or '(no id)'}" for r in runs[:10]) + ("; ..." if len(runs) > 10 else "")
