@@ -79,7 +79,7 @@ def _straggler(e: dict) -> str:
 
 
 def _generic(e: dict, limit: int = 160) -> str:
-    fields = {k: v for k, v in e.items() if k not in ("type", "t", "rank")}
+    fields = {k: v for k, v in e.items() if k not in ("type", "t", "rank", "run")}  # the run is said once, above
     msg = fields.pop("message", None)
     text = e["type"] + ((": " + str(msg)) if msg else "")
     if fields:
