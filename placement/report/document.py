@@ -12,23 +12,19 @@ from placement.report.logs import RANK_TABLE_MAX, RunInfo, RunLog
 
 
 def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
-    """The parts of the job's steps (monitor/parts.py, the columns split as split_step does), summed
-    over every rank's steps, as % of their summed step time; CPU stall None when never read."""
+    """The parts of the job's steps (the reader's columns hold them: monitor/parts.py), summed over
+    every rank's steps, as % of their summed step time; comm and CPU stall None when never read."""
     import numpy as np
 
     step = np.clip(np.nan_to_num(log.step_ms), 0.0, None)
     total = float(step.sum())
     if not len(step) or total <= 0:
         return {str(p): None for p in StepPart}
-    data = np.clip(np.nan_to_num(log.data_ms), 0.0, step)
-    comm = np.clip(np.nan_to_num(log.comm_ms), 0.0, step - data)
-    known = np.isfinite(log.stall_ms)
-    stall = np.clip(np.nan_to_num(log.stall_ms), 0.0, step - data - comm)
-    compute = step - data - comm - stall
-    return {str(StepPart.DATA): 100.0 * float(data.sum()) / total,
-            str(StepPart.COMM): 100.0 * float(comm.sum()) / total if np.isfinite(log.comm_ms).any() else None,
-            str(StepPart.CPU_STALL): 100.0 * float(stall.sum()) / total if known.any() else None,
-            str(StepPart.COMPUTE): 100.0 * float(compute.sum()) / total}
+    data, comm, stall = (float(np.nansum(c)) for c in (log.data_ms, log.comm_ms, log.stall_ms))
+    return {str(StepPart.DATA): 100.0 * data / total,
+            str(StepPart.COMM): 100.0 * comm / total if np.isfinite(log.comm_ms).any() else None,
+            str(StepPart.CPU_STALL): 100.0 * stall / total if np.isfinite(log.stall_ms).any() else None,
+            str(StepPart.COMPUTE): 100.0 * (total - data - comm - stall) / total}
 
 
 def _run(r: Optional[RunInfo]) -> Optional[dict[str, Any]]:

@@ -5,7 +5,7 @@ StepRecords too (the per-rank table and the plot), plus the events in time order
 Columns because `placement report` on a cluster reads a million step records (1,024 ranks x
 1,000 steps): as StepRecord objects with their role dicts that is gigabytes, as columns
 ~60 MB. Only what the views use is kept as a column: rank, step, end time, step/data/comm
-ms, CPU stall (its step part, monitor/parts.py), first-collective
+ms (data, comm and CPU stall as the parts of the step, monitor/parts.py), first-collective
 entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
 
 Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
@@ -258,10 +258,12 @@ class _Columns:
         self.verdict.append(_VERDICT_CODE.get(d.get("verdict"), -1))
         self.t.append(d["t"])
         self.step_ms.append(d["step_ms"])
-        self.data_ms.append(_or_nan(d.get("data_ms")))
-        self.comm_ms.append(_or_nan(d.get("comm_ms")))
-        self.stall_ms.append(_or_nan(split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"),
-                                                _runq(roles, "main")).cpu_stall_ms))
+        # data, comm and CPU stall as the parts of the step (monitor/parts.py), split here once for
+        # every view; NaN where the line did not say
+        parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), _runq(roles, "main"))
+        self.data_ms.append(_NAN if d.get("data_ms") is None else parts.data_ms)
+        self.comm_ms.append(_NAN if d.get("comm_ms") is None else parts.comm_ms)
+        self.stall_ms.append(_or_nan(parts.cpu_stall_ms))
         self.enter_t.append(_or_nan(d.get("comm_enter_t")))
 
     def extend(self, other: "_Columns") -> None:
