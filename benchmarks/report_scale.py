@@ -3,6 +3,7 @@ from 128 nodes of 8 ranks, generated here as the monitor writes them, then repor
 (summary, heatmap) in a fresh process whose wall time and peak RSS are measured.
 
 usage: python benchmarks/report_scale.py [--quick] [--ranks N] [--steps N] [--trace [--trace-part]]
+       python benchmarks/report_scale.py --long [--quick] [--ranks N] [--steps N]
 
 The logs: one directory per node (node000/rank0.jsonl ...), each record shaped like a real
 StepRecord line (main, nccl and pin_memory roles, span figures every 10th step), a `start`
@@ -11,6 +12,12 @@ rank cpu-slow for 200 steps, one data-slow for 100, a comm-slow stretch, and one
 stops at step 800 with a `stall` event. --quick: 256 ranks x 250 steps. --trace also times
 `--trace` (a million steps make a ~1 GB trace file).
 Target: the million-record report in < 30 s and < 2 GiB here. Last line: one JSON object.
+
+--long: a long job's logs, with a `digest` line every 1,000 steps as the monitor writes them
+(monitor.digest_every), 1,024 ranks x 20,000 steps (20 M step lines, ~8 GiB; --quick 256 x 4,000),
+reported with `--read digests` and with `--read steps` in fresh processes, each time extrapolated to
+a week at 1 step/s of 1,024 ranks (619 M step lines). Target: that week reported in under 10
+minutes here.
 """
 from __future__ import annotations
 
@@ -50,21 +57,36 @@ def scenario(ranks: int, steps: int) -> dict:
             "stalled": 900 % ranks, "stall_step": steps * 8 // 10}
 
 
-def generate(root: Path, ranks: int, steps: int, every: int = 10, seed: int = 0) -> dict:
-    rng = random.Random(seed)
+def generate(root: Path, ranks: int, steps: int, every: int = 10, seed: int = 0, digest_every: int = 0) -> dict:
+    """Every rank's log under root/node<NNN>/ (ranks written in parallel, one process per CPU)."""
+    import multiprocessing
+
+    sc = scenario(ranks, steps)
+    for node in range(-(-ranks // RANKS_PER_NODE)):
+        (root / f"node{node:03d}").mkdir(parents=True, exist_ok=True)
+    args = [(root, rank, ranks, steps, every, seed, digest_every) for rank in range(ranks)]
+    with multiprocessing.get_context("fork").Pool(len(os.sched_getaffinity(0))) as pool:
+        pool.starmap(_write_rank, args, chunksize=max(1, ranks // 64))
+    return sc
+
+
+def _write_rank(root: Path, rank: int, ranks: int, steps: int, every: int, seed: int, digest_every: int) -> None:
+    from placement.monitor.digest import StepDigest, hist_bin
+    from placement.monitor.parts import split_step
+
+    rng = random.Random(seed * 1_000_003 + rank)
     sc = scenario(ranks, steps)
     base_ms = 100.0
-    for rank in range(ranks):
-        node = rank // RANKS_PER_NODE
-        d = root / f"node{node:03d}"
-        d.mkdir(parents=True, exist_ok=True)
-        lines = [json.dumps({"type": "start", "t": T0 - 1.0, "rank": rank, "source": "monitor", "pid": 1000 + rank,
-                             "host": f"host{node:03d}", "node_rank": node, "backend": "nccl"}, separators=(",", ":"))]
-        t = T0
-        last = sc["stall_step"] if rank == sc["stalled"] else steps
-        cpu_r = rank == sc["cpu_slow"]
-        data_r = rank == sc["data_slow"]
-        local = rank % RANKS_PER_NODE
+    node = rank // RANKS_PER_NODE
+    lines = [json.dumps({"type": "start", "t": T0 - 1.0, "rank": rank, "source": "monitor", "pid": 1000 + rank,
+                         "host": f"host{node:03d}", "node_rank": node, "backend": "nccl"}, separators=(",", ":"))]
+    t = T0
+    last = sc["stall_step"] if rank == sc["stalled"] else steps
+    cpu_r = rank == sc["cpu_slow"]
+    data_r = rank == sc["data_slow"]
+    local = rank % RANKS_PER_NODE
+    digest = StepDigest(rank)
+    with open(root / f"node{node:03d}" / f"rank{rank}.jsonl", "w") as f:
         for step in range(1, last + 1):
             data = 0.5 + rng.random() * 0.2 + (30.0 if data_r and step in sc["data_steps"] else 0.0)
             runq = 0.1 + rng.random() * 0.1 + (25.0 if cpu_r and step in sc["cpu_steps"] else 0.0)
@@ -80,11 +102,27 @@ def generate(root: Path, ranks: int, steps: int, every: int = 10, seed: int = 0)
             lines.append(f'{{"type":"step","rank":{rank},"step":{step},"t":{t:.6f},"step_ms":{step_ms:.4f},'
                          f'"data_ms":{data:.4f},"comm_ms":{comm:.4f},"comm_count":4,"roles":{{{roles}}},'
                          f'"verdict":"{verdict}","local_rank":{local},"comm_enter_t":{enter:.6f},"probe_steps":1}}')
+            if digest_every:  # as the monitor's DigestSink sums them (placement/monitor/digest.py)
+                parts = split_step(step_ms, data, comm, runq)
+                if not digest.steps:
+                    digest.first_step = step
+                digest.last_step, digest.t, digest.steps = step, t, digest.steps + 1
+                digest.step_ms += step_ms
+                digest.data_ms += parts.data_ms
+                digest.comm_ms = (digest.comm_ms or 0.0) + parts.comm_ms
+                digest.stall_ms = (digest.stall_ms or 0.0) + parts.cpu_stall_ms
+                digest.compute_ms += parts.compute_ms
+                digest.hist[hist_bin(step_ms)] += 1
+                digest.verdicts[verdict] += 1
+                if digest.steps == digest_every or step == last:
+                    lines.append(json.dumps({"type": "digest", **digest.fields()}, separators=(",", ":")))
+                    digest = StepDigest(rank)
+            if len(lines) >= 10_000:
+                f.write("\n".join(lines) + "\n")
+                lines = []
         if rank == 0:
             lines.extend(_rank0_events(ranks, steps, every, sc))
-        with open(d / f"rank{rank}.jsonl", "w") as f:
-            f.write("\n".join(lines) + "\n")
-    return sc
+        f.write("\n".join(lines) + "\n")
 
 
 def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
@@ -121,8 +159,9 @@ def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
     return out
 
 
-def run_report(root: Path, out: Path, trace: bool, trace_part: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "placement.cli", "report", str(root), "--heatmap", str(out / "heatmap.png")]
+def run_report(root: Path, out: Path, trace: bool, trace_part: list[str], read: str = "") -> dict:
+    cmd = [sys.executable, "-m", "placement.cli", "report", str(root)]
+    cmd += ["--read", read] if read else ["--heatmap", str(out / "heatmap.png")]
     if trace:
         cmd += ["--trace", str(out / "trace.json"), *trace_part]
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -135,15 +174,58 @@ def run_report(root: Path, out: Path, trace: bool, trace_part: list[str]) -> dic
     return {"seconds": seconds, "peak_mib": peak_kib / 1024 if peak_kib > before else None, "stdout": proc.stdout}
 
 
+WEEK_STEPS = 7 * 24 * 3600  # a week at 1 step/s
+DIGEST_EVERY = 1000  # monitor.digest_every's default
+
+
+def long_job(ranks: int, steps: int) -> dict:
+    """A long job's logs (a digest every DIGEST_EVERY steps, as the monitor writes them) reported
+    by their digests and by every step line, each in a fresh process; both extrapolated to a
+    week at 1 step/s of 1,024 ranks (linear in the lines read: the same reader, more of the
+    same lines)."""
+    work = Path(tempfile.mkdtemp(prefix="report_scale_long."))
+    try:
+        t0 = time.perf_counter()
+        sc = generate(work / "logs", ranks, steps, digest_every=DIGEST_EVERY)
+        gen_s = time.perf_counter() - t0
+        size = sum(f.stat().st_size for f in (work / "logs").rglob("*.jsonl"))
+        by = {read: run_report(work / "logs", work, False, [], read=read) for read in ("digests", "steps")}
+        print(by["digests"]["stdout"][:2000])
+        records = ranks * steps - (steps - sc["stall_step"])
+        scale = WEEK_STEPS * 1024 / (ranks * steps)
+        head = {"ranks": ranks, "steps": steps, "records": records, "digest_every": DIGEST_EVERY,
+                "log_gib": round(size / 2**30, 2), "generate_s": round(gen_s, 1), "cpus": len(os.sched_getaffinity(0))}
+        for read, res in by.items():
+            head[f"{read}_s"] = round(res["seconds"], 2)
+            head[f"{read}_peak_mib"] = None if res["peak_mib"] is None else round(res["peak_mib"], 1)
+            head[f"week_1024_ranks_{read}_min"] = round(res["seconds"] * scale / 60, 1)
+        text = by["digests"]["stdout"]
+        head["named"] = {"cpu_slow": f"cpu-slow         1 rank(s), windows each: {sc['cpu_slow']} in" in text,
+                         "data_slow": f"data-slow        1 rank(s), windows each: {sc['data_slow']} in" in text,
+                         "by_digests": "read by digests" in text}
+        head["target_min"] = 10  # a week of 1,024 ranks reported in minutes
+        head["met"] = head["week_1024_ranks_digests_min"] < head["target_min"] and all(head["named"].values())
+        return head
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="256 ranks x 250 steps (< 1 minute)")
+    ap.add_argument("--long", action="store_true",
+                    help="a long job read by its digests and by every line: 1,024 ranks x 20,000 steps "
+                         "(--quick: 256 x 4,000), extrapolated to a week")
     ap.add_argument("--ranks", type=int)
     ap.add_argument("--steps", type=int)
     ap.add_argument("--trace", action="store_true", help="also write and time --trace")
     ap.add_argument("--trace-part", action="store_true",
                     help="with --trace: only 100 steps of 64 ranks (--steps, --ranks)")
     args = ap.parse_args()
+    if args.long:
+        print(json.dumps(long_job(args.ranks or (256 if args.quick else 1024),
+                                  args.steps or (4000 if args.quick else 20_000))))
+        return
     ranks = args.ranks or (256 if args.quick else 1024)
     steps = args.steps or (250 if args.quick else 1000)
     work = Path(tempfile.mkdtemp(prefix="report_scale."))

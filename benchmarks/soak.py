@@ -1,12 +1,14 @@
 """A soak: a real DDP job across hosts under placerun for M minutes, tuner on, DataLoader workers
 respawning every epoch; does memory stay flat, does binding stay put, how much log does it write?
 
-usage: python benchmarks/soak.py [--minutes M] [--quick] [--hosts N] [--keep DIR]
-(--quick: 1 minute; default 6 minutes; --hosts 2 by default)
+usage: python benchmarks/soak.py [--minutes M] [--quick] [--hosts N] [--ranks-per-host K] [--own-cores] [--keep DIR]
+(--quick: 1 minute; default 6 minutes; --hosts 2, 1 rank each by default; --hosts 1 --ranks-per-host 2
+is the README's main job, balanced, on one host)
 
 The job: N hosts of the test bed (tests/hostbed.py: network + UTS namespaces on a bridge, root),
-one placerun agent per host (`--nnodes N --rdzv-backend c10d`, 1 rank each, gloo over the bed's
-network), each rank the README's main job's loop (examples/train_ddp.py: an MLP under DDP fed by
+one placerun agent per host (`--nnodes N --rdzv-backend c10d`, K ranks each, gloo over the bed's
+network; --own-cores: each host's processes on a core of their own, CPU i for host i, as hosts
+that do not share cores), each rank the README's main job's loop (examples/train_ddp.py: an MLP under DDP fed by
 2 DataLoader worker processes that respawn every 20-step epoch: thousands of thread births)
 with placement's defaults (tuner on). Without the bed (not root, no namespaces) the same ranks
 run as agents on this host, and the JSON says `"hosts": 1` with the reason on stderr.
@@ -17,7 +19,9 @@ last epoch alive, every thread's CPU set against the role's planned set (drift l
 From the placement logs: events per hour by type, binding drift the binder found and repaired
 (`bind` events with `drift`), and the bytes the logs took per step per rank, as written and once
 rotated (compressed as monitor.log_rotate_mb compresses a rotated log), with what each comes to
-for a week at 1 step/s on 16,384 ranks.
+for a week at 1 step/s on 16,384 ranks. The job is balanced (every rank runs the same loop), so
+every `straggler` event that names a rank is a false one: counted per 10,000 exchange windows
+(`straggler_events_per_10k_windows`; the target is at most 1), job-wide slowdowns apart.
 
 Memory growth is the least-squares slope of the samples against the step after the first quarter
 of the run (start-up: allocator pools, caches filling), in MiB per 10,000 steps.
@@ -118,7 +122,7 @@ def _slope_per_10k_steps(samples: list[dict], key: str, scale: float) -> float |
     return None if sxx == 0 else 10_000 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
 
 
-def _host_bed(n: int):
+def _host_bed(n: int, own_cores: bool):
     sys.path.insert(0, str(REPO / "tests"))
     from hostbed import HostBed, unavailable  # tests/hostbed.py: the bed lives with the tests that use it
 
@@ -126,30 +130,44 @@ def _host_bed(n: int):
     if why:
         print(f"soak: {why}: the ranks run as agents on this host", file=sys.stderr)
         return None
-    return HostBed.create(n)
+    cpus = sorted(os.sched_getaffinity(0))
+    return HostBed.create(n, cpus=[frozenset({cpus[i % len(cpus)]}) for i in range(n)] if own_cores else None)
 
 
-def _agent_cmd(n: int, endpoint: str, log_dir: Path, out: Path, seconds: float) -> list[str]:
-    return [sys.executable, "-m", "placement.launcher", "--nnodes", str(n), "--nproc-per-node", "1",
+def _agent_cmd(n: int, per_host: int, endpoint: str, log_dir: Path, out: Path, seconds: float) -> list[str]:
+    return [sys.executable, "-m", "placement.launcher", "--nnodes", str(n), "--nproc-per-node", str(per_host),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "soak",
             f"placement.monitor.log_dir={log_dir}", "placement.monitor.summary_every=0",
             __file__, "--worker", str(out), str(seconds)]
 
 
-def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
+def _straggler_counts(events: list[dict], rank0_steps: int) -> dict:
+    """On a balanced job: straggler events that name a rank (false ones), job-wide ones, windows."""
+    from placement.config import MonitorConfig
+
+    windows = rank0_steps // MonitorConfig().exchange_every  # the soak leaves the default
+    named = [e for e in events if e["type"] == "straggler" and e.get("stragglers")]
+    return {"exchange_windows": windows, "straggler_events": len(named),
+            "straggler_events_per_10k_windows": round(10_000 * len(named) / windows, 1) if windows else None,
+            "straggler_ranks_named": dict(collections.Counter(str(r) for e in named for s in e["stragglers"]
+                                                              for r in s.get("ranks", []))),
+            "job_wide_events": sum(1 for e in events if e["type"] == "straggler" and e.get("job_wide"))}
+
+
+def run(minutes: float, n_hosts: int, per_host: int = 1, own_cores: bool = False, keep: str = "") -> dict:
     seconds = minutes * 60.0
     with tempfile.TemporaryDirectory(prefix="placement-soak-") as tmp:
         out = Path(keep or tmp)
         out.mkdir(parents=True, exist_ok=True)
-        bed = _host_bed(n_hosts)
+        bed = _host_bed(n_hosts, own_cores)
         t0 = time.monotonic()
         try:
             if bed is not None:
                 endpoint = f"{bed.hosts[0].addr}:{PORT}"
-                cmds = [(h.argv(_agent_cmd(n_hosts, endpoint, out / f"logs-{h.name}", out, seconds)), h.env())
+                cmds = [(h.argv(_agent_cmd(n_hosts, per_host, endpoint, out / f"logs-{h.name}", out, seconds)), h.env())
                         for h in bed.hosts]
             else:
-                cmds = [(_agent_cmd(n_hosts, f"127.0.0.1:{PORT}", out / f"logs-agent{i}", out, seconds), None)
+                cmds = [(_agent_cmd(n_hosts, per_host, f"127.0.0.1:{PORT}", out / f"logs-agent{i}", out, seconds), None)
                         for i in range(n_hosts)]
             procs = []
             for i, (cmd, env) in enumerate(cmds):
@@ -179,6 +197,7 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
     unrepaired = sum(len(r["off_plan"]) for r in ranks)
     return {
         "minutes": minutes, "hosts": n_hosts if bed is not None else 1, "ranks": len(ranks),
+        "own_cores": own_cores and bed is not None,
         "steps_per_rank": {r["rank"]: r["steps"] for r in ranks}, "epochs_per_rank": {r["rank"]: r["epochs"] for r in ranks},
         "rss_mib": {r["rank"]: [round(r["samples"][0]["rss_kib"] / 1024, 1), round(r["samples"][-1]["rss_kib"] / 1024, 1)]
                     for r in ranks},
@@ -191,7 +210,9 @@ def run(minutes: float, n_hosts: int, keep: str = "") -> dict:
         "week_at_16k_ranks_tb": None if per_step is None else round(per_step * WEEK_S * BIG_JOB_RANKS / 1e12, 2),
         "rotated_bytes_per_step_per_rank": None if gz_per_step is None else round(gz_per_step, 1),
         "week_at_16k_ranks_tb_rotated": None if gz_per_step is None else round(gz_per_step * WEEK_S * BIG_JOB_RANKS / 1e12, 3),
+        **(counts := _straggler_counts(log.events, next((r["steps"] for r in ranks if r["rank"] == 0), 0))),
         "met": all(v is not None and v < 1.0 for v in rss.values()) and unrepaired == 0,
+        "precision_met": counts["straggler_events"] * 10_000 <= counts["exchange_windows"],
     }
 
 
@@ -202,16 +223,22 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--minutes", type=float, default=6.0, help="how long the job trains (default 6)")
     p.add_argument("--quick", action="store_true", help="1 minute")
-    p.add_argument("--hosts", type=int, default=2, help="hosts of the bed, one rank each (default 2)")
+    p.add_argument("--hosts", type=int, default=2, help="hosts of the bed (default 2)")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each host (default 1)")
+    p.add_argument("--own-cores", action="store_true", help="each host's processes on a core of their own")
     p.add_argument("--keep", default="", help="keep the logs here (default: a temporary directory)")
     args = p.parse_args()
     if args.minutes <= 0:
         print(f"soak: --minutes {args.minutes:g} is not valid; give a number of minutes above 0", file=sys.stderr)
         return 2
-    if args.hosts < 1:
-        print(f"soak: --hosts {args.hosts} is not valid; give 1 or more", file=sys.stderr)
+    if not 1 <= args.hosts <= 16:
+        print(f"soak: --hosts {args.hosts} is not valid; give 1 to 16", file=sys.stderr)
         return 2
-    print(json.dumps(run(1.0 if args.quick else args.minutes, args.hosts, args.keep)))
+    if args.ranks_per_host < 1:
+        print(f"soak: --ranks-per-host {args.ranks_per_host} is not valid; give 1 or more", file=sys.stderr)
+        return 2
+    print(json.dumps(run(1.0 if args.quick else args.minutes, args.hosts, args.ranks_per_host, args.own_cores,
+                         args.keep)))
     return 0
 
 

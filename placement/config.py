@@ -100,6 +100,8 @@ class MonitorConfig:
     straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
                                              "named (then named for as long as it does)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
+    digest_every: int = _key(1000, "steps per `digest` record in the log: their sums and step-time histogram, what "
+                                   "`placement report` reads of a long job (docs/monitor.md); 0 = off")
     tensorboard: bool = _key(False, "write TensorBoard scalars when tensorboard is installed")
     comm_timing: CommTimingMode = _key(CommTimingMode.AUTO, "how collectives are timed (docs/monitor.md)")
     nccl_timing: NcclTimingMode = _key(NcclTimingMode.AUTO, "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
@@ -201,6 +203,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
+    _range("monitor.digest_every", m.digest_every, 0, 1_000_000)
     if m.log_rotate_mb != 0:
         _range("monitor.log_rotate_mb", m.log_rotate_mb, 0.01, 1 << 20)
     _range("monitor.straggler_min_cost_pct", m.straggler_min_cost_pct, 0.0, 100.0)

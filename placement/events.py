@@ -30,6 +30,7 @@ class EventKind(Vocabulary):
     (placement report) compare it with these values."""
 
     STEP = "step"  # one step's record (monitor/record.py)
+    DIGEST = "digest"  # a rank's steps of one digest window, summed (monitor/digest.py)
     START = "start"  # stage 1 bound the process (source absent) / the monitor started (source "monitor")
     END = "end"  # the session or the monitor ended
     BIND = "bind"  # a mask applied to the process or a thread

@@ -23,7 +23,8 @@ host's name and address, written by the bed) over /etc/hosts (torch elastic reso
 endpoint and its own hostname; gloo is pointed at eth0 with GLOO_SOCKET_IFNAME, `Host.env`).
 
 Machine facts per host: `Host.machine_root` (a tree made by tests/sysfs_builder.py) is handed to
-placerun through PLACEMENT_TEST_MACHINE_ROOT (placement/launcher.py; tests only, docs/development.md).
+placerun through PLACEMENT_TEST_MACHINE_ROOT (placement/launcher.py; tests only, docs/development.md);
+`Host.cpus` keeps every process of the host on CPUs of its own (sched_setaffinity in the helper).
 """
 from __future__ import annotations
 
@@ -154,12 +155,17 @@ class Host:
     netns: str
     addr: str
     machine_root: Optional[str] = None  # this host's machine facts for placerun (tests only)
+    cpus: Optional[frozenset[int]] = None  # this host's own cores (its processes' affinity); None: all
     started: list = field(default_factory=list)
 
     def argv(self, cmd: list[str]) -> list[str]:
-        """`cmd` run inside this host: its network namespace, a new UTS namespace, its hostname."""
+        """`cmd` run inside this host: its network namespace, a new UTS namespace, its hostname
+        (and its own cores, when the bed gave it some)."""
+        from placement.cpuset import format_cpulist
+
+        own = ["--cpus", format_cpulist(self.cpus)] if self.cpus else []
         return ["ip", "netns", "exec", self.netns, "unshare", "--uts", "--", sys.executable, str(EXEC_HELPER),
-                self.name, *cmd]
+                *own, self.name, *cmd]
 
     def env(self, extra: Optional[dict] = None) -> dict:
         """This test's environment without placement's own variables (a launcher hands those to
@@ -214,7 +220,10 @@ class HostBed:
         return f"{self.prefix}-br"
 
     @classmethod
-    def create(cls, n: int, machine_roots: Optional[list[Optional[str]]] = None) -> "HostBed":
+    def create(cls, n: int, machine_roots: Optional[list[Optional[str]]] = None,
+               cpus: Optional[list[frozenset[int]]] = None) -> "HostBed":
+        """n hosts; host i reads machine_roots[i] as its machine facts and runs on cpus[i] (e.g.
+        a core each, so one host's load does not land on another's core) where given."""
         if not 1 <= n <= 16:
             raise ValueError(f"hosts={n}: choose 1..16")
         remove_leftovers()
@@ -229,7 +238,7 @@ class HostBed:
                 ns = f"{prefix}-h{i}"
                 _ip("netns", "add", ns)
                 bed.hosts.append(Host(i, f"host{i}", ns, f"{SUBNET}.{i + 1}",
-                                      machine_roots[i] if machine_roots else None))
+                                      machine_roots[i] if machine_roots else None, cpus[i] if cpus else None))
                 _ip("-n", bed.bridge_ns, "link", "add", f"v{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
                 _ip("-n", bed.bridge_ns, "link", "set", f"v{i}", "master", "br0", "up")
                 _ip("-n", ns, "addr", "add", f"{SUBNET}.{i + 1}/24", "dev", "eth0")

@@ -1,4 +1,4 @@
-"""`placement report LOGS... [--run N|ID] [--json] [--plot OUT.png] [--heatmap OUT.png] [--trace
+"""`placement report LOGS... [--run N|ID] [--read auto|steps|digests] [--json] [--plot OUT.png] [--heatmap OUT.png] [--trace
 OUT.json [--steps A:B] [--ranks LIST]]` and `placement report --compare BASE NEW`: per-rank table
 and events for a few ranks; for a cluster (many ranks, several nodes) who held the job back,
 stalled ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and a Chrome
@@ -13,9 +13,10 @@ from placement.report.cluster import cluster_text, event_counts, summarize_clust
 from placement.report.compare import compare, compare_text
 from placement.report.document import report_document
 from placement.report.heatmap import write_heatmap
-from placement.report.logs import RANK_TABLE_MAX, LogReadError, read_logs
+from placement.report.logs import (DIGESTS_FROM, RANK_TABLE_MAX, LogReadError, ReadMode, estimated_step_lines, long_logs,
+                                   read_logs)
 from placement.report.plot import write_plot
-from placement.report.text import report_text, run_lines
+from placement.report.text import read_line, report_text, run_lines
 from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select, write_trace
 
 
@@ -34,6 +35,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --trace: only these ranks (e.g. 0-7,64,100-103)")
     p.add_argument("--run", metavar="N|ID",
                    help="which run of those the logs hold (its number in order of start, or its id); default: the last")
+    p.add_argument("--read", choices=[str(m) for m in ReadMode], default=str(ReadMode.AUTO),
+                   help="what of the step records is read: `steps` parses every line (every view), `digests` only "
+                        "the digests monitor.digest_every writes (the tables and events of a long job in a fraction "
+                        f"of the time), `auto` (default) digests past ~{DIGESTS_FROM // 1_000_000}M step lines")
     p.add_argument("--json", action="store_true", help="print the report as one JSON document (placement.report/1)")
     p.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
                    help="two runs side by side, each LOG[@RUN] (a file, directory or glob, and which of its runs): "
@@ -66,7 +71,17 @@ def run(args: argparse.Namespace) -> int:
         raise LogReadError("give the monitor logs to report (LOG..., e.g. placement_logs/), or --compare BASE NEW")
     if (args.steps is not None or args.ranks is not None) and not args.trace:
         raise LogReadError("--steps and --ranks select what --trace writes: give --trace OUT.json too")
-    log = read_logs(args.logs, run=args.run)  # every line parsed once; StepRecords as well for a few ranks
+    mode = ReadMode(args.read)
+    wants_steps = [flag for flag, v in (("--plot", args.plot), ("--heatmap", args.heatmap), ("--trace", args.trace)) if v]
+    if wants_steps and mode == ReadMode.DIGESTS:
+        raise LogReadError(f"{wants_steps[0]} draws every step and --read digests reads none; give --read steps "
+                           "(or auto) with it")
+    if wants_steps and mode == ReadMode.AUTO:
+        mode = ReadMode.STEPS  # the pictures need every step: asked for, they are read whatever the size
+    log = read_logs(args.logs, run=args.run, read=mode)  # each line parsed once; StepRecords too for a few ranks
+    if mode == ReadMode.AUTO and not log.from_digests and long_logs(log.files):
+        print(f"these logs hold ~{estimated_step_lines(log.files)} step lines and no digests (monitor.digest_every=0, "
+              "or written before digests): every line was parsed", file=sys.stderr)
     if args.trace:
         first, last = args.steps or (None, None)
         keep = TraceFilter(first_step=first, last_step=last, ranks=args.ranks)
@@ -94,7 +109,9 @@ def run(args: argparse.Namespace) -> int:
             print(cluster_text(summary, log, with_nodes=len(nodes) > 1))
     else:
         print(f"placement report: {len(log.files)} file(s), {len(nodes)} node(s), {len(ranks)} ranks, "
-              f"{len(log)} step records, {len(log.events)} events")
+              f"{log.step_count()} step records, {len(log.events)} events")
+        if log.from_digests:
+            print(read_line(log))
         if log.skipped:
             print(f"skipped {log.skipped} truncated or corrupt line(s)")
         for line in run_lines(log):

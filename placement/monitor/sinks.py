@@ -1,13 +1,14 @@
 """Where built step records go: one interface (RecordSink), one class per output. The monitor
 thread builds a batch of records (StepMonitor._finalize) and hands it to each sink in order:
 the rank's JSONL log, the observers (the tuner), the window the next exchange sends, the
-one-line summary, TensorBoard. A sink that fails is said once and does not stop the others.
+one-line summary, the digests of the log (digest.py), TensorBoard. A sink that fails is said once and does not stop the others.
 """
 from __future__ import annotations
 
 from typing import Callable, Protocol, Sequence
 
-from placement.events import EventLog
+from placement.events import EventKind, EventLog
+from placement.monitor.digest import StepDigest
 from placement.monitor.jsonl import write_records
 from placement.monitor.record import StepRecord
 from placement.monitor.straggler import RankFigures, figures_from_records
@@ -110,6 +111,33 @@ class SummarySink:
 
     def close(self) -> None:
         pass
+
+
+class DigestSink:
+    """A `digest` event every `every` records (monitor.digest_every; 0: none), and one for the
+    records left at close: what `placement report` reads of a long job (digest.py)."""
+
+    name = "digest"
+
+    def __init__(self, events: EventLog, rank: int, every: int):
+        self.events, self.rank, self.every = events, rank, every
+        self._digest = StepDigest(rank)
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        if not self.every:
+            return
+        for rec in batch:
+            self._digest.add(rec)
+            if self._digest.steps >= self.every:
+                self._write()
+
+    def _write(self) -> None:
+        digest, self._digest = self._digest, StepDigest(self.rank)
+        self.events.event(EventKind.DIGEST, **digest.fields())
+
+    def close(self) -> None:
+        if self._digest.steps:
+            self._write()
 
 
 class TensorBoardSink:

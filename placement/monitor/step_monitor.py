@@ -59,8 +59,8 @@ from placement.monitor.exchange import Exchange, Verdict, straggler_event, strag
 from placement.monitor.record import StepRecord
 from placement.monitor.residence_watch import ResidenceWatch
 from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
-from placement.monitor.sinks import (ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink, TensorBoardSink,
-                                     close_sinks, write_to_sinks)
+from placement.monitor.sinks import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
+                                     TensorBoardSink, close_sinks, write_to_sinks)
 from placement.monitor.straggler import exchange_steps
 from placement.monitor.summary import stall_ms
 from placement.monitor.probes import MainRead
@@ -175,7 +175,8 @@ class StepMonitor:
         self._observers = ObserverSink(warn)
         self._exchange_window = ExchangeWindow(rank, lambda: self.exchange is not None and self.exchange.enabled)
         self.sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._exchange_window,
-                                        SummarySink(rank, self.cfg.summary_every)]
+                                        SummarySink(rank, self.cfg.summary_every),
+                                        DigestSink(events, rank, self.cfg.digest_every)]
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
         self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)

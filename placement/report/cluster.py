@@ -3,7 +3,8 @@ many windows), stalled ranks first, and per-node figures, from the columns of a 
 
 Who held the job back is what rank 0 judged at run time (its `straggler` events, one per
 window that named someone, and `stall` events); the report counts them, it does not judge
-again. Per-node figures pool the step records of the node's ranks.
+again. Per-node figures pool the step records of the node's ranks (or, for logs read by their
+digests, the ranks' digests: monitor/digest.py).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.cpuset import parse_cpulist
+from placement.monitor.digest import StepDigest
 from placement.monitor.stall import cause_first
 from placement.monitor.straggler import KINDS, Cause, StragglerKind
 from placement.report.logs import RunLog
@@ -220,9 +222,60 @@ def _stalls(events: list[dict]) -> list[Stall]:
     return sorted(last.values(), key=lambda s: cause_first(s.in_collective, s.last_step, s.rank))
 
 
+def _node_ranks(table: RunLog, ranks) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for r in ranks:
+        out.setdefault(table.node.get(r, "?"), []).append(r)
+    return out
+
+
+def _named_in(holders: dict[str, list[Holder]]) -> Counter:
+    """rank -> windows it was named in (any kind)."""
+    out: Counter = Counter()
+    for hs in holders.values():
+        for h in hs:
+            out[h.rank] += h.windows
+    return out
+
+
+def _summarize_digests(table: RunLog, out: ClusterSummary) -> ClusterSummary:
+    """The same figures from the ranks' digests (monitor/digest.py): percentiles within a bin."""
+    import statistics
+
+    digests = table.digests
+    p50 = {r: d.percentile(50) for r, d in digests.items()}
+    everyone = StepDigest(None)
+    for d in digests.values():
+        everyone.merge(d)
+    out.median_step_ms = everyone.percentile(50)
+    out.job_ms = statistics.median(d.step_ms for d in digests.values()) if digests else None
+    out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
+    named_in = _named_in(out.holders)
+    node_ranks = _node_ranks(table, digests)
+    for node in table.nodes():
+        ranks = node_ranks.get(node)
+        if not ranks:
+            continue
+        pooled = StepDigest(None)
+        for r in ranks:
+            pooled.merge(digests[r])
+        s = pooled.summary()
+        slowest = max(ranks, key=lambda r: p50[r])
+        out.nodes.append(NodeFigures(
+            node=node, ranks=ranks, steps=pooled.steps, p50_ms=s.p50_ms, p99_ms=s.p99_ms, stall_pct=s.stall_pct,
+            comm_pct=s.comm_pct, data_pct=s.data_pct, slowest_rank=slowest, slowest_p50_ms=p50[slowest],
+            straggler_windows=sum(named_in[r] for r in ranks)))
+    return out
+
+
 def summarize_cluster(table: RunLog) -> ClusterSummary:
     import numpy as np
 
+    if table.from_digests:
+        out = ClusterSummary(ranks=len(table.digests), records=table.step_count(), median_step_ms=None)
+        out.holders, out.comm_slow_windows, out.judged_windows, out.lost_ms = _holders(table.events)
+        out.stalled = _stalls(table.events)
+        return _summarize_digests(table, out)
     slices = table.rank_slices()
     p50 = {r: float(np.median(table.step_ms[s])) for r, s in slices.items()}
     out = ClusterSummary(ranks=len(slices), records=len(table),
@@ -232,13 +285,8 @@ def summarize_cluster(table: RunLog) -> ClusterSummary:
     out.job_ms = float(np.median(sums)) if sums else None
     out.stalled = _stalls(table.events)
     out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
-    named_in: Counter = Counter()  # rank -> windows it was named in (any kind)
-    for hs in out.holders.values():
-        for h in hs:
-            named_in[h.rank] += h.windows
-    node_ranks: dict[str, list[int]] = {}
-    for r in slices:
-        node_ranks.setdefault(table.node.get(r, "?"), []).append(r)
+    named_in = _named_in(out.holders)
+    node_ranks = _node_ranks(table, slices)
     for node in table.nodes():
         ranks = node_ranks.get(node)
         if not ranks:

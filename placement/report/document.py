@@ -5,10 +5,11 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Optional
 
+from placement.monitor.digest import StepDigest
 from placement.monitor.parts import StepPart
-from placement.monitor.summary import summarize
 from placement.report.cluster import ClusterSummary
 from placement.report.logs import RANK_TABLE_MAX, RunInfo, RunLog
+from placement.report.text import summaries
 
 
 def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
@@ -16,6 +17,13 @@ def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
     every rank's steps, as % of their summed step time; comm and CPU stall None when never read."""
     import numpy as np
 
+    if log.from_digests:
+        everyone = StepDigest(None)
+        for d in log.digests.values():
+            everyone.merge(d)
+        s = everyone.summary()
+        return {str(StepPart.DATA): s.data_pct, str(StepPart.COMM): s.comm_pct, str(StepPart.CPU_STALL): s.stall_pct,
+                str(StepPart.COMPUTE): s.compute_pct} if everyone.steps else {str(p): None for p in StepPart}
     step = np.clip(np.nan_to_num(log.step_ms), 0.0, None)
     total = float(step.sum())
     if not len(step) or total <= 0:
@@ -38,18 +46,14 @@ def report_document(log: RunLog, summary: ClusterSummary) -> dict[str, Any]:
     """The report of one run (log.run) as a JSON-able dict."""
     from collections import Counter
 
-    ranks = []
-    if log.records is not None and len(log.ranks()) <= RANK_TABLE_MAX:
-        for rank, recs in sorted(log.records.items()):
-            s = summarize(rank, recs)
-            if s is not None:
-                ranks.append(asdict(s))
+    ranks = [asdict(s) for s in summaries(log)] if len(log.ranks()) <= RANK_TABLE_MAX else []
     lost_total = sum(summary.lost_ms.values())
     return {
         "schema": "placement.report/1",
         "files": len(log.files), "skipped_lines": log.skipped, "lost_records": {str(r): n for r, n in log.lost.items()},
         "run": _run(log.run), "runs": [_run(r) for r in log.runs],
-        "job": {"ranks": len(log.ranks()), "step_records": len(log), "median_step_ms": summary.median_step_ms,
+        "job": {"ranks": len(log.ranks()), "step_records": log.step_count(), "read_by_digests": log.from_digests,
+                "median_step_ms": summary.median_step_ms,
                 "parts_pct": job_parts_pct(log)},
         "ranks": ranks,
         "held_back": {

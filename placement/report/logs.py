@@ -19,6 +19,12 @@ order of start, or its id). Within one run, a rank whose step number does not go
 over (a log written before run ids, or a launcher that reuses one): its earlier steps there are
 dropped and counted.
 
+A long job's logs are read by their digests (monitor/digest.py: every monitor.digest_every steps
+a rank writes the sums and step-time histogram of its steps): every line but the step lines is
+parsed, and the step lines are counted, not parsed (found by their first bytes, `{"type":"step"`,
+in one pass of the regex engine). Chosen by `read`: STEPS, DIGESTS, or AUTO (digests when the logs
+hold more than DIGESTS_FROM step lines by their size and have digests).
+
 Which node a rank ran on: the `host` and `node_rank` of its monitor's `start` event
 (node_rank = torch elastic's GROUP_RANK, which tells apart two agents on one host), else
 the directory its log file sits in (logs gathered per node into a tree).
@@ -28,14 +34,17 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 from array import array
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
+from placement.monitor.digest import StepDigest
 from placement.monitor.record import VERDICTS, StepRecord
 from placement.monitor.parts import split_step
+from placement.vocab import Vocabulary
 
 LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
 RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of a row (and a plot panel) per rank
@@ -48,6 +57,27 @@ FIGURES = ("t", "step_ms", "data_ms", "comm_ms", "stall_ms", "enter_t")
 
 class LogReadError(PlacementError):
     """A log path given to `placement report` cannot be read at all."""
+
+
+class ReadMode(Vocabulary):
+    """What of the step records `placement report` reads (--read)."""
+
+    AUTO = "auto"  # digests when the logs are long (DIGESTS_FROM) and have them, else every step line
+    STEPS = "steps"  # every step line parsed: every view (--plot, --heatmap, --trace)
+    DIGESTS = "digests"  # the digests alone: the tables and events, in a fraction of the time
+
+
+# Step lines from which AUTO reads the digests: ~4 GB of logs, ~40 s of parsing on 2 cores here,
+# ~1.3 GB of columns. Estimated from the files' sizes: STEP_LINE_BYTES a line as written (soak.py
+# measures ~406), GZ_RATIO for a rotated log's compression (~9x).
+DIGESTS_FROM = 10_000_000
+STEP_LINE_BYTES = 400
+GZ_RATIO = 9
+# Every line but a step line (with its leading newline), found in C: the pattern begins with a
+# literal, so the engine jumps from newline to newline (~1 GB/s here; `^...$` with re.M tries
+# every byte, 3x slower).
+_NOT_STEP_LINE = re.compile(rb'\n(?!\{"type":"step")[^\n]+')
+_STEP_PREFIX = b'{"type":"step"'
 
 
 @dataclass
@@ -74,13 +104,23 @@ class RunLog:
     earlier_runs: dict[int, int] = field(default_factory=dict)  # rank -> runs dropped before the last
     runs: list["RunInfo"] = field(default_factory=list)  # every run the logs hold, in order of start
     run: Optional["RunInfo"] = None  # the run these columns and events are of
+    # Read by digests (ReadMode): the columns and records are empty; each rank's digests merged.
+    from_digests: bool = False
+    digests: dict[int, StepDigest] = field(default_factory=dict)
+    step_lines: int = 0  # step lines counted, not parsed (read by digests)
 
     def __len__(self) -> int:
         return len(self.rank)
 
+    def step_count(self) -> int:
+        """Step records the report covers: the columns', or the digests' steps."""
+        return sum(d.steps for d in self.digests.values()) if self.from_digests else len(self.rank)
+
     def ranks(self) -> list[int]:
         import numpy as np
 
+        if self.from_digests:
+            return sorted(self.digests)
         return [int(r) for r in np.unique(self.rank)]
 
     def nodes(self) -> list[str]:
@@ -316,10 +356,13 @@ class _FileRead:
     steps: dict[tuple[str, int], _Run] = field(default_factory=dict)  # (run, rank) -> its records here
     earlier: dict[tuple[str, int], int] = field(default_factory=dict)
     said: dict[int, _Where] = field(default_factory=dict)  # rank -> its host/node as start events say
+    digests: dict[tuple[str, int], StepDigest] = field(default_factory=dict)  # (run, rank) -> merged here
+    step_lines: int = 0  # step lines counted, not parsed (digests_only)
 
 
-def _read_file(path: str, directory: str, keep_records: bool) -> _FileRead:
-    """Parse one log file, each line once (StepRecords too with `keep_records`)."""
+def _read_file(path: str, directory: str, keep_records: bool, digests_only: bool = False) -> _FileRead:
+    """Parse one log file, each line once (StepRecords too with `keep_records`); with
+    `digests_only`, every line but the step lines, which are counted."""
     try:
         raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
     except OSError as e:
@@ -328,7 +371,14 @@ def _read_file(path: str, directory: str, keep_records: bool) -> _FileRead:
         raw = _gunzip(path, raw)
     out = _FileRead(path, directory)
     runs, steps = out.runs, out.steps
-    for line in raw.split(b"\n"):
+    if digests_only:
+        nl = raw.find(b"\n")
+        first = raw if nl < 0 else raw[:nl]
+        lines = ([] if first.startswith(_STEP_PREFIX) else [first]) + _NOT_STEP_LINE.findall(raw)
+        out.step_lines = raw.count(b"\n" + _STEP_PREFIX) + raw.startswith(_STEP_PREFIX)
+    else:
+        lines = raw.split(b"\n")
+    for line in lines:
         if not line.strip():
             continue
         d = judge_line(line)
@@ -337,6 +387,18 @@ def _read_file(path: str, directory: str, keep_records: bool) -> _FileRead:
             continue
         run_id = d.get("run", NO_ID)
         info = runs.get(run_id) or runs.setdefault(run_id, RunInfo(run_id))
+        if d["type"] == "digest":
+            digest = StepDigest.from_dict(d)
+            if digest is None:
+                out.skipped += 1
+                continue
+            info.saw(digest.t)
+            mine = out.digests.get((run_id, digest.rank))
+            if mine is None:
+                out.digests[(run_id, digest.rank)] = digest
+            else:
+                mine.merge(digest)
+            continue
         if d["type"] != "step":
             out.events.append(d)
             info.saw(d.get("t"))
@@ -372,14 +434,18 @@ class _Reader:
         self.where: dict[int, _Where] = {}
         self.runs: dict[str, RunInfo] = {}
         self.earlier: dict[tuple[str, int], int] = {}  # (run, rank) -> times its steps started over
+        self.digests: dict[tuple[str, int], StepDigest] = {}
+        self.digests_only = False
         self.log = RunLog(*([None] * 9))
 
     def read_file(self, path: str, directory: str) -> None:
-        self.merge(_read_file(path, directory, self.records is not None))
+        self.merge(_read_file(path, directory, self.records is not None, self.digests_only))
 
     def merge(self, f: _FileRead) -> None:
         log = self.log
         log.skipped += f.skipped
+        log.step_lines += f.step_lines
+
         log.events.extend(f.events)
         for rank, n in f.lost.items():
             log.lost[rank] = max(log.lost.get(rank, 0), n)
@@ -390,6 +456,17 @@ class _Reader:
         for key, n in f.earlier.items():
             self.earlier[key] = self.earlier.get(key, 0) + n
         said = dict(f.said)
+        for (run_id, rank), digest in f.digests.items():
+            mine = self.digests.get((run_id, rank))
+            if mine is None:
+                self.digests[(run_id, rank)] = digest
+            else:
+                mine.merge(digest)
+            if self.digests_only:  # the digests stand for the step lines not parsed
+                self._saw(rank)
+                self.runs[run_id].ranks.add(rank)
+                self.runs[run_id].records += digest.steps
+                said.setdefault(rank, _Where())
         for (run_id, rank), run in f.steps.items():
             self._saw(rank)
             self.columns.setdefault(run_id, _Columns()).extend(run.columns)
@@ -435,6 +512,8 @@ class _Reader:
         if self.records is not None:
             log.records = {rank: sorted(recs, key=lambda r: r.step) for (rid, rank), recs in self.records.items()
                            if rid == run_id}
+        log.from_digests = self.digests_only
+        log.digests = {rank: d for (rid, rank), d in sorted(self.digests.items()) if rid == run_id}
         log.events.sort(key=lambda e: e.get("t") if isinstance(e.get("t"), (int, float)) else 0.0)
         return log
 
@@ -478,8 +557,9 @@ def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
 PARALLEL_FROM = 8  # files from which they are parsed by a pool of processes (one per CPU)
 
 
-def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) -> RunLog:
-    reader = _Reader(records_up_to)
+def _read(files: list[str], records_up_to: Optional[int], run: Optional[str], digests_only: bool = False) -> RunLog:
+    reader = _Reader(None if digests_only else records_up_to)
+    reader.digests_only = digests_only
     reader.log.files = files
     common = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
     dirs = []
@@ -487,7 +567,7 @@ def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) ->
         directory = os.path.relpath(os.path.dirname(os.path.abspath(path)), common) if common else ""
         dirs.append(directory if directory != "." else os.path.basename(common))
     workers = min(len(os.sched_getaffinity(0)), len(files))
-    if records_up_to is None and len(files) >= PARALLEL_FROM and workers > 1:
+    if reader.records is None and len(files) >= PARALLEL_FROM and workers > 1:
         # Many files, no StepRecords: the CPU-bound parse runs on every CPU this process may use,
         # a file per task, merged here in file order (the same result as one by one).
         import concurrent.futures
@@ -495,7 +575,9 @@ def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) ->
 
         # spawn, not fork: the caller may hold threads (a lock held across fork would hang a child)
         with concurrent.futures.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            for f in pool.map(_read_file, files, dirs, [False] * len(files), chunksize=max(1, len(files) // (8 * workers))):
+            n = len(files)
+            for f in pool.map(_read_file, files, dirs, [False] * n, [digests_only] * n,
+                              chunksize=max(1, n // (8 * workers))):
                 reader.merge(f)
     else:
         for path, directory in zip(files, dirs):
@@ -503,15 +585,40 @@ def _read(files: list[str], records_up_to: Optional[int], run: Optional[str]) ->
     return reader.finish(run)
 
 
-def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Optional[str] = None) -> RunLog:
+def estimated_step_lines(files: list[str]) -> int:
+    """Step lines the files hold, by their size (STEP_LINE_BYTES a line, GZ_RATIO compressed)."""
+    total = 0
+    for f in files:
+        try:
+            size = os.stat(f).st_size
+        except OSError:
+            continue  # said when it is read
+        total += size * (GZ_RATIO if f.endswith(".gz") else 1)
+    return total // STEP_LINE_BYTES
+
+
+def long_logs(files: list[str]) -> bool:
+    """Whether AUTO reads these files' digests: more than DIGESTS_FROM step lines by their size."""
+    return estimated_step_lines(files) > DIGESTS_FROM
+
+
+def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Optional[str] = None,
+              read: ReadMode = ReadMode.STEPS) -> RunLog:
     """Read every log named (files, directories searched recursively, globs), each line once,
     and keep one run of them: `run` (a number or id, pick_run), else the one that began last.
+    `read`: every step line (STEPS), the digests alone (DIGESTS), or the digests when the logs
+    hold more than DIGESTS_FROM step lines by their size and have digests (AUTO).
     StepRecords are kept when the logs hold at most `records_up_to` ranks. Each rank writes
     one file (events.log_path), so more files than that are taken for more ranks and no
     StepRecord is built (at 1,024 ranks, building the first 33 ranks' only to drop them would
     cost 4% more memory); should fewer ranks than files have stepped (files of events alone),
     the logs are read again for their StepRecords, the one case a line is parsed twice."""
     files = expand(paths)
+    if read == ReadMode.DIGESTS or (read == ReadMode.AUTO and long_logs(files)):
+        log = _read(files, None, run, digests_only=True)
+        if log.digests or read == ReadMode.DIGESTS:
+            return log
+        # AUTO, and the logs have no digests (monitor.digest_every=0, or written before them): every line
     log = _read(files, records_up_to if len(files) <= records_up_to else None, run)
     if log.records is None and len(files) > records_up_to and len(log.ranks()) <= records_up_to:
         log = _read(files, records_up_to, run)

@@ -17,8 +17,20 @@ def _f(v: Optional[float], digits: int = 1) -> str:
 
 
 def summaries(log: RunLog) -> list[RunSummary]:
-    """One RunSummary per rank (the per-rank table: log.records, kept for a few ranks)."""
+    """One RunSummary per rank (the per-rank table: log.records, kept for a few ranks, or the
+    ranks' digests)."""
+    if log.from_digests:
+        return [d.summary() for _, d in sorted(log.digests.items()) if d.steps]
     return [s for s in (summarize(rank, recs) for rank, recs in sorted((log.records or {}).items())) if s is not None]
+
+
+def read_line(log: RunLog) -> str:
+    """How the step records were read, when by their digests ('' otherwise)."""
+    if not log.from_digests:
+        return ""
+    return (f"read by digests (monitor.digest_every steps each; percentiles within 1%): {log.step_count()} steps "
+            f"of the {log.step_lines} step lines in these logs ({log.step_lines - log.step_count()} in no digest: "
+            "a rank's last steps before its digest, or other runs); --read steps parses every line")
 
 
 def rank_table(rows: list[RunSummary]) -> str:
@@ -180,8 +192,10 @@ def run_lines(log: RunLog) -> list[str]:
 
 def report_text(log: RunLog) -> str:
     rows = summaries(log)
-    parts = [f"placement report: {len(log.files)} file(s), {len(log)} step records, "
+    parts = [f"placement report: {len(log.files)} file(s), {log.step_count()} step records, "
              f"{len(log.events)} events"]
+    if log.from_digests:
+        parts.append(read_line(log))
     if log.skipped:
         parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")
     for rank, n in sorted(log.lost.items()):
