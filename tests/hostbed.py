@@ -279,8 +279,9 @@ def hostbed_factory(request):
         pytest.skip(why)
     beds: list[HostBed] = []
 
-    def make(n: int, machine_roots: Optional[list[Optional[str]]] = None) -> HostBed:
-        bed = HostBed.create(n, machine_roots)
+    def make(n: int, machine_roots: Optional[list[Optional[str]]] = None,
+             cpus: Optional[list[frozenset[int]]] = None) -> HostBed:
+        bed = HostBed.create(n, machine_roots, cpus)
         beds.append(bed)
         return bed
 

@@ -94,6 +94,20 @@ def test_hosts_have_their_own_name_address_and_reach_each_other(hostbed):
     assert bed.hosts[0].addr not in subprocess.run(["ip", "-4", "-o", "addr"], capture_output=True, text=True).stdout
 
 
+
+def test_a_host_given_cores_of_its_own_runs_every_process_there(hostbed):
+    """HostBed.create(cpus=...): a host's processes, and what they start, run on its CPUs alone
+    (read back from /proc), so one host's load does not land on another's core."""
+    cpus = sorted(os.sched_getaffinity(0))
+    own = [frozenset({cpus[0]}), frozenset({cpus[-1]})]
+    bed = hostbed(2, cpus=own)
+    child = "print([l for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')][0].split()[1])"
+    code = f"import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); subprocess.run([sys.executable, '-c', {child!r}])"
+    for host, want in zip(bed.hosts, own):
+        got = host.run([sys.executable, "-c", code]).stdout.split()
+        assert got == [str(sorted(want)), str(min(want))], got
+
+
 def test_a_closed_bed_leaves_nothing_and_a_killed_runs_bed_is_removed(hostbed):
     bed = hostbed(2)
     sleeper = bed.hosts[1].start(["sleep", "600"], Path(os.devnull))
