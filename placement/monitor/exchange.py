@@ -50,7 +50,7 @@ than half the lateness limit, the earliest arrivers, the fastest collective) and
 them against an even sample of the punctual ranks (their medians stand for all peers'); the
 event names the NAMED worst ranks in full and counts the rest by kind, with their ranks in list
 form ("3,17,200-207"). Lateness compares per-step comm durations within the window's steps,
-as straggler.arrival_lateness_ms does (no wall clocks: skew-free).
+as cost.arrival_lateness_ms does (no wall clocks: skew-free).
 """
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ from typing import Any, Callable, Optional
 
 from placement.cpuset import format_cpulist
 from placement.monitor.naming import Naming
-from placement.monitor.straggler import (FIELDS, MIN_COMMON_STEPS, RankFigures, StragglerReport, Thresholds, classify,
-                                         comm_baseline, cost_words)
+from placement.monitor.cost import MIN_COMMON_STEPS, cost_words
+from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline
 from placement.monitor.stall import NAMED_PEERS, POSTS_MAX, post_line, read_posts
 from placement.monitor.warn import WarnOnce, first_line
 
@@ -524,7 +524,7 @@ def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited
 
 
 def _lateness(rows, slots: int):
-    """Per-rank lateness (ms), vectorised as straggler.arrival_lateness_ms: per step, the most
+    """Per-rank lateness (ms), vectorised as cost.arrival_lateness_ms: per step, the most
     comm time of any rank minus its own (durations on each rank's own clock: no skew), median
     over the steps every rank measured. None when not comparable."""
     import numpy as np

@@ -5,7 +5,7 @@ classify (straggler.py) finds every rank that entered its collectives late, with
 costs. On a busy machine some rank is always a little late: on a balanced 2-rank soak of the
 main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as comm-slow. So:
 - a candidate is material when its share of the window's cost is at least Thresholds.min_cost_pct
-  of the job's step (straggler.material_ranks; the job-wide slowdown likewise, on its own cost);
+  of the job's step (cost.material_ranks; the job-wide slowdown likewise, on its own cost);
 - a rank is named once it has been a material candidate in confirm_windows consecutive windows,
   and in every window after that for as long as that lasts: a rank that is named keeps being
   named only while it costs, and one window's noise names nobody;
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from placement.monitor.straggler import StragglerReport, Thresholds, costs_ms
+from placement.monitor.cost import costs_ms
+from placement.monitor.straggler import StragglerReport, Thresholds
 
 
 class Naming:

@@ -26,15 +26,7 @@ the offsets and their drift. Figures are compared step by step: every rank sends
 absolute steps (RankFigures.first_step .. last_step, exchange_steps below),
 whatever its probe cadence.
 
-What a straggler costs (`costs_ms`): per step, the job moves at the pace of its latest rank, so
-had rank r been at the median lateness of its peers, that step would have been shorter by r's
-lateness minus that of the next-latest rank (which then sets the pace), or minus the median,
-whichever is larger; 0 when r was not the latest. Its cost is the mean of that over the window's
-steps (a mean, not a median: a rank latest in half the steps costs half), so fixing one of two
-equally slow ranks is worth nothing, and the report also gives the cost of all late ranks
-together (their lateness removed at once). The cost is split by cause from the rank's excess
-over its punctual peers: CPU stall (runqueue wait), data wait, and the rest compute. Which
-candidates are named, and when, is monitor/naming.py's (precision), not this pure function's.
+What a straggler costs, and how lateness is measured step by step: monitor/cost.py.
 """
 from __future__ import annotations
 
@@ -44,6 +36,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from placement.monitor.budget import MAX_EVERY
+from placement.monitor.cost import Cause, costs_ms, lateness_per_step, material_ranks, rank_steps, split_cost
 from placement.monitor.parts import record_parts
 from placement.vocab import Vocabulary
 
@@ -58,17 +51,6 @@ class StragglerKind(Vocabulary):
 KINDS = StragglerKind.values()
 
 
-class Cause(Vocabulary):
-    """What a straggler's cost (or a job-wide slowdown's) is made of."""
-
-    CPU_STALL = "cpu_stall"  # the step part of that name (monitor/parts.py): main's runqueue wait
-    DATA = "data"  # waiting for the next batch
-    COMPUTE = "compute"  # the rest: more work, a slower device
-    COMM = "comm"  # the collectives themselves
-
-# Steps measured on every rank that a lateness needs (the first exchange of a run may
-# cover only the first step or two, warm-up).
-MIN_COMMON_STEPS = 3
 
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
 FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
@@ -273,115 +255,8 @@ def _fmt(v: Optional[float]) -> str:
     return "?" if v is None else f"{v:.1f}"
 
 
-def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float]]]:
-    """How late each rank enters its collectives, after the earliest rank, at each step every
-    rank measured, from each rank's own comm durations (see the module docstring): per absolute
-    step, the most comm time of any rank minus its own. None when fewer than MIN_COMMON_STEPS
-    steps were measured on every rank, or the ranks sent different steps."""
-    if len({(r.first_step, r.last_step) for r in ranks}) != 1:
-        return None  # not the same steps: nothing to compare step by step
-    per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    for i in range(min(len(r.comm_steps) for r in ranks)):
-        comm = [r.comm_steps[i] for r in ranks]
-        if any(c is None for c in comm):
-            continue
-        longest = max(comm)
-        for r, c in zip(ranks, comm):
-            per_step[r.rank].append(longest - c)
-    if any(len(v) < MIN_COMMON_STEPS for v in per_step.values()):
-        return None  # too few steps to tell lateness from one step's noise
-    return per_step
-
-
-def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
-    """Each rank's lateness_per_step, its median over the steps (robust to one slow step)."""
-    per_step = lateness_per_step(ranks)
-    return None if per_step is None else {rank: statistics.median(v) for rank, v in per_step.items()}
-
-
-def rank_steps(per_step: dict[int, list[float]]) -> list[tuple[list[tuple[float, int]], float]]:
-    """Per step: (every rank's (lateness, rank), latest first; the median lateness of the
-    ranks but the latest), costs_ms's input, built once per window."""
-    ranks = list(per_step)
-    n = len(per_step[ranks[0]]) if ranks else 0
-    out = []
-    for i in range(n):
-        lat = sorted(((per_step[r][i], r) for r in ranks), reverse=True)
-        out.append((lat, statistics.median(v for v, _ in lat[1:]) if len(lat) > 1 else lat[0][0]))
-    return out
-
-
-def costs_ms(per_step: dict[int, list[float]], named: list[int],
-             ranked: Optional[list] = None) -> tuple[dict[int, float], float]:
-    """(rank -> what the job's step would have been shorter by had that rank alone been at its
-    peers' median lateness, the cost of all `named` together), ms per step: the means over the
-    steps of the module docstring's per-step savings. `ranked`: rank_steps(per_step), if built."""
-    ranked = rank_steps(per_step) if ranked is None else ranked
-    if not ranked or not named:
-        return {r: 0.0 for r in named}, 0.0
-    named_set = set(named)
-    own = dict.fromkeys(named, 0.0)
-    together = 0.0
-    for lat, base in ranked:
-        top, top_rank = lat[0]
-        if top_rank in named_set:
-            nxt = lat[1][0] if len(lat) > 1 else base
-            own[top_rank] += max(0.0, top - max(nxt, base))
-            # every named rank at its peers' median: the latest of the others sets the pace
-            latest_other = next((v for v, r in lat if r not in named_set), None)
-            together += 0.0 if latest_other is None else max(0.0, top - latest_other)
-    n = len(ranked)
-    return {r: c / n for r, c in own.items()}, together / n
-
-
-MATERIAL_GROUPS = 32  # tie groups whose share is computed one by one; the rest are judged as one
-
-
-def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: dict[int, float],
-                   step_ms: float, th: Thresholds, ranked: Optional[list] = None) -> set[int]:
-    """The late ranks that cost the job at least th.min_cost_pct of its step. A rank's share is
-    what fixing it adds to fixing every rank later than it (costs_ms of both sets), so a rank
-    a little late behind a much later one costs nothing; ranks within th.late_ms of each other
-    are one group, judged together, so two equally slow ranks are both named when together they
-    cost (alone, each would cost nothing: the other would set the pace)."""
-    ranked = rank_steps(per_step) if ranked is None else ranked
-    order = sorted(late, key=lambda r: -lateness[r])
-    out: set[int] = set()
-    fixed: list[int] = []
-    before = 0.0
-    groups = 0
-    i = 0
-    while i < len(order):
-        j = i + 1
-        while j < len(order) and lateness[order[i]] - lateness[order[j]] <= th.late_ms:
-            j += 1
-        groups += 1
-        if groups > MATERIAL_GROUPS:
-            j = len(order)  # the rest judged as one group (at scale: bounded work)
-        group = order[i:j]
-        after = costs_ms(per_step, fixed + group, ranked)[1]
-        if step_ms > 0 and 100.0 * (after - before) / step_ms >= th.min_cost_pct:
-            out.update(group)
-        fixed += group
-        before = after
-        i = j
-    return out
-
-
-def _by_cause(cost: float, data_x: float, stall_x: Optional[float], nccl_x: Optional[float] = None) -> dict[Cause, float]:
-    """A cost split by cause from the rank's excess over its punctual peers: data wait and CPU
-    stall as measured, its NCCL threads' runqueue wait (inside its comm wait) as comm, all scaled
-    down together when they exceed the cost; compute the rest."""
-    data, stall, comm = max(0.0, data_x), max(0.0, stall_x or 0.0), max(0.0, nccl_x or 0.0)
-    known = data + stall + comm
-    if known > cost:
-        scale = cost / known if known else 0.0
-        data, stall, comm = data * scale, stall * scale, comm * scale
-    out = {Cause.CPU_STALL: round(stall, 3), Cause.DATA: round(data, 3),
-           Cause.COMPUTE: round(max(0.0, cost - data - stall - comm), 3)}
-    if comm:
-        out[Cause.COMM] = round(comm, 3)
-    return out
+def _pct(ms: float, step_ms: float) -> Optional[float]:
+    return 100.0 * ms / step_ms if step_ms > 0 else None
 
 
 def _pct(ms: float, step_ms: float) -> Optional[float]:
@@ -446,7 +321,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
                    f"({_fmt(r.stall_ms())} ms) explains it")
         cost = own[r.rank]
-        by_cause = _by_cause(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
+        by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
         if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
             by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
@@ -493,11 +368,3 @@ def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> 
         if stall is not None and stall - (peer or 0.0) >= th.explain_frac * excess_ms:
             out.append((r, peer))
     return out if len(out) < len(ranks) else []
-
-
-def cost_words(cost_ms: Optional[float], cost_pct: Optional[float], by_cause: Optional[dict] = None) -> str:
-    """'cost the job 6.2% of step time (1.3 ms/step; cpu_stall 1.1, compute 0.2)', or '' unknown."""
-    if cost_ms is None or cost_pct is None:
-        return ""
-    parts = ", ".join(f"{c} {v:.1f}" for c, v in (by_cause or {}).items() if v >= 0.05)
-    return f"cost the job {cost_pct:.1f}% of step time ({cost_ms:.1f} ms/step" + (f"; {parts})" if parts else ")")

@@ -15,7 +15,8 @@ from typing import Any, Optional
 from placement.cpuset import parse_cpulist
 from placement.monitor.digest import StepDigest
 from placement.monitor.stall import cause_first
-from placement.monitor.straggler import KINDS, Cause, StragglerKind
+from placement.monitor.cost import Cause
+from placement.monitor.straggler import KINDS, StragglerKind
 from placement.report.logs import RunLog
 
 NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted

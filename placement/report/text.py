@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from placement.cpuset import format_cpulist
-from placement.monitor.straggler import cost_words
+from placement.monitor.cost import cost_words
 from placement.monitor.summary import RunSummary, summarize
 from placement.report.logs import RunLog
 
