@@ -71,7 +71,7 @@ def generate(root: Path, ranks: int, steps: int, every: int = 10, seed: int = 0,
 
 
 def _write_rank(root: Path, rank: int, ranks: int, steps: int, every: int, seed: int, digest_every: int) -> None:
-    from placement.monitor.digest import StepDigest, hist_bin
+    from placement.monitor.digest import StepDigest
     from placement.monitor.parts import split_step
 
     rng = random.Random(seed * 1_000_003 + rank)
@@ -103,17 +103,7 @@ def _write_rank(root: Path, rank: int, ranks: int, steps: int, every: int, seed:
                          f'"data_ms":{data:.4f},"comm_ms":{comm:.4f},"comm_count":4,"roles":{{{roles}}},'
                          f'"verdict":"{verdict}","local_rank":{local},"comm_enter_t":{enter:.6f},"probe_steps":1}}')
             if digest_every:  # as the monitor's DigestSink sums them (placement/monitor/digest.py)
-                parts = split_step(step_ms, data, comm, runq)
-                if not digest.steps:
-                    digest.first_step = step
-                digest.last_step, digest.t, digest.steps = step, t, digest.steps + 1
-                digest.step_ms += step_ms
-                digest.data_ms += parts.data_ms
-                digest.comm_ms = (digest.comm_ms or 0.0) + parts.comm_ms
-                digest.stall_ms = (digest.stall_ms or 0.0) + parts.cpu_stall_ms
-                digest.compute_ms += parts.compute_ms
-                digest.hist[hist_bin(step_ms)] += 1
-                digest.verdicts[verdict] += 1
+                digest.add_step(step, t, step_ms, split_step(step_ms, data, comm, runq), verdict, True)
                 if digest.steps == digest_every or step == last:
                     lines.append(json.dumps({"type": "digest", **digest.fields()}, separators=(",", ":")))
                     digest = StepDigest(rank)

@@ -13,8 +13,7 @@ from placement.report.cluster import cluster_text, event_counts, summarize_clust
 from placement.report.compare import compare, compare_text
 from placement.report.document import report_document
 from placement.report.heatmap import write_heatmap
-from placement.report.logs import (DIGESTS_FROM, RANK_TABLE_MAX, LogReadError, ReadMode, estimated_step_lines, long_logs,
-                                   read_logs)
+from placement.report.logs import DIGESTS_FROM, RANK_TABLE_MAX, LogReadError, ReadMode, estimated_step_lines, read_logs
 from placement.report.plot import write_plot
 from placement.report.text import read_line, report_text, run_lines
 from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select, write_trace
@@ -79,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
     if wants_steps and mode == ReadMode.AUTO:
         mode = ReadMode.STEPS  # the pictures need every step: asked for, they are read whatever the size
     log = read_logs(args.logs, run=args.run, read=mode)  # each line parsed once; StepRecords too for a few ranks
-    if mode == ReadMode.AUTO and not log.from_digests and long_logs(log.files):
+    if log.long_without_digests:
         print(f"these logs hold ~{estimated_step_lines(log.files)} step lines and no digests (monitor.digest_every=0, "
               "or written before digests): every line was parsed", file=sys.stderr)
     if args.trace:

@@ -19,7 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from placement.monitor.parts import record_parts
+from placement.monitor.parts import StepParts, record_parts
 from placement.monitor.record import StepRecord
 from placement.monitor.summary import RunSummary
 
@@ -55,20 +55,31 @@ class StepDigest:
     verdicts: Counter = field(default_factory=Counter)
 
     def add(self, rec: StepRecord) -> None:
-        parts = record_parts(rec)
+        self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None)
+
+    def add_step(self, step: int, t: float, step_ms: float, parts: StepParts, verdict: str, comm_read: bool) -> None:
+        """One step, by its figures (add: a StepRecord's; benchmarks/report_scale.py: generated ones)."""
         if not self.steps:
-            self.first_step = rec.step
-        self.last_step, self.t = rec.step, rec.t
+            self.first_step = step
+        self.last_step, self.t = step, t
         self.steps += 1
-        self.step_ms += rec.step_ms
+        self.step_ms += step_ms
         self.data_ms += parts.data_ms
-        if rec.comm_ms is not None:
+        if comm_read:
             self.comm_ms = (self.comm_ms or 0.0) + parts.comm_ms
         if parts.cpu_stall_ms is not None:
             self.stall_ms = (self.stall_ms or 0.0) + parts.cpu_stall_ms
         self.compute_ms += parts.compute_ms
-        self.hist[hist_bin(rec.step_ms)] += 1
-        self.verdicts[rec.verdict] += 1
+        self.hist[hist_bin(step_ms)] += 1
+        self.verdicts[verdict] += 1
+
+    @classmethod
+    def pooled(cls, digests) -> "StepDigest":
+        """Digests of many ranks (or windows) merged into one (rank None)."""
+        out = cls(None)
+        for d in digests:
+            out.merge(d)
+        return out
 
     def merge(self, other: "StepDigest") -> None:
         if not other.steps:

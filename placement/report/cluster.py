@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from placement.cpuset import parse_cpulist
 from placement.monitor.digest import StepDigest
@@ -223,13 +223,6 @@ def _stalls(events: list[dict]) -> list[Stall]:
     return sorted(last.values(), key=lambda s: cause_first(s.in_collective, s.last_step, s.rank))
 
 
-def _node_ranks(table: RunLog, ranks) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
-    for r in ranks:
-        out.setdefault(table.node.get(r, "?"), []).append(r)
-    return out
-
-
 def _named_in(holders: dict[str, list[Holder]]) -> Counter:
     """rank -> windows it was named in (any kind)."""
     out: Counter = Counter()
@@ -239,73 +232,68 @@ def _named_in(holders: dict[str, list[Holder]]) -> Counter:
     return out
 
 
-def _summarize_digests(table: RunLog, out: ClusterSummary) -> ClusterSummary:
-    """The same figures from the ranks' digests (monitor/digest.py): percentiles within a bin."""
-    import statistics
-
-    digests = table.digests
-    p50 = {r: d.percentile(50) for r, d in digests.items()}
-    everyone = StepDigest(None)
-    for d in digests.values():
-        everyone.merge(d)
-    out.median_step_ms = everyone.percentile(50)
-    out.job_ms = statistics.median(d.step_ms for d in digests.values()) if digests else None
-    out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
-    named_in = _named_in(out.holders)
-    node_ranks = _node_ranks(table, digests)
-    for node in table.nodes():
-        ranks = node_ranks.get(node)
-        if not ranks:
-            continue
-        pooled = StepDigest(None)
-        for r in ranks:
-            pooled.merge(digests[r])
-        s = pooled.summary()
-        slowest = max(ranks, key=lambda r: p50[r])
-        out.nodes.append(NodeFigures(
-            node=node, ranks=ranks, steps=pooled.steps, p50_ms=s.p50_ms, p99_ms=s.p99_ms, stall_pct=s.stall_pct,
-            comm_pct=s.comm_pct, data_pct=s.data_pct, slowest_rank=slowest, slowest_p50_ms=p50[slowest],
-            straggler_windows=sum(named_in[r] for r in ranks)))
-    return out
+# How a node's ranks' steps are pooled: ranks -> NodeFigures' steps, p50_ms, p99_ms, stall_pct,
+# comm_pct, data_pct.
+PoolNode = Callable[[list[int]], dict[str, Any]]
 
 
-def summarize_cluster(table: RunLog) -> ClusterSummary:
+def _column_figures(table: RunLog, out: ClusterSummary) -> tuple[dict[int, float], PoolNode]:
+    """The job's figures from the step columns: rank -> its median step, and a node's pooling."""
     import numpy as np
 
-    if table.from_digests:
-        out = ClusterSummary(ranks=len(table.digests), records=table.step_count(), median_step_ms=None)
-        out.holders, out.comm_slow_windows, out.judged_windows, out.lost_ms = _holders(table.events)
-        out.stalled = _stalls(table.events)
-        return _summarize_digests(table, out)
     slices = table.rank_slices()
-    p50 = {r: float(np.median(table.step_ms[s])) for r, s in slices.items()}
-    out = ClusterSummary(ranks=len(slices), records=len(table),
-                         median_step_ms=float(np.median(table.step_ms)) if len(table) else None)
-    out.holders, out.comm_slow_windows, out.judged_windows, out.lost_ms = _holders(table.events)
+    out.median_step_ms = float(np.median(table.step_ms)) if len(table) else None
     sums = [float(table.step_ms[s].sum()) for s in slices.values()]
     out.job_ms = float(np.median(sums)) if sums else None
-    out.stalled = _stalls(table.events)
-    out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
-    named_in = _named_in(out.holders)
-    node_ranks = _node_ranks(table, slices)
-    for node in table.nodes():
-        ranks = node_ranks.get(node)
-        if not ranks:
-            continue
+
+    def pool(ranks: list[int]) -> dict[str, Any]:
         idx = np.concatenate([np.arange(slices[r].start, slices[r].stop) for r in ranks])
         step = table.step_ms[idx]
         total = float(step.sum()) or 1e-9
         stall = table.stall_ms[idx]
         comm = table.comm_ms[idx]
+        return dict(steps=int(len(idx)), p50_ms=float(np.percentile(step, 50)), p99_ms=float(np.percentile(step, 99)),
+                    stall_pct=100.0 * float(np.nansum(stall)) / total if np.isfinite(stall).any() else None,
+                    comm_pct=100.0 * float(np.nansum(comm)) / total if np.isfinite(comm).any() else None,
+                    data_pct=100.0 * float(np.nansum(table.data_ms[idx])) / total)
+
+    return {r: float(np.median(table.step_ms[s])) for r, s in slices.items()}, pool
+
+
+def _digest_figures(table: RunLog, out: ClusterSummary) -> tuple[dict[int, float], PoolNode]:
+    """The same from the ranks' digests (monitor/digest.py): percentiles within a bin."""
+    import statistics
+
+    digests = table.digests
+    out.median_step_ms = StepDigest.pooled(digests.values()).percentile(50)
+    out.job_ms = statistics.median(d.step_ms for d in digests.values()) if digests else None
+
+    def pool(ranks: list[int]) -> dict[str, Any]:
+        pooled = StepDigest.pooled(digests[r] for r in ranks)
+        s = pooled.summary()
+        return dict(steps=pooled.steps, p50_ms=s.p50_ms, p99_ms=s.p99_ms, stall_pct=s.stall_pct, comm_pct=s.comm_pct,
+                    data_pct=s.data_pct)
+
+    return {r: d.percentile(50) for r, d in digests.items()}, pool
+
+
+def summarize_cluster(table: RunLog) -> ClusterSummary:
+    out = ClusterSummary(ranks=len(table.ranks()), records=table.step_count(), median_step_ms=None)
+    out.holders, out.comm_slow_windows, out.judged_windows, out.lost_ms = _holders(table.events)
+    out.stalled = _stalls(table.events)
+    p50, pool = (_digest_figures if table.from_digests else _column_figures)(table, out)
+    out.slowest = sorted(p50.items(), key=lambda kv: -kv[1])[:NAMED_PER_KIND]
+    named_in = _named_in(out.holders)
+    node_ranks: dict[str, list[int]] = {}
+    for r in p50:
+        node_ranks.setdefault(table.node.get(r, "?"), []).append(r)
+    for node in table.nodes():
+        ranks = node_ranks.get(node)
+        if not ranks:
+            continue
         slowest = max(ranks, key=lambda r: p50[r])
-        out.nodes.append(NodeFigures(
-            node=node, ranks=ranks, steps=int(len(idx)),
-            p50_ms=float(np.percentile(step, 50)), p99_ms=float(np.percentile(step, 99)),
-            stall_pct=100.0 * float(np.nansum(stall)) / total if np.isfinite(stall).any() else None,
-            comm_pct=100.0 * float(np.nansum(comm)) / total if np.isfinite(comm).any() else None,
-            data_pct=100.0 * float(np.nansum(table.data_ms[idx])) / total,
-            slowest_rank=slowest, slowest_p50_ms=p50[slowest],
-            straggler_windows=sum(named_in[r] for r in ranks)))
+        out.nodes.append(NodeFigures(node=node, ranks=ranks, **pool(ranks), slowest_rank=slowest,
+                                     slowest_p50_ms=p50[slowest], straggler_windows=sum(named_in[r] for r in ranks)))
     return out
 
 

@@ -18,9 +18,7 @@ def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
     import numpy as np
 
     if log.from_digests:
-        everyone = StepDigest(None)
-        for d in log.digests.values():
-            everyone.merge(d)
+        everyone = StepDigest.pooled(log.digests.values())
         s = everyone.summary()
         return {str(StepPart.DATA): s.data_pct, str(StepPart.COMM): s.comm_pct, str(StepPart.CPU_STALL): s.stall_pct,
                 str(StepPart.COMPUTE): s.compute_pct} if everyone.steps else {str(p): None for p in StepPart}

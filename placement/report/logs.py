@@ -108,6 +108,7 @@ class RunLog:
     from_digests: bool = False
     digests: dict[int, StepDigest] = field(default_factory=dict)
     step_lines: int = 0  # step lines counted, not parsed (read by digests)
+    long_without_digests: bool = False  # AUTO found the logs long but with no digests: every line was parsed
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -614,7 +615,8 @@ def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Option
     cost 4% more memory); should fewer ranks than files have stepped (files of events alone),
     the logs are read again for their StepRecords, the one case a line is parsed twice."""
     files = expand(paths)
-    if read == ReadMode.DIGESTS or (read == ReadMode.AUTO and long_logs(files)):
+    long = read == ReadMode.AUTO and long_logs(files)
+    if read == ReadMode.DIGESTS or long:
         log = _read(files, None, run, digests_only=True)
         if log.digests or read == ReadMode.DIGESTS:
             return log
@@ -622,4 +624,5 @@ def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Option
     log = _read(files, records_up_to if len(files) <= records_up_to else None, run)
     if log.records is None and len(files) > records_up_to and len(log.ranks()) <= records_up_to:
         log = _read(files, records_up_to, run)
+    log.long_without_digests = long
     return log
