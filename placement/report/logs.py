@@ -394,11 +394,7 @@ def _read_file(path: str, directory: str, keep_records: bool, digests_only: bool
                 out.skipped += 1
                 continue
             info.saw(digest.t)
-            mine = out.digests.get((run_id, digest.rank))
-            if mine is None:
-                out.digests[(run_id, digest.rank)] = digest
-            else:
-                mine.merge(digest)
+            out.digests.setdefault((run_id, digest.rank), StepDigest(digest.rank)).merge(digest)
             continue
         if d["type"] != "step":
             out.events.append(d)
@@ -458,11 +454,7 @@ class _Reader:
             self.earlier[key] = self.earlier.get(key, 0) + n
         said = dict(f.said)
         for (run_id, rank), digest in f.digests.items():
-            mine = self.digests.get((run_id, rank))
-            if mine is None:
-                self.digests[(run_id, rank)] = digest
-            else:
-                mine.merge(digest)
+            self.digests.setdefault((run_id, rank), StepDigest(rank)).merge(digest)
             if self.digests_only:  # the digests stand for the step lines not parsed
                 self._saw(rank)
                 self.runs[run_id].ranks.add(rank)
