@@ -99,6 +99,10 @@ class MonitorConfig:
                                               "removed) is at least this share of step time (docs/monitor.md)")
     straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
                                              "named (then named for as long as it does)")
+    straggler_steady_pct: float = _key(90.0, "... if it was late at this share of their steps; late at fewer (ranks "
+                                             "taking turns on a busy host), it is named after straggler_persist_windows")
+    straggler_persist_windows: int = _key(10, "windows in a row a straggler late at fewer steps than that must cost "
+                                              "before it is named (docs/monitor.md)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     digest_every: int = _key(1000, "steps per `digest` record in the log: their sums and step-time histogram, what "
                                    "`placement report` reads of a long job (docs/monitor.md); 0 = off")
@@ -208,6 +212,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         _range("monitor.log_rotate_mb", m.log_rotate_mb, 0.01, 1 << 20)
     _range("monitor.straggler_min_cost_pct", m.straggler_min_cost_pct, 0.0, 100.0)
     _range("monitor.straggler_confirm_windows", m.straggler_confirm_windows, 1, 1000)
+    _range("monitor.straggler_steady_pct", m.straggler_steady_pct, 0.0, 100.0)
+    _range("monitor.straggler_persist_windows", m.straggler_persist_windows, 1, 1000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
     _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
     _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)

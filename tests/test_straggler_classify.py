@@ -285,3 +285,66 @@ def test_two_tied_ranks_are_material_together():
     late_a, late_b = [1.0, 1.2] * 5, [1.2, 1.0] * 5
     figs = [steps_fig(0, [6.0] * 10), steps_fig(1, late_a), steps_fig(2, late_b), steps_fig(3, [6.0] * 10)]
     assert all(s.material for s in classify(figs).stragglers)
+
+
+def turns_window(first, late_at, late_ms=1.0, step=20.0):
+    """Two ranks over steps first..first+len(late_at)-1: rank 1 enters late_ms late at the steps
+    where late_at is true, rank 0 at the others (the ranks take turns, as on a busy host)."""
+    n = len(late_at)
+    figs = [steps_fig(0, [2.0 + late_ms if late else 2.0 for late in late_at], step=step),
+            steps_fig(1, [2.0 if late else 2.0 + late_ms for late in late_at], step=step)]
+    for f in figs:
+        f.first_step, f.last_step = first, first + n - 1
+    return figs
+
+
+def test_a_rank_late_at_most_steps_but_not_all_is_named_only_once_it_persists():
+    from placement.monitor.naming import Naming
+
+    # Rank 1 late 1 ms (5% of the step) at 7 steps of 10, rank 0 at the other 3: what a balanced
+    # soak on a busy host shows for a few windows in a row, the ranks' DataLoader workers taking
+    # turns on its cores. Material every window, not steady: named at persist_windows, not before.
+    th = Thresholds()
+    pattern = [True, True, False, True, True, False, True, True, False, True]
+    rep = classify(turns_window(1, pattern), th=th)
+    (s,) = rep.stragglers
+    assert s.ranks == [1] and s.material
+    assert (s.steps_late, s.steps_judged, s.steps_before_late) == (7, 10, 0)
+    naming = Naming(th)
+    named = [naming.decide(classify(turns_window(1 + 10 * i, pattern), th=th), 1 + 10 * i).names()
+             for i in range(th.persist_windows + 1)]
+    assert named == [[]] * (th.persist_windows - 1) + [[1], [1]]
+    # the same rank late at every step: named at its second window
+    naming = Naming(th)
+    named = [naming.decide(classify(turns_window(1 + 10 * i, [True] * 10), th=th), 1 + 10 * i).names()
+             for i in range(3)]
+    assert named == [[], [1], [1]]
+
+
+def test_a_slowdown_that_starts_inside_a_window_is_named_at_the_next():
+    from placement.monitor.naming import Naming
+
+    # Rank 1 slows at the 4th step of its first window (7 of 10 late), then at every step: steady
+    # from its first late step, so named in its second window as one slow from a window's start is.
+    th = Thresholds()
+    naming = Naming(th)
+    first = classify(turns_window(1, [False] * 3 + [True] * 7), th=th)
+    assert (first.stragglers[0].steps_late, first.stragglers[0].steps_before_late) == (7, 3)
+    assert naming.decide(first, 1).names() == []
+    assert naming.decide(classify(turns_window(11, [True] * 10), th=th), 11).names() == [1]
+    # ... whereas 3 steps on time in its second window are 3 of its steps not late
+    naming = Naming(th)
+    naming.decide(classify(turns_window(1, [True] * 10), th=th), 1)
+    assert naming.decide(classify(turns_window(11, [False] * 3 + [True] * 7), th=th), 11).names() == []
+
+
+def test_a_starved_rank_is_as_steady_as_the_steps_its_collectives_were_slow():
+    # Every rank enters together; the collectives take 14 ms against 4 at 8 steps of 10 and the
+    # usual 4 at 2: rank 1's threads wait for a CPU. The steps that count are the slow ones.
+    comm = [14.0] * 4 + [4.0] * 2 + [14.0] * 4
+    figs = [steps_fig(0, comm, runq=0.2), steps_fig(1, [c + 0.1 for c in comm], runq=9.0)]
+    for f in figs:
+        f.nccl_runq_ms = None
+    (s,) = classify(figs, baseline_transfer_ms=4.0).stragglers
+    assert s.kind == "cpu-slow" and s.lateness_ms is None
+    assert (s.steps_late, s.steps_judged, s.steps_before_late) == (8, 10, 0)

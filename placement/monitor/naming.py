@@ -6,9 +6,13 @@ costs. On a busy machine some rank is always a little late: on a balanced 2-rank
 main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as comm-slow. So:
 - a candidate is material when its share of the window's cost is at least Thresholds.min_cost_pct
   of the job's step (cost.material_ranks; the job-wide slowdown likewise, on its own cost);
-- a rank is named once it has been a material candidate in confirm_windows consecutive windows,
-  and in every window after that for as long as that lasts: a rank that is named keeps being
-  named only while it costs, and one window's noise names nobody;
+- a rank is named once it has been a material candidate in confirm_windows consecutive windows
+  and late at steady_pct of their steps (from its first late step: a slowdown may start inside a
+  window), or, late at fewer, in persist_windows consecutive windows; then in every window after
+  that for as long as it stays material: a rank that is named keeps being named only while it
+  costs, and one window's noise names nobody. Steadiness is what tells a slow rank from ranks
+  taking turns: on that soak a candidate was late at 55-85% of its window's steps, in streaks of
+  up to 5 windows, while a rank 5% slower (benchmarks/precision.py) is late at 95-100%;
 - a slowdown every rank shares is reported once per episode (its first confirmed window), as
   the job's with its cause, not as every rank named.
 The cost of what is named is recomputed for the ranks named (a candidate held back is not in it).
@@ -18,6 +22,7 @@ it has been a material candidate (`since_step`).
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 from placement.monitor.cost import costs_ms
 from placement.monitor.straggler import StragglerReport, Thresholds
@@ -30,6 +35,9 @@ class Naming:
         self._th = th
         self._streak: dict[int, int] = {}  # rank -> consecutive material windows as a candidate
         self._since: dict[int, int] = {}  # rank -> first step of its current streak
+        # rank -> (steps late, steps judged) of its last confirm_windows windows, None unknown
+        self._steadiness: dict[int, list[Optional[tuple[int, int]]]] = {}
+        self._named: set[int] = set()  # ranks named in the last window: named while they cost
         self._job_streak = 0  # consecutive material job-wide windows
         self.held_back = 0  # candidate windows not named (noise, or not yet confirmed): counted, not lost
 
@@ -37,15 +45,22 @@ class Naming:
         """The report as named for the window starting at `first_step`: candidates confirmed
         and material, the job-wide slowdown on its first confirmed window, costs of those named."""
         th = self._th
-        candidates = {r for s in report.stragglers if s.material for r in (s.ranks if isinstance(s.ranks, list) else [])}
+        candidates = {r: s for s in report.stragglers if s.material
+                      for r in (s.ranks if isinstance(s.ranks, list) else [])}
         for r in list(self._streak):
             if r not in candidates:
-                del self._streak[r]
-                del self._since[r]
-        for r in candidates:
+                del self._streak[r], self._since[r], self._steadiness[r]
+        for r, s in candidates.items():
             self._streak[r] = self._streak.get(r, 0) + 1
             self._since.setdefault(r, first_step)
-        named = {r for r in candidates if self._streak.get(r, 0) >= th.confirm_windows}
+            counts = None
+            if s.steps_late is not None and s.steps_judged:
+                # the streak's first window counts from its first late step: a slowdown may start inside it
+                before = (s.steps_before_late or 0) if self._streak[r] == 1 else 0
+                counts = (s.steps_late, s.steps_judged - before)
+            self._steadiness[r] = (self._steadiness.get(r, []) + [counts])[-th.confirm_windows:]
+        named = {r for r in candidates if r in self._named or self._confirmed(r)}
+        self._named = named
         kept = [dataclasses.replace(s, since_step=min(self._since[r] for r in s.ranks)) for s in report.stragglers
                 if isinstance(s.ranks, list) and s.ranks and set(s.ranks) <= named]
         self.held_back += len(report.stragglers) - len(kept)
@@ -65,4 +80,17 @@ class Naming:
         if self._job_streak == th.confirm_windows:
             out.job_wide = job
         return out
+
+    def _confirmed(self, rank: int) -> bool:
+        """Material in confirm_windows windows in a row and late at steady_share of their steps,
+        or material in persist_windows windows in a row."""
+        th, streak = self._th, self._streak[rank]
+        if streak < th.confirm_windows:
+            return False
+        if streak >= th.persist_windows:
+            return True
+        counts = self._steadiness[rank]
+        if any(c is None for c in counts):
+            return False  # how steady is not known: named on persistence alone
+        return 100.0 * sum(late for late, _ in counts) >= th.steady_pct * sum(judged for _, judged in counts)
 

@@ -51,7 +51,6 @@ class StragglerKind(Vocabulary):
 KINDS = StragglerKind.values()
 
 
-
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
 FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
           "main_runq_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
@@ -125,8 +124,15 @@ class Thresholds:
     # share of its step time is material (monitor.straggler_min_cost_pct) ...
     min_cost_pct: float = 3.0
     # ... and a rank is named once material in this many consecutive windows, for as long as it
-    # stays so (monitor.straggler_confirm_windows).
+    # stays so (monitor.straggler_confirm_windows), when it was late at this share (%) of their
+    # steps or more, from its first late step (Straggler.steps_late: a slow rank is late at
+    # every step; on a busy host the ranks take turns, one late at 55-85% of a window's steps;
+    # monitor.straggler_steady_pct) ...
     confirm_windows: int = 2
+    steady_pct: float = 90.0
+    # ... or, late at fewer of its steps, once material in this many consecutive windows (a
+    # rank starved on a shared core is late at most steps, not all; monitor.straggler_persist_windows).
+    persist_windows: int = 10
 
 
 @dataclass
@@ -141,6 +147,13 @@ class Straggler:
     cost_pct: Optional[float] = None
     cost_by_cause: dict[Cause, float] = field(default_factory=dict)
     since_step: Optional[int] = None  # named: the first step of the windows that confirmed it (naming.py)
+    # Of the window's steps measured on every rank (steps_judged), those at which it entered at
+    # least half its lateness late (steps_late), and those before the first of them
+    # (steps_before_late: a slowdown that starts inside the window): how steady its lateness
+    # is (naming.py).
+    steps_late: Optional[int] = None
+    steps_judged: Optional[int] = None
+    steps_before_late: Optional[int] = None
     # Whether it costs enough to be named (material_ranks; naming.py confirms it over windows).
     material: bool = field(default=True, compare=False)
 
@@ -259,10 +272,6 @@ def _pct(ms: float, step_ms: float) -> Optional[float]:
     return 100.0 * ms / step_ms if step_ms > 0 else None
 
 
-def _pct(ms: float, step_ms: float) -> Optional[float]:
-    return 100.0 * ms / step_ms if step_ms > 0 else None
-
-
 def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
              th: Thresholds = Thresholds()) -> StragglerReport:
     """The ranks that hold the others back, with what each costs the job. Pure: same figures,
@@ -321,10 +330,12 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
                    f"({_fmt(r.stall_ms())} ms) explains it")
         cost = own[r.rank]
+        late_at = [v >= 0.5 * lat for v in per_step[r.rank]]
         by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
         if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
             by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
+                                           **_steadiness(late_at),
                                            material=r.rank in material))
     if late:
         report.waiting = sorted(p.rank for p in punctual)
@@ -340,6 +351,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             # share a busy core): that rank is cpu-slow, the link is not to blame. Two starved
             # ranks share the excess: fixing one alone would not give it all back.
             share = excess / len(starved)
+            steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
             for r, peer_stall in starved:
                 report.stragglers.append(Straggler(
                     StragglerKind.CPU_SLOW, [r.rank], None,
@@ -347,6 +359,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
                     f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
                     f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
                     share, _pct(share, median_step), {Cause.CPU_STALL: round(share, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0},
+                    **steadiness,
                     material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
             report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
             report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
@@ -356,6 +369,21 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
             f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow")
     return report
+
+
+def _steadiness(late_at: list[bool]) -> dict[str, int]:
+    """Straggler's steps_late, steps_judged and steps_before_late from whether it was late at
+    each step measured on every rank."""
+    return {"steps_late": sum(late_at), "steps_judged": len(late_at),
+            "steps_before_late": next((i for i, late in enumerate(late_at) if late), len(late_at))}
+
+
+def _slow_collective_steps(ranks: list[RankFigures], baseline_ms: float, excess_ms: float) -> list[bool]:
+    """Per step measured on every rank, whether its collectives took at least half the window's
+    excess over the baseline: a step's collective time is the least comm time of any rank (the
+    one that waited for nobody), as the window's transfer_ms is of the means."""
+    return [min(comm) - baseline_ms >= 0.5 * excess_ms
+            for comm in zip(*(r.comm_steps for r in ranks)) if all(c is not None for c in comm)]
 
 
 def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> list[tuple[RankFigures, Optional[float]]]:
