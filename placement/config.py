@@ -101,7 +101,7 @@ class MonitorConfig:
                                              "named (then named for as long as it does)")
     straggler_steady_pct: float = _key(90.0, "... if it was late at this share of their steps; late at fewer (ranks "
                                              "taking turns on a busy host), it is named after straggler_persist_windows")
-    straggler_persist_windows: int = _key(10, "windows in a row a straggler late at fewer steps than that must cost "
+    straggler_persist_windows: int = _key(20, "windows in a row a straggler late at fewer steps than that must cost "
                                               "before it is named (docs/monitor.md)")
     summary_every: int = _key(50, "steps between one-line logging summaries; 0 = off")
     digest_every: int = _key(1000, "steps per `digest` record in the log: their sums and step-time histogram, what "

@@ -66,7 +66,15 @@ def test_an_injected_slow_rank_costs_the_job_what_was_injected(tmp_path, capsys)
     # The report: the job's time lost to what was named, about the injected share of rank 0's
     # time (the windows named: at least 2 of the 4).
     assert cli(["report", str(tmp_path)]) == 0
-    line = next(l for l in capsys.readouterr().out.splitlines() if "named causes cost the job" in l)
+    out = capsys.readouterr().out.splitlines()
+    line = next(l for l in out if "named causes cost the job" in l)
+    # Each named window says how steady the lateness was. The first was named on steadiness (4
+    # windows: never persist_windows): late at 90% of the steps of it and the window before,
+    # so at 80% of its own at least.
+    first = named[0]
+    assert first["steps_late"] >= 0.8 * first["steps_judged"] and first["steps_judged"] >= 3, first
+    for s in named:
+        assert any(f"at {s['steps_late']} of {s['steps_judged']} steps" in l for l in out if "rank(s) [1]" in l), out
     lost_pct = float(line.split("named causes cost the job ")[1].split("%")[0])
     job_ms = sum(r["step_ms"] for r in steps)
     named_ms = sum(s["cost_ms_per_step"] * (e["steps"][1] - e["steps"][0] + 1)

@@ -132,7 +132,7 @@ class Thresholds:
     steady_pct: float = 90.0
     # ... or, late at fewer of its steps, once material in this many consecutive windows (a
     # rank starved on a shared core is late at most steps, not all; monitor.straggler_persist_windows).
-    persist_windows: int = 10
+    persist_windows: int = 20
 
 
 @dataclass

@@ -76,6 +76,8 @@ def _straggler(e: dict) -> str:
     parts = []
     for s in e.get("stragglers", []):
         late = "" if s.get("lateness_ms") is None else f", late {s['lateness_ms']:.1f} ms/step"
+        if s.get("steps_judged"):  # how steady: naming.py names a rank late at most of its steps sooner
+            late += f"{' at' if late else ', late at'} {s.get('steps_late')} of {s['steps_judged']} steps"
         cost = cost_words(s.get("cost_ms_per_step"), s.get("cost_pct"), s.get("cost_by_cause"))
         since = f" (since step {s['since_step']})" if s.get("since_step") is not None else ""
         parts.append(f"rank(s) {s.get('ranks')} {s.get('kind')}{late}{since}: " + (f"{cost}; " if cost else "")
