@@ -11,8 +11,9 @@ main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as c
   window), or, late at fewer, in persist_windows consecutive windows; then in every window after
   that for as long as it stays material: a rank that is named keeps being named only while it
   costs, and one window's noise names nobody. Steadiness is what tells a slow rank from ranks
-  taking turns: on that soak a candidate was late at 55-85% of its window's steps, in streaks of
-  up to 5 windows, while a rank 5% slower (benchmarks/precision.py) is late at 95-100%;
+  taking turns: on that soak a candidate was late at 55-85% of its window's steps, in runs of up
+  to 10 windows (persist_windows is twice that), while a rank 5% slower (benchmarks/precision.py)
+  is late at 95-100% (docs/monitor.md, measured);
 - a slowdown every rank shares is reported once per episode (its first confirmed window), as
   the job's with its cause, not as every rank named.
 The cost of what is named is recomputed for the ranks named (a candidate held back is not in it).
@@ -82,7 +83,7 @@ class Naming:
         return out
 
     def _confirmed(self, rank: int) -> bool:
-        """Material in confirm_windows windows in a row and late at steady_share of their steps,
+        """Material in confirm_windows windows in a row and late at steady_pct of their steps,
         or material in persist_windows windows in a row."""
         th, streak = self._th, self._streak[rank]
         if streak < th.confirm_windows:
