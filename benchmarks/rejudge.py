@@ -26,21 +26,13 @@ from gloo_ranks import monitor_config  # noqa: E402  (benchmarks/, the script's 
 QUICK_WINDOWS = 1000
 
 
-def thresholds(cfg):
-    """The Thresholds the monitor builds from this config (attach_api does the same)."""
-    from placement.monitor.straggler import Thresholds
-
-    m = cfg.monitor
-    return Thresholds(min_cost_pct=m.straggler_min_cost_pct, confirm_windows=m.straggler_confirm_windows,
-                      steady_pct=m.straggler_steady_pct, persist_windows=m.straggler_persist_windows)
-
-
 def rejudge(records: dict, every: int, th, max_windows: int = 0) -> dict:
     """Windows judged, those naming a rank, job-wide ones, per rank the windows naming it, and the
     windows with a material candidate and the longest run of them for one rank (what
     monitor.straggler_persist_windows must stay above on a balanced job)."""
     from placement.monitor.naming import Naming
-    from placement.monitor.straggler import classify, comm_baseline, exchange_steps, figures_from_records
+    from placement.monitor.straggler import (classify, comm_baseline, exchange_steps, figures_from_records,
+                                             next_transfer_history)
 
     ranks = sorted(records)
     by_step = {r: {rec.step: rec for rec in records[r]} for r in ranks}
@@ -59,8 +51,7 @@ def rejudge(records: dict, every: int, th, max_windows: int = 0) -> dict:
                                         first, final) for r in ranks]
         report = classify(figures, comm_baseline(history, th), th)
         named = naming.decide(report, first)
-        if not report.stragglers and report.transfer_ms is not None:  # as Exchange.judge keeps it
-            history = (history + [report.transfer_ms])[-50:]
+        history = next_transfer_history(history, report)
         out["windows"] += 1
         material = {r for c in report.stragglers if c.material for r in c.ranks}
         out["candidate_windows"] += bool(material)
@@ -98,7 +89,10 @@ def main(argv=None) -> int:
         print(f"rejudge: {' '.join(paths)} holds the step records of {len(log.records or {})} rank(s); "
               "valid: the logs of a job of 2 ranks or more", file=sys.stderr)
         return 2
-    out = rejudge(log.records, cfg.monitor.exchange_every, thresholds(cfg), QUICK_WINDOWS if args.quick else 0)
+    from placement.monitor.straggler import Thresholds
+
+    out = rejudge(log.records, cfg.monitor.exchange_every, Thresholds.from_monitor(cfg.monitor),
+                  QUICK_WINDOWS if args.quick else 0)
     lo, hi = out["first_step"] or 0, out["last_step"] or 0
     logged = [e for e in log.events if e.get("type") == "straggler" and lo <= e["steps"][0] and e["steps"][1] <= hi]
     out["logged_named_windows"] = sum(1 for e in logged if e.get("stragglers"))

@@ -452,10 +452,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
                              "straggler naming is off")
         if store is not None:
             monitor.exchange = Exchange(rank, world_size, store, warn, slots=cfg.monitor.exchange_every,
-                                        thresholds=Thresholds(min_cost_pct=cfg.monitor.straggler_min_cost_pct,
-                                                              confirm_windows=cfg.monitor.straggler_confirm_windows,
-                                                              steady_pct=cfg.monitor.straggler_steady_pct,
-                                                              persist_windows=cfg.monitor.straggler_persist_windows),
+                                        thresholds=Thresholds.from_monitor(cfg.monitor),
                                         node_rank=identity.node_rank)
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell

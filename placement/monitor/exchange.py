@@ -67,7 +67,8 @@ from typing import Any, Callable, Optional
 from placement.cpuset import format_cpulist
 from placement.monitor.naming import Naming
 from placement.monitor.cost import MIN_COMMON_STEPS, cost_words
-from placement.monitor.straggler import FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline
+from placement.monitor.straggler import (FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline,
+                                         next_transfer_history)
 from placement.monitor.stall import NAMED_PEERS, POSTS_MAX, post_line, read_posts
 from placement.monitor.warn import WarnOnce, first_line
 
@@ -337,8 +338,8 @@ class Exchange:
             self._warn(f"exchange-missing:{format_cpulist(missing)}",  # once per set of ranks missing
                        f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
                        f"({format_cpulist(missing)}); judged without them")
-        if candidates and not candidates[0].stragglers and report.transfer_ms is not None:
-            self.transfer_history = (self.transfer_history + [report.transfer_ms])[-50:]
+        if candidates:
+            self.transfer_history = next_transfer_history(self.transfer_history, candidates[0])
         return Verdict(report, figures, nodes, int(len(got.rows)), missing,
                        {r: w[1] for r, w in self.where(list(nodes)).items()})
 

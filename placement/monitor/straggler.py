@@ -134,6 +134,12 @@ class Thresholds:
     # rank starved on a shared core is late at most steps, not all; monitor.straggler_persist_windows).
     persist_windows: int = 20
 
+    @classmethod
+    def from_monitor(cls, m) -> "Thresholds":
+        """The thresholds a MonitorConfig's straggler keys set (the rest: these defaults)."""
+        return cls(min_cost_pct=m.straggler_min_cost_pct, confirm_windows=m.straggler_confirm_windows,
+                   steady_pct=m.straggler_steady_pct, persist_windows=m.straggler_persist_windows)
+
 
 @dataclass
 class Straggler:
@@ -249,6 +255,18 @@ def exchange_steps(step: int, every: int) -> tuple[int, int]:
     (their comm figures settled: StepMonitor._send_due_exchanges)."""
     last = step - MAX_EVERY + 1
     return max(1, last - every + 1), last
+
+
+BASELINE_HISTORY = 50  # straggler-free windows the comm baseline is the median of
+
+
+def next_transfer_history(history: list[float], candidates: StragglerReport) -> list[float]:
+    """The comm baseline's history after a judged window: its collective time added when the
+    window had no straggler candidate (classify's report, before naming), the last
+    BASELINE_HISTORY kept."""
+    if candidates.stragglers or candidates.transfer_ms is None:
+        return history
+    return (history + [candidates.transfer_ms])[-BASELINE_HISTORY:]
 
 
 def comm_baseline(history: list[float], th: Thresholds = Thresholds()) -> Optional[float]:
