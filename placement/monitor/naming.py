@@ -11,7 +11,7 @@ main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as c
   window), or, late at fewer, in persist_windows consecutive windows; then in every window after
   that for as long as it stays material: a rank that is named keeps being named only while it
   costs, and one window's noise names nobody. Steadiness is what tells a slow rank from ranks
-  taking turns: on that soak a candidate was late at 55-85% of its window's steps, in runs of up
+  taking turns: on that soak a candidate was late at 50-85% of its window's steps, in runs of up
   to 10 windows (persist_windows is twice that), while a rank 5% slower (benchmarks/precision.py)
   is late at 95-100% (docs/monitor.md, measured);
 - a slowdown every rank shares is reported once per episode (its first confirmed window), as

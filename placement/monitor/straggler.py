@@ -126,7 +126,7 @@ class Thresholds:
     # ... and a rank is named once material in this many consecutive windows, for as long as it
     # stays so (monitor.straggler_confirm_windows), when it was late at this share (%) of their
     # steps or more, from its first late step (Straggler.steps_late: a slow rank is late at
-    # every step; on a busy host the ranks take turns, one late at 55-85% of a window's steps;
+    # every step; on a busy host the ranks take turns, one late at 50-85% of a window's steps;
     # monitor.straggler_steady_pct) ...
     confirm_windows: int = 2
     steady_pct: float = 90.0
@@ -153,8 +153,10 @@ class Straggler:
     cost_pct: Optional[float] = None
     cost_by_cause: dict[Cause, float] = field(default_factory=dict)
     since_step: Optional[int] = None  # named: the first step of the windows that confirmed it (naming.py)
-    # Of the window's steps measured on every rank (steps_judged), those at which it entered at
-    # least half its lateness late (steps_late), and those before the first of them
+    # Of the window's steps measured on every rank (steps_judged), those at which it entered late
+    # by more than a candidate's limit (steps_late; Thresholds.late_ms / late_frac, the bar its
+    # median lateness passed: a rank starved of CPU is late at every step by varying amounts,
+    # ranks taking turns are on time at some), and those before the first of them
     # (steps_before_late: a slowdown that starts inside the window): how steady its lateness
     # is (naming.py).
     steps_late: Optional[int] = None
@@ -348,7 +350,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
                    f"({_fmt(r.stall_ms())} ms) explains it")
         cost = own[r.rank]
-        late_at = [v >= 0.5 * lat for v in per_step[r.rank]]
+        late_at = [v > limit for v in per_step[r.rank]]  # the bar its median passed, step by step
         by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
         if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
             by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
