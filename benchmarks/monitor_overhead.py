@@ -8,9 +8,16 @@ A small MLP trained on CPU (one intra-op thread), batch sized so a step takes ab
   monitor pays on this machine;
 - on: placement.attach with its default settings (binding and tuning off, so all arms
   see the same cores), attached once and marking its steps with handle.step() in the on
-  blocks only, so it runs as in a long job (its probe budget settles in the first batch).
+  blocks only, so it runs as in a long job (its probe budget settles in the first batch);
+- auto: the same monitor, its steps marked by placerun's automatic hooks instead (placement/auto:
+  torch's global optimizer post-step hook, the DataLoader iterator's __next__), put in for the
+  auto blocks only. Every arm fetches its batches through a DataLoader (batch_size=None, no
+  workers), so the hooks' work on a fetch is measured where it happens.
 
 Printed, per arm: step time quantiles and
+- auto us: the automatic hooks' cost on the training thread, inside optimizer.step() and the
+  fetch, minus off's time in the same two calls; auto_vs_attach, that over on's
+  overhead_us_per_step (same loop, same run).
 - in hook us: the wall time of the arm's step-hook call, timed by the loop around the call
   on every step, minus the same timing around no call in the off arm. With the time
   handle.watch() adds to fetching a batch (on's next() minus off's), what the training
@@ -44,10 +51,11 @@ import time
 import torch
 
 import placement
+from placement.auto import AutoMonitor
 from placement.monitor.probes import thread_cpu_clock
 
 TARGET_MS = 10.0
-ARMS = ("off", "off2", "floor", "on")
+ARMS = ("off", "off2", "floor", "on", "auto")
 
 
 def make_job(batch: int):
@@ -67,6 +75,7 @@ class Block:
         self.cpu: list[float] = []
         self.next_us: list[float] = []  # fetching the batch: through handle.watch() in the on arm
         self.hook_us: list[float] = []  # the arm's end_step() call (none in off), timed by the caller
+        self.opt_us: list[float] = []  # optimizer.step(): the automatic hooks' fire runs inside it
 
 
 def run_block(model, opt, data, steps: int, source, end_step=None) -> Block:
@@ -84,8 +93,10 @@ def run_block(model, opt, data, steps: int, source, end_step=None) -> Block:
         loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        t_opt = time.perf_counter_ns()
         opt.step()
-        t1 = time.perf_counter_ns()  # timed in every arm: the off arms' figure is the timing's own cost
+        t1 = time.perf_counter_ns()
+        b.opt_us.append((t1 - t_opt) / 1e3)  # timed in every arm: the off arms' figure is the timing's own cost
         if end_step is not None:
             end_step()
         b.hook_us.append((time.perf_counter_ns() - t1) / 1e3)
@@ -183,20 +194,30 @@ def main(argv=None) -> int:
     log_dir = tempfile.mkdtemp(prefix="placement-overhead-")
     h = placement.attach(model, policy="none", tune={"enabled": False},
                          monitor={"log_dir": log_dir, "summary_every": 0})
-    watched = h.watch(data)
+    loader = torch.utils.data.DataLoader(data, batch_size=None)  # every arm fetches through a DataLoader
+    watched = h.watch(loader)
     floor = FloorHook()
+    auto = AutoMonitor(session=None)  # placerun's automatic hooks, driving h's monitor in the auto blocks
+    auto.adopt(h, id(opt))
     blocks: dict[str, list[Block]] = {a: [] for a in ARMS}
-    inside_ns = 0  # the monitor's own count of its time inside on_step, for comparison
+    inside_ns = {"on": 0, "auto": 0}  # the monitor's own count of its time inside on_step, for comparison
     for i in range(rounds):
-        for arm in ARMS[i % 4:] + ARMS[:i % 4]:  # rotate which arm goes first
+        k = i % len(ARMS)
+        for arm in ARMS[k:] + ARMS[:k]:  # rotate which arm goes first
             if arm in ("off", "off2"):
-                blocks[arm].append(run_block(model, opt, data, steps, data))
+                blocks[arm].append(run_block(model, opt, data, steps, loader))
             elif arm == "floor":
-                blocks[arm].append(run_block(model, opt, data, steps, data, floor))
-            else:
+                blocks[arm].append(run_block(model, opt, data, steps, loader, floor))
+            elif arm == "on":
                 ns0 = h.monitor.self_ns
                 blocks[arm].append(run_block(model, opt, data, steps, watched, h.step))
-                inside_ns += h.monitor.self_ns - ns0
+                inside_ns[arm] += h.monitor.self_ns - ns0
+            else:
+                ns0 = h.monitor.self_ns
+                auto.hook()
+                blocks[arm].append(run_block(model, opt, data, steps, loader))
+                auto.unhook()
+                inside_ns[arm] += h.monitor.self_ns - ns0
     probe_every = h.monitor.budget.every
     monitor_cpu_ms = thread_cpu_ms(h.monitor._thread)
     h.close()
@@ -205,15 +226,24 @@ def main(argv=None) -> int:
     # (cold): the same reads around nothing, in the off arm, are subtracted.
     empty_us = statistics.mean(u for b in blocks["off"] for u in b.hook_us)
     hook = {a: statistics.mean(u for b in blocks[a] for u in b.hook_us) - empty_us for a in ("floor", "on")}
-    inside_us = inside_ns / 1e3 / (rounds * steps)
+    inside_us = inside_ns["on"] / 1e3 / (rounds * steps)
+    auto_inside_us = inside_ns["auto"] / 1e3 / (rounds * steps)
     flat = {a: [ms for b in blocks[a] for ms in b.wall] for a in ARMS}
     step_ms = statistics.median(flat["off"])
-    on_steps = rounds * steps
+    on_steps = 2 * rounds * steps  # the on and auto blocks' steps, both monitored
     monitor_us = 1e3 * monitor_cpu_ms / on_steps  # the monitor thread's CPU per step it monitored
     # handle.watch() runs on the training thread too: its cost is on's next() minus off's.
     watch_us = statistics.mean(u for b in blocks["on"] for u in b.next_us) - \
         statistics.mean(u for b in blocks["off"] for u in b.next_us)
     training_us = hook["on"] + max(0.0, watch_us)
+
+    def mean_us(arm: str, field: str) -> float:
+        return statistics.mean(u for b in blocks[arm] for u in getattr(b, field))
+
+    # The automatic hooks run inside optimizer.step() (the fire) and the fetch: auto's time in both
+    # minus off's.
+    auto_us = mean_us("auto", "opt_us") - mean_us("off", "opt_us") + mean_us("auto", "next_us") - \
+        mean_us("off", "next_us") + mean_us("auto", "hook_us") - empty_us
     added_wall = {a: statistics.median(round_diffs_us(blocks, a, "wall")) for a in ARMS[1:]}
     added_cpu = {a: statistics.median(round_diffs_us(blocks, a, "cpu")) for a in ARMS[1:]}
     # Resolution: the standard error of the same estimate between two arms that differ in
@@ -232,6 +262,9 @@ def main(argv=None) -> int:
           f"inside on_step, as the monitor counts itself) + {watch_us:.1f} us more in handle.watch() = "
           f"{training_us:.1f} us ({100 * training_us / 1e3 / step_ms:.3f}% of the step); kernel counters read "
           f"every {probe_every} step(s) (monitor.budget_pct={h.config.monitor.budget_pct})")
+    print(f"with placerun's automatic hooks instead (same monitor): {auto_us:.1f} us per step in optimizer.step() "
+          f"and the fetch (of which {auto_inside_us:.1f} us inside on_step) = "
+          f"{auto_us / training_us if training_us > 0 else float('nan'):.2f}x attach()'s")
     print(f"on the monitor thread (placement_mon): {monitor_us:.1f} us CPU per step (records built, encoded, "
           f"written and delivered there, on a core of the rank's `other` set)")
     print(f"added: median over rounds of the arm's block median minus off's; resolution (95%, from off2 - off): "
@@ -244,6 +277,8 @@ def main(argv=None) -> int:
                       "overhead_pct": round(100 * training_us / 1e3 / step_ms, 3), "probe_every": probe_every,
                       "hook_us": round(hook["on"], 1), "watch_us": round(watch_us, 1),
                       "inside_on_step_us": round(inside_us, 1),
+                      "auto_us": round(auto_us, 1), "auto_inside_on_step_us": round(auto_inside_us, 1),
+                      "auto_vs_attach": round(auto_us / training_us, 2) if training_us > 0 else None,
                       "monitor_thread_us_per_step": round(monitor_us, 1),
                       "added_wall_us": round(added_wall["on"], 1), "added_cpu_us": round(added_cpu["on"], 1),
                       "resolution_wall_us": round(resolution["wall"], 1),

@@ -1,10 +1,13 @@
-"""A small real DDP training job on gloo: an MLP on synthetic regression data fed by DataLoader
-worker processes that respawn every epoch. The README's main job:
+"""The README's main job: a small DDP training script as PyTorch's DDP tutorial writes it, with no
+placement import. placerun binds its ranks and records its steps on its own:
 
     placerun --standalone --nproc-per-node 2 placement.monitor.log_dir=DIR examples/train_ddp.py --steps 60 --workers 2
+    placement report DIR
 
-It also runs under plain torchrun (then `placement.attach` plans and binds the rank itself).
-At the last step each rank prints where each of its threads actually ran, read from /proc.
+An MLP on synthetic regression data fed by DataLoader worker processes that respawn every epoch,
+DDP on gloo. At the last step each rank prints the CPUs each of its threads may run on, read from
+/proc (under placerun: the plan's; under torchrun: anything). examples/train_ddp_attach.py is the
+same job with placement.attach() in the script.
 """
 import argparse
 import os
@@ -15,9 +18,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
-
-import placement
-from placement.bind.where import format_thread_placements, where_threads_run
 
 FEATURES = 64
 
@@ -47,24 +47,26 @@ def parse_args():
     return p.parse_args()
 
 
-def report_where_threads_ran(handle, rank: int, world_size: int) -> None:
-    """Rank by rank, the threads of this rank and of its DataLoader workers, read back from /proc."""
-    lines = [f"[rank {rank}] where each thread ran (planned set vs Cpus_allowed_list read back):"]
-    if handle.binder is None:
-        lines.append(f"[rank {rank}]   not bound (placement.policy=none)")
-    else:
-        lines.append(format_thread_placements(where_threads_run(handle.binder), prefix=f"[rank {rank}]   "))
-        memory = handle.session.memory
-        if memory is not None:
-            lines.append(f"[rank {rank}]   memory policy: planned {memory.planned.mode} {memory.planned.nodes}, "
-                         f"applied {memory.applied.mode} {memory.applied.nodes}"
-                         + (" (read back)" if memory.verified else " (not verifiable here)")
-                         + (f"; {memory.fallback}" if memory.fallback else ""))
-    for r in range(world_size):  # one rank at a time, so the tables do not interleave
-        if r == rank:
-            sys.stdout.write("\n".join(lines) + "\n")
-            sys.stdout.flush()
-        dist.barrier()
+def thread_cpus(pid: int) -> list[str]:
+    """'name (tid): Cpus_allowed_list' for every thread of `pid` and of its DataLoader workers."""
+    lines = []
+    pids = [pid]
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            pids += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    for p in pids:
+        for tid in sorted(os.listdir(f"/proc/{p}/task"), key=int):
+            try:
+                with open(f"/proc/{p}/task/{tid}/comm") as f:
+                    name = f.read().strip()
+                with open(f"/proc/{p}/task/{tid}/status") as f:
+                    cpus = next(line.split(":", 1)[1].strip() for line in f if line.startswith("Cpus_allowed_list"))
+            except (OSError, StopIteration):
+                continue  # the thread ended meanwhile
+            lines.append(f"{name} ({tid}{'' if p == pid else f', worker {p}'}): {cpus}")
+    return lines
 
 
 def main():
@@ -79,24 +81,25 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                         persistent_workers=False)
-    handle = placement.attach(model, optimizer)  # under placerun: the Session stage 1 made
     step, epoch, loss = 0, 0, torch.tensor(0.0)
     while step < args.steps:
         sampler.set_epoch(epoch)
-        for x, y in handle.watch(loader):
+        for x, y in loader:
             loss = nn.functional.mse_loss(model(x), y)
             optimizer.zero_grad()
             loss.backward()
-            optimizer.step()  # attach hooked the optimizer: one step record per call
+            optimizer.step()
             step += 1
-            if step == args.steps:  # the workers of this epoch are still alive: report now
-                report_where_threads_ran(handle, rank, world_size)
+            if step == args.steps:  # the workers of this epoch are still alive: look now
+                for r in range(world_size):  # one rank at a time, so the tables do not interleave
+                    if r == rank:
+                        sys.stdout.write("".join(f"[rank {rank}] {line}\n" for line in thread_cpus(os.getpid())))
+                        sys.stdout.flush()
+                    dist.barrier()
                 break
         epoch += 1
-    handle.close()
     if rank == 0:
-        print(f"done: {step} steps, {epoch} epoch(s), last loss {loss.item():.4f}, "
-              f"logs in {os.path.abspath(handle.config.monitor.log_dir)}")
+        print(f"done: {step} steps, {epoch} epoch(s), last loss {loss.item():.4f}")
     dist.destroy_process_group()
 
 

@@ -66,6 +66,11 @@ BINDING_KEYS = ("policy", "memory", "reserved_cpus", "smt", "prefer_fast_cores",
                 "dataloader_workers", "nccl_topo_file")
 
 _current_handle: Optional["Handle"] = None
+_user_attached = False  # the program (or a framework callback) called attach(): the automatic monitor gives way
+
+
+def user_attached() -> bool:
+    return _user_attached
 
 
 # ---- configuration ---------------------------------------------------------------------
@@ -230,6 +235,8 @@ class Handle:
         self._owns_events = owns_events
         self._found = found  # what attach() found, put back by close() when attach() bound this process
         self._optimizer_hook = None
+        self.automatic = False  # started by placerun's automatic monitor (placement.auto), not by attach()
+        self.on_close: Optional[Callable[[], None]] = None  # called once close() is done
         self.closed = False
 
     @property
@@ -339,6 +346,8 @@ class Handle:
             self.events.flush()
         if _current_handle is self:
             _current_handle = None
+        if self.on_close is not None:
+            self.on_close()
 
     def __enter__(self) -> "Handle":
         return self
@@ -354,10 +363,21 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     store). Errors of configuration, planning or an unwritable log directory raise a
     PlacementError with one line; nothing after that raises into training code.
     """
-    global _current_handle
-    if _current_handle is not None and not _current_handle.closed:
-        log.warning("placement: attach() called again; closing the previous handle first")
-        _current_handle.close()
+    global _current_handle, _user_attached
+    _user_attached = True
+    steps_before = 0
+    previous = _current_handle
+    if previous is not None and not previous.closed:
+        if previous.automatic:
+            # placerun's automatic monitor ran first: this monitor takes its place and numbers on.
+            steps_before = previous.steps
+        else:
+            log.warning("placement: attach() called again; closing the previous handle first")
+        previous.close()
+    # placement.auto imports this module, so it is looked up, not imported (no import circle).
+    auto = sys.modules.get("placement.auto.monitor")
+    if auto is not None and auto.current() is not None:
+        auto.current().give_way()
     if model is not None:
         import torch
 
@@ -399,18 +419,45 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
                 events.close()
                 raise
             owns_session = session is not None
-    monitor = comm = tuner = None
-    if cfg.monitor.enabled:
-        monitor, comm = _start_monitor(cfg, events, session, model, identity)
-        tuner = _start_tuner(cfg, session, events, monitor)
-    handle = Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events,
-                    found if owns_session else None)
-    if monitor is not None and optimizer is not None:
+    handle = _start_handle(cfg, session, events, identity, model, owns_session, owns_events,
+                           found if owns_session else None, steps="attach", steps_before=steps_before)
+    if handle.monitor is not None and optimizer is not None:
         handle.hook_optimizer(optimizer)
-    if monitor is not None:
-        monitor.start()
+    if handle.monitor is not None:
+        handle.monitor.start()
     _current_handle = handle
     return handle
+
+
+def attach_automatic(model=None, megatron_iteration: Optional[int] = None) -> Handle:
+    """placerun's automatic monitor (placement.auto) starts the rank's monitor as attach() would,
+    with the Session's config and nothing asked of the program; its steps are marked by the
+    automatic hooks. `megatron_iteration`: Megatron-LM's curr_iteration at the fire that starts it
+    (step s then runs iteration megatron_iteration + s), said in the monitor's start event.
+    Raises PlacementError when there is no Session (not under placerun)."""
+    global _current_handle
+    session = _current_session()
+    if session is None:
+        raise PlacementError("no placerun Session in this process")
+    session.binder.rescan()
+    handle = _start_handle(session.config, session, session.events, session.identity, model, False, False, None,
+                           steps="auto", megatron_iteration=megatron_iteration)
+    handle.automatic = True
+    if handle.monitor is not None:
+        handle.monitor.start()
+    _current_handle = handle
+    return handle
+
+
+def _start_handle(cfg: PlacementConfig, session, events, identity: RankIdentity, model, owns_session: bool,
+                  owns_events: bool, found: Optional[FoundPlacement], *, steps: str, steps_before: int = 0,
+                  megatron_iteration: Optional[int] = None) -> Handle:
+    monitor = comm = tuner = None
+    if cfg.monitor.enabled:
+        monitor, comm = _start_monitor(cfg, events, session, model, identity, steps=steps, steps_before=steps_before,
+                                       megatron_iteration=megatron_iteration)
+        tuner = _start_tuner(cfg, session, events, monitor)
+    return Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events, found)
 
 
 def _as_written(value: Any) -> str:
@@ -418,7 +465,11 @@ def _as_written(value: Any) -> str:
     return repr(value.value if isinstance(value, enum.Enum) else value)
 
 
-def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankIdentity):
+def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankIdentity, *, steps: str,
+                   steps_before: int = 0, megatron_iteration: Optional[int] = None):
+    """The rank's StepMonitor and comm source. `steps`: how steps are marked ("attach": the
+    optimizer attach() was given or handle.step(); "auto": placerun's automatic hooks), said in the
+    monitor's start event; `steps_before`: steps an automatic monitor this one replaces recorded."""
     rank, world_size = identity.rank, identity.world_size
     warn = WarnOnce(events)
     # The thread list, looked at each span (on the monitor thread) and re-read when the
@@ -442,7 +493,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
                      and monitor_comm.install_ddp_hook(model, comm.clock, original, warn))
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
-                          sampler=sampler, comm=comm, warn=warn)
+                          sampler=sampler, comm=comm, warn=warn, first_step=steps_before + 1)
     if dist is not None and world_size > 1:
         store = None
         try:
@@ -459,9 +510,10 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     # `placement report` which node each rank ran on.
     events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host, job=job_id(),
                  node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
-                 ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm,
+                 ddp_hook=ddp_timed, exchange=monitor.exchange is not None, sigterm_flush=sigterm, steps=steps,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
-                        "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every})
+                        "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every},
+                 **({} if megatron_iteration is None else {"megatron_iteration": megatron_iteration}))
     events.flush()
     return monitor, comm
 

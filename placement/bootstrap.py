@@ -68,6 +68,13 @@ def start_worker(environ: MutableMapping[str, str] = os.environ, *, stage2: bool
         except Exception as e:  # binding never stops training
             warn_rank(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
                                         "threads stay on the stage-1 mask")
+        try:
+            from placement.auto import install_auto_monitor
+
+            install_auto_monitor(s)  # placement.monitor.auto: steps without a line of the program's code
+        except Exception as e:  # the monitor never stops training
+            warn_rank(s.events, s.rank, f"the automatic monitor could not be installed ({type(e).__name__}: {e}); "
+                                        "this rank runs without step records unless it calls placement.attach()")
     return s
 
 

@@ -89,6 +89,9 @@ def _key(default: Any, doc: str) -> Any:
 @dataclass
 class MonitorConfig:
     enabled: bool = _key(True, "the step monitor: per-step records, straggler naming, stall watch")
+    auto: bool = _key(True, "under placerun, monitor every Python worker without a line of its code: steps found at "
+                            "its optimizer steps and DataLoader fetches (docs/monitor.md); false = only "
+                            "placement.attach() or a framework callback starts it (binding stays)")
     log_dir: str = _key("placement_logs", "where each rank writes `rank<R>.jsonl`")
     log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
                                        "~10x smaller; `placement report` reads both); 0 = never")

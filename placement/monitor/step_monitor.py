@@ -119,7 +119,7 @@ class HandOver:
 class StepMonitor:
     def __init__(self, cfg: PlacementConfig, events, *, rank: int, local_rank: int, world_size: int,
                  sampler: RoleSampler, comm: CommTiming, warn: WarnOnce,
-                 exchange: Optional[Exchange] = None):
+                 exchange: Optional[Exchange] = None, first_step: int = 1):
         self.cfg = cfg.monitor
         self._tune = cfg.tune
         self.events = events
@@ -137,14 +137,17 @@ class StepMonitor:
         self.state = MonitorState.CREATED
 
         # -- training thread ------------------------------------------------------------
-        self.step = 0
+        # The first step this monitor records: 1, or the step after those of the monitor it
+        # replaces (placerun's automatic one, when the program calls attach() mid-run).
+        self.step = first_step - 1
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
         self.last_batch = None  # the last batch handle.watch() handed out (the residence watch reads it)
         self._raw: list[RawStep] = []  # steps measured since the last hand-over
         self._probe_in = 1  # steps until the next probe step
-        self._span_due = self.cfg.rescan_every
+        self._span_due = self.step + self.cfg.rescan_every
         # The next step with work for the monitor thread: one comparison per step.
-        self._next_due = min(self.cfg.rescan_every, self.cfg.flush_every, self.cfg.exchange_every)
+        self._next_due = min(self._span_due, _next_multiple(self.step, self.cfg.flush_every),
+                             _next_multiple(self.step, self.cfg.exchange_every))
         self.self_ns = 0  # time spent inside the hook on the training thread
         self.steps_timed = 0
         self._busy = False
@@ -160,16 +163,17 @@ class StepMonitor:
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
-        self._pending_first_step = 1  # step number of _pending[0]
+        self._pending_first_step = first_step  # step number of _pending[0]
         self._comm_held = False  # pending steps wait for their comm figures (comm.settled_through)
         # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
         # are built, from an anchor pair re-taken then (one clock read per step, not two).
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self._t_last = self._anchor[0]
         self._wall_last = self._anchor[1]
-        self._last_span_step = 0
+        self._last_span_step = self.step
         self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
-        self._exchanged_step = 0  # the step of the last exchange this rank took part in
+        # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
+        self._exchanged_step = self.step - self.step % self.cfg.exchange_every
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
         # Where built records go, in this order (sinks.py).
         self._observers = ObserverSink(warn)
@@ -195,7 +199,7 @@ class StepMonitor:
         self.sampler.rebase()
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self._t_last, self._wall_last = self._anchor
-        self.stall.progress(0, self._anchor[0])
+        self.stall.progress(self.step, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
         if self.exchange is not None and self.rank == 0 and self._peers is None:
             self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
@@ -225,9 +229,15 @@ class StepMonitor:
 
     # ---- fed by the training loop --------------------------------------------------------
     def on_step(self, _optimizer=None, _args=None, _kwargs=None) -> None:
-        """Mark the end of one training step. Never raises. Registered as the optimizer's
-        post-step hook itself (no adapter: every frame costs on this path)."""
+        """Mark the end of one training step, now. Never raises. Registered as the optimizer's
+        post-step hook itself."""
         t0 = perf_counter_ns()
+        self.step_at(t0, t0)
+
+    def step_at(self, t0: int, h0: int) -> None:
+        """Mark the end of one training step at perf_counter_ns `t0` (the automatic monitor ends a
+        step at the start of a fetch it has just seen return); `h0`: when the hook was entered,
+        what its own cost is counted from. Never raises."""
         if self.closed:
             return
         self._busy = True
@@ -251,7 +261,7 @@ class StepMonitor:
             self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
             self._busy = False
-            self.self_ns += perf_counter_ns() - t0
+            self.self_ns += perf_counter_ns() - h0
             self.steps_timed += 1
             if self._flush_requested:
                 self._flush_requested = False

@@ -1,0 +1,270 @@
+"""The automatic monitor: step records for a program placerun runs, without a line of its code.
+
+What
+    placerun's startup hook (placement.bootstrap.start_worker) calls `install(session)` in every
+    Python worker. Hooks wait for the program to import torch (auto/imports.py), then:
+    - torch's global optimizer post-step hook (torch/optim/optimizer.py:309-326, called after
+      every Optimizer.step by `profile_hook_step`, L534-538) and GradScaler.step (torch/amp/
+      grad_scaler.py:375; it skips optimizer.step on inf/nan) are fires;
+    - `_BaseDataLoaderIter.__next__` (torch/utils/data/dataloader.py:720, the span torch's
+      profiler names `enumerate(DataLoader)#<Iter>.__next__`) is a fetch, and the time the main
+      thread is blocked in it, and in DataLoader.__iter__ (worker start), is data wait;
+    - DistributedDataParallel.__init__ remembers the model, whose bucket all-reduces get the
+      same timed comm hook attach() installs (monitor/comm.py install_ddp_hook).
+    Fires and fetches on the rank's main thread become steps (auto/steps.py). At the first fire
+    the rank's monitor starts, as attach() starts it (placement.attach_api.attach_automatic:
+    the same records, exchange, stall watch, residence watch, tuner): by then the program has
+    built its process group and model, and a program that never steps an optimizer (evaluation,
+    inference) never starts a monitor and is told so in one line at exit.
+
+One monitor a process
+    A program (or a framework callback) that calls placement.attach() takes over: before the
+    first fire, the hooks stand down; after it, the automatic monitor closes and attach()'s
+    monitor numbers its steps on from where it stopped.
+
+Cost
+    Per step: the hook calls (a frame each) and StepFinder's integer work; per fetch, two clock
+    reads. Hooks on another thread or in a forked child (a DataLoader worker) return at once.
+"""
+from __future__ import annotations
+
+import atexit
+import enum
+import functools
+import os
+import sys
+import threading
+import weakref
+from time import perf_counter_ns
+from typing import Optional
+
+from placement.auto import imports
+from placement.events import EventKind
+from placement.auto.steps import StepFinder
+
+
+class AutoState(enum.Enum):
+    WAITING = "waiting"  # hooks in, no optimizer step yet
+    RUNNING = "running"  # the monitor runs; steps come from the hooks
+    GAVE_WAY = "gave_way"  # the program called attach(): its monitor is the process's one
+    CLOSED = "closed"  # closed at exit (or the monitor could not start)
+
+
+NO_STEP_LINE = ("no optimizer step ran, so this run has no step records (placerun finds a step where a "
+                "torch.optim optimizer steps: docs/monitor.md); a loop without one can mark its steps with "
+                "placement.attach() and handle.step()")
+
+
+class AutoMonitor:
+    def __init__(self, session):
+        self.session = session
+        self.state = AutoState.WAITING
+        self.handle = None
+        self.monitor = None
+        self.finder = StepFinder(self._end_step)
+        self.fetches = 0  # batches the main thread fetched before the monitor started
+        self._main = threading.main_thread().ident
+        self._pid = os.getpid()
+        self._ddp: Optional[weakref.ref] = None
+        self._undo: list = []  # callables that take the hooks out again
+
+    # ---- installing ------------------------------------------------------------------------
+    def install(self) -> None:
+        """The hooks (as torch's modules are imported) and the exit path."""
+        self.hook()
+        atexit.register(self._at_exit)
+
+    def hook(self) -> None:
+        """Put the hooks in, each when its torch module is imported (at once if it is)."""
+        imports.when_imported("torch.optim.optimizer", self._hook_optimizers)
+        imports.when_imported("torch.amp.grad_scaler", self._hook_grad_scaler)
+        imports.when_imported("torch.utils.data.dataloader", self._hook_dataloader)
+        imports.when_imported("torch.nn.parallel.distributed", self._hook_ddp)
+
+    def _hook_optimizers(self, module) -> None:
+        fire = self._fire
+
+        def placement_auto_step(optimizer, _args, _kwargs):
+            fire(id(optimizer), False)
+
+        self._undo.append(module.register_optimizer_step_post_hook(placement_auto_step).remove)
+
+    def _hook_grad_scaler(self, module) -> None:
+        cls = module.GradScaler
+        original = cls.step
+        fire = self._fire
+
+        @functools.wraps(original)
+        def step(scaler, optimizer, *args, **kwargs):
+            out = original(scaler, optimizer, *args, **kwargs)
+            fire(id(scaler), True)
+            return out
+
+        self._patch(cls, "step", original, step)
+
+    def _hook_dataloader(self, module) -> None:
+        it_cls, loader_cls = module._BaseDataLoaderIter, module.DataLoader
+        next_original, iter_original = it_cls.__next__, loader_cls.__iter__
+        auto = self
+
+        @functools.wraps(next_original)
+        def __next__(it):
+            if auto.state is AutoState.GAVE_WAY or threading.get_ident() != auto._main or os.getpid() != auto._pid:
+                return next_original(it)
+            first = it._num_yielded == 0  # dataloader.py:723 counts the batches handed out
+            t0 = perf_counter_ns()
+            try:
+                batch = next_original(it)
+            except StopIteration:
+                auto._waited(t0)
+                raise
+            auto._fetched(t0, first, batch)
+            return batch
+
+        @functools.wraps(iter_original)
+        def __iter__(loader):
+            t0 = perf_counter_ns()  # a DataLoader starts its workers here: data wait too
+            it = iter_original(loader)
+            if auto.state is AutoState.RUNNING and threading.get_ident() == auto._main and os.getpid() == auto._pid:
+                auto._waited(t0)
+            return it
+
+        self._patch(it_cls, "__next__", next_original, __next__)
+        self._patch(loader_cls, "__iter__", iter_original, __iter__)
+
+    def _hook_ddp(self, module) -> None:
+        cls = module.DistributedDataParallel
+        original = cls.__init__
+        auto = self
+
+        @functools.wraps(original)
+        def __init__(ddp, *args, **kwargs):
+            original(ddp, *args, **kwargs)
+            if threading.get_ident() == auto._main and os.getpid() == auto._pid:
+                auto._ddp = weakref.ref(ddp)
+
+        self._patch(cls, "__init__", original, __init__)
+
+    def _patch(self, cls, name: str, original, replacement) -> None:
+        setattr(cls, name, replacement)
+        self._undo.append(lambda: setattr(cls, name, original))
+
+    def unhook(self) -> None:
+        """Take every hook out (the classes get their own methods back)."""
+        imports.cancel()
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+
+    # ---- events ----------------------------------------------------------------------------
+    def _fire(self, key: int, outer: bool) -> None:
+        if threading.get_ident() != self._main or os.getpid() != self._pid:
+            return
+        if self.state is AutoState.RUNNING:
+            self.finder.fire(key, outer)
+        elif self.state is AutoState.WAITING:
+            self._start(key, outer)
+
+    def _fetched(self, t0: int, first: bool, batch) -> None:
+        monitor = self.monitor
+        if self.state is not AutoState.RUNNING or monitor is None:
+            self.fetches += 1
+            return
+        self.finder.fetched(t0, first)  # may end the step at t0: the wait below is the next step's
+        monitor.data_ns += perf_counter_ns() - t0
+        monitor.last_batch = batch
+
+    def _waited(self, t0: int) -> None:
+        monitor = self.monitor
+        if self.state is AutoState.RUNNING and monitor is not None:
+            monitor.data_ns += perf_counter_ns() - t0
+
+    def _end_step(self, stamp_ns: Optional[int]) -> None:
+        if stamp_ns is None:
+            self.monitor.on_step()
+        else:
+            self.monitor.step_at(stamp_ns, perf_counter_ns())
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def _start(self, key: int, outer: bool) -> None:
+        from placement import attach_api
+
+        if attach_api.user_attached():
+            self.give_way()
+            return
+        try:
+            handle = attach_api.attach_automatic(model=None if self._ddp is None else self._ddp(),
+                                                 megatron_iteration=megatron_iteration())
+        except Exception as e:  # training goes on unmonitored, as under torchrun
+            self.state = AutoState.CLOSED
+            self.unhook()
+            print(f"placement: rank {self.session.rank}: the automatic monitor did not start "
+                  f"({type(e).__name__}: {e}); this rank runs without step records", file=sys.stderr, flush=True)
+            return
+        if handle.monitor is None:  # placement.monitor.enabled=false
+            self.state = AutoState.CLOSED
+            self.unhook()
+            return
+        self.adopt(handle, key, outer)
+
+    def adopt(self, handle, key: int, outer: bool = False) -> None:
+        """Mark `handle`'s monitor's steps from now on; step 1 begins at the fire of `key`."""
+        self.handle, self.monitor = handle, handle.monitor
+        handle.on_close = self._handle_closed
+        self.state = AutoState.RUNNING
+        self.finder.begin(key, outer, seen_fetch=self.fetches > 0)
+
+    def give_way(self) -> None:
+        """attach() was called: its monitor is the one. Idempotent."""
+        if self.state in (AutoState.WAITING, AutoState.RUNNING):
+            self.state = AutoState.GAVE_WAY
+            self.unhook()
+
+    def _handle_closed(self) -> None:
+        if self.state is AutoState.RUNNING:
+            self.state = AutoState.GAVE_WAY
+            self.unhook()
+        self.monitor = None
+
+    def _at_exit(self) -> None:
+        if os.getpid() != self._pid:
+            return
+        if self.state is AutoState.RUNNING and self.handle is not None:
+            self.state = AutoState.CLOSED
+            self.handle.close()
+        elif self.state is AutoState.WAITING and not hasattr(sys, "last_value"):
+            # (sys.last_value: the program ends on an uncaught exception, which says enough)
+            self.state = AutoState.CLOSED
+            if not self.session.closed:
+                self.session.events.event(EventKind.WARNING, source="monitor", message=NO_STEP_LINE,
+                                          batches_fetched=self.fetches)
+            print(f"placement: rank {self.session.rank}: {NO_STEP_LINE}", file=sys.stderr, flush=True)
+        self.unhook()
+
+
+def megatron_iteration() -> Optional[int]:
+    """Megatron-LM's iteration now, when the program is Megatron-LM's train(): it sets
+    `args.curr_iteration = iteration` before each train_step (megatron/training/training.py, the
+    train loop) in the args megatron/training/global_vars.py keeps as _GLOBAL_ARGS, as NVIDIA's
+    ft_launcher reads it. Looked up, never imported; None elsewhere."""
+    global_vars = sys.modules.get("megatron.training.global_vars")
+    value = getattr(getattr(global_vars, "_GLOBAL_ARGS", None), "curr_iteration", None)
+    return value if isinstance(value, int) else None
+
+
+_auto: Optional[AutoMonitor] = None
+
+
+def install(session) -> Optional[AutoMonitor]:
+    """The automatic monitor for this worker (placement.monitor.auto), or None when it is off."""
+    global _auto
+    cfg = session.config.monitor
+    if not (cfg.enabled and cfg.auto) or _auto is not None:
+        return _auto
+    _auto = AutoMonitor(session)
+    _auto.install()
+    return _auto
+
+
+def current() -> Optional[AutoMonitor]:
+    return _auto
