@@ -28,7 +28,7 @@ import time
 CHILD = r"""
 import json, os, socket, statistics, sys, threading, time
 import torch, torch.distributed as dist
-from placement.monitor.flight_recorder import RingReader, dump_sources
+from placement.monitor.comm.flight_recorder import RingReader, dump_sources
 ring, new, reps = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
 s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)

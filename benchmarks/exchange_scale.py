@@ -1,4 +1,4 @@
-"""What the cross-rank straggler exchange costs as the job grows (placement/monitor/exchange.py).
+"""What the cross-rank straggler exchange costs as the job grows (placement/monitor/crossrank/exchange.py).
 
 usage: python benchmarks/exchange_scale.py [--quick] [--exchanges N] [--hosts N]
 (--quick: fewer exchanges; well under a minute here)
@@ -45,8 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from placement.monitor.exchange import HEADER, Exchange, encode_row, straggler_event  # noqa: E402
-from placement.monitor.straggler import FIELDS, RankFigures  # noqa: E402
+from placement.monitor.crossrank.exchange import HEADER, Exchange, encode_row, straggler_event  # noqa: E402
+from placement.monitor.stragglers.figures import FIELDS, RankFigures  # noqa: E402
 
 SLOTS = 20  # monitor.exchange_every's default
 START = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -83,7 +83,7 @@ def free_port() -> int:
 def _rank(rank: int, world: int, port: int, exchanges: int, out, master: str = "127.0.0.1") -> None:
     import torch.distributed as dist
 
-    from placement.monitor.exchange import default_store
+    from placement.monitor.crossrank.exchange import default_store
 
     os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
@@ -149,7 +149,7 @@ def _sender(todo, done) -> None:
     """One store client sending the rows of a share of ranks, for whatever job it is told."""
     import torch.distributed as dist
 
-    from placement.monitor.exchange import StoreTransport
+    from placement.monitor.crossrank.exchange import StoreTransport
 
     port = None
     while True:

@@ -52,7 +52,7 @@ import torch
 
 import placement
 from placement.auto import AutoMonitor
-from placement.monitor.probes import thread_cpu_clock
+from placement.monitor.probes.counters import thread_cpu_clock
 
 TARGET_MS = 10.0
 ARMS = ("off", "off2", "floor", "on", "auto")
@@ -137,7 +137,7 @@ def calibrate() -> int:
 
 def probe_costs() -> dict[str, float]:
     """Microseconds per call of each primitive the per-step path uses (10000 calls each)."""
-    from placement.monitor.probes import current_cpu
+    from placement.monitor.probes.counters import current_cpu
 
     tid = threading.get_native_id()
     fds = {n: os.open(f"/proc/self/task/{tid}/{n}", os.O_RDONLY) for n in ("schedstat", "stat", "status")}

@@ -30,9 +30,10 @@ def rejudge(records: dict, every: int, th, max_windows: int = 0) -> dict:
     """Windows judged, those naming a rank, job-wide ones, per rank the windows naming it, and the
     windows with a material candidate and the longest run of them for one rank (what
     monitor.straggler_persist_windows must stay above on a balanced job)."""
-    from placement.monitor.naming import Naming
-    from placement.monitor.straggler import (classify, comm_baseline, exchange_steps, figures_from_records,
-                                             next_transfer_history)
+    from placement.monitor.stragglers.naming import Naming
+    from placement.monitor.stragglers.classify import classify, comm_baseline, next_transfer_history
+    from placement.monitor.crossrank.exchange import exchange_steps
+    from placement.monitor.stragglers.figures import figures_from_records
 
     ranks = sorted(records)
     by_step = {r: {rec.step: rec for rec in records[r]} for r in ranks}
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
         print(f"rejudge: {' '.join(paths)} holds the step records of {len(log.records or {})} rank(s); "
               "valid: the logs of a job of 2 ranks or more", file=sys.stderr)
         return 2
-    from placement.monitor.straggler import Thresholds
+    from placement.monitor.stragglers.figures import Thresholds
 
     out = rejudge(log.records, cfg.monitor.exchange_every, Thresholds.from_monitor(cfg.monitor),
                   QUICK_WINDOWS if args.quick else 0)

@@ -36,7 +36,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from placement.monitor.stall import peer_event  # noqa: E402
+from placement.monitor.health.hang import peer_event  # noqa: E402
 
 RANKS_PER_NODE = 8
 T0 = 1_800_000_000.0
@@ -71,8 +71,8 @@ def generate(root: Path, ranks: int, steps: int, every: int = 10, seed: int = 0,
 
 
 def _write_rank(root: Path, rank: int, ranks: int, steps: int, every: int, seed: int, digest_every: int) -> None:
-    from placement.monitor.digest import StepDigest
-    from placement.monitor.parts import split_step
+    from placement.records.digest import StepDigest
+    from placement.records.parts import split_step
 
     rng = random.Random(seed * 1_000_003 + rank)
     sc = scenario(ranks, steps)
@@ -102,7 +102,7 @@ def _write_rank(root: Path, rank: int, ranks: int, steps: int, every: int, seed:
             lines.append(f'{{"type":"step","rank":{rank},"step":{step},"t":{t:.6f},"step_ms":{step_ms:.4f},'
                          f'"data_ms":{data:.4f},"comm_ms":{comm:.4f},"comm_count":4,"roles":{{{roles}}},'
                          f'"verdict":"{verdict}","local_rank":{local},"comm_enter_t":{enter:.6f},"probe_steps":1}}')
-            if digest_every:  # as the monitor's DigestSink sums them (placement/monitor/digest.py)
+            if digest_every:  # as the monitor's DigestSink sums them (placement/records/digest.py)
                 digest.add_step(step, t, step_ms, split_step(step_ms, data, comm, runq), verdict, True)
                 if digest.steps == digest_every or step == last:
                     lines.append(json.dumps({"type": "digest", **digest.fields()}, separators=(",", ":")))
@@ -140,7 +140,7 @@ def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
             if job_wide:
                 event["job_wide"] = job_wide
             out.append(json.dumps(event, separators=(",", ":")))
-    # As rank 0's peer watch writes it from the stalled rank's post (placement/monitor/stall.py).
+    # As rank 0's peer watch writes it from the stalled rank's post (placement/monitor/health/hang.py).
     stall = peer_event({"phase": "stalled", "rank": sc["stalled"], "last_step": sc["stall_step"], "stalled_s": 30.4,
                         "threshold_s": 30.0, "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
                                                       "stack": ['File "train.py", line 80 in step']}})

@@ -3,7 +3,7 @@
 This process allocates and touches GIB GiB (4 by default; every page written, in 4 KiB pages:
 madvise(MADV_NOHUGEPAGE), the page-table walk's worst case; --thp leaves transparent huge pages
 to the kernel, which makes the full read ~500x cheaper), then:
-- sample: placement.bind.residence.sample_process (maps read + move_pages(2) in query mode on
+- sample: placement.residence.sample_process (maps read + move_pages(2) in query mode on
   SAMPLE_PAGES addresses): us per look and per page asked;
 - full read: read_process (/proc/self/numa_maps, every page table walked): us per read;
 - stall: while each reader runs in a loop on a second thread, the main thread maps, touches and
@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numpy as np  # noqa: E402
 
-from placement.bind.residence import SAMPLE_PAGES, read_process, sample_process  # noqa: E402
+from placement.residence import SAMPLE_PAGES, read_process, sample_process  # noqa: E402
 
 
 def timed(fn, n: int) -> list[float]:

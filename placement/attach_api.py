@@ -47,12 +47,12 @@ from placement.identity import RankIdentity, job_id, new_run_id, process_group, 
 from placement.monitor import exitflush
 # The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
 # stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
-from placement.monitor import comm as monitor_comm
-from placement.monitor.comm_groups import default_backend
-from placement.monitor.exchange import Exchange, default_store
+from placement.monitor.comm import timing as monitor_comm
+from placement.monitor.comm.groups import default_backend
+from placement.monitor.crossrank.exchange import Exchange, default_store
 from placement.monitor.step_monitor import StepMonitor
-from placement.monitor.straggler import Thresholds
-from placement.monitor.threads import RoleSampler, ThreadScan
+from placement.monitor.stragglers.figures import Thresholds
+from placement.monitor.probes.threads import RoleSampler, ThreadScan
 from placement.monitor.warn import WarnOnce
 from placement.monitor.watch import WatchedIterable
 from placement.plan.node import plan_for_node

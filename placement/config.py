@@ -56,7 +56,7 @@ class SmtMode(Vocabulary):
 
 
 class CommTimingMode(Vocabulary):
-    """placement.monitor.comm_timing: how collectives are timed (monitor/comm.py)."""
+    """placement.monitor.comm_timing: how collectives are timed (monitor/comm/timing.py)."""
 
     AUTO = "auto"
     WALL = "wall"
@@ -66,7 +66,7 @@ class CommTimingMode(Vocabulary):
 
 
 class NcclTimingMode(Vocabulary):
-    """placement.monitor.nccl_timing (monitor/nccl_env.py)."""
+    """placement.monitor.nccl_timing (bind/nccl_env.py)."""
 
     AUTO = "auto"  # on, unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing would break comm/compute overlap)
     ON = "on"
@@ -115,7 +115,7 @@ class MonitorConfig:
                                     "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
                                     "overlap) (docs/nccl_timing.md)")
     budget_pct: float = _key(0.3, "share of step time the step hook may take on the training thread; above it "
-                                  "the hot threads' counters are read every k-th step (monitor/budget.py); 0 = every step")
+                                  "the hot threads' counters are read every k-th step (monitor/probes/budget.py); 0 = every step")
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
                                      "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
     stall_min_s: float = _key(7.0, "the floor of that stall limit, in seconds")

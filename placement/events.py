@@ -29,8 +29,8 @@ class EventKind(Vocabulary):
     """The `type` of every line of a rank's JSONL log: a step record or an event. Readers
     (placement report) compare it with these values."""
 
-    STEP = "step"  # one step's record (monitor/record.py)
-    DIGEST = "digest"  # a rank's steps of one digest window, summed (monitor/digest.py)
+    STEP = "step"  # one step's record (records/step.py)
+    DIGEST = "digest"  # a rank's steps of one digest window, summed (records/digest.py)
     START = "start"  # stage 1 bound the process (source absent) / the monitor started (source "monitor")
     END = "end"  # the session or the monitor ended
     BIND = "bind"  # a mask applied to the process or a thread
@@ -42,7 +42,7 @@ class EventKind(Vocabulary):
     ROLLBACK = "rollback"  # a tuner action not applied or rolled back
     STRAGGLER = "straggler"  # rank 0's verdict on an exchange window
     STALL = "stall"  # a rank stopped stepping, or resumed
-    RESIDENCE = "residence"  # where a rank's resident pages sit (bind/residence.py), at a low rate
+    RESIDENCE = "residence"  # where a rank's resident pages sit (residence.py), at a low rate
     LOST = "lost"  # records this log could not write (a full disk)
 
 

@@ -213,9 +213,9 @@ def run_standin_job(log_dir: str, *, step_ms: float, steps: int, per_step: int =
     enqueues `per_step` collectives of `gpu_ms` on the GPU, which runs `gpu_lag_steps` steps
     behind the CPU, then the rest of the step passes (sleeping: a step's kernels release the GIL)."""
     import placement
-    import placement.monitor.comm as comm_mod
-    from placement.monitor.comm_nccl import NcclFlightRecorderComm
-    from placement.monitor.flight_recorder import DumpSource
+    import placement.monitor.comm.timing as comm_mod
+    from placement.monitor.comm.nccl import NcclFlightRecorderComm
+    from placement.monitor.comm.flight_recorder import DumpSource
 
     rec = (recorder_cls or StandInRecorder)(gpu_lag_s=gpu_lag_steps * step_ms / 1e3, ring=ring)
     made = []

@@ -11,7 +11,7 @@ import torch
 import placement
 from placement.attach_api import build_config, torch_optimizer
 from placement.errors import ConfigError, PlacementError
-from placement.monitor.record import StepRecord
+from placement.records.step import StepRecord
 
 
 def _attach(tmp_path, model=None, opt=None, **kw):

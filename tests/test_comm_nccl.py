@@ -18,11 +18,11 @@ import torch
 import torch.distributed as dist
 
 from nccl_standins import NcclGroup, fr_dump_json, fr_entry, work_info
-from placement.monitor.comm import make_comm_timing
-from placement.monitor.comm_groups import describe_group, group_backends, nccl_groups, parse_backend_config
-from placement.monitor.comm_nccl import (MAX_POLL_S, MIN_POLL_S, FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
+from placement.monitor.comm.timing import make_comm_timing
+from placement.monitor.comm.groups import describe_group, group_backends, nccl_groups, parse_backend_config
+from placement.monitor.comm.nccl import (MAX_POLL_S, MIN_POLL_S, FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
                                          choose_nccl_timing, workinfo_start_wall)
-from placement.monitor.flight_recorder import DumpSource, RingReader, RingSetting, dump_sources, entries_from, ring_setting
+from placement.monitor.comm.flight_recorder import DumpSource, RingReader, RingSetting, dump_sources, entries_from, ring_setting
 from placement.monitor.warn import WarnOnce
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -169,7 +169,7 @@ RING_SCRIPT = textwrap.dedent("""
     import json, os, socket, sys
     sys.path.insert(0, {root!r})
     import torch, torch.distributed as dist
-    from placement.monitor.flight_recorder import RingReader, dump_sources, ring_setting
+    from placement.monitor.comm.flight_recorder import RingReader, dump_sources, ring_setting
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=0, world_size=1)
     t = torch.ones(4)
@@ -420,7 +420,7 @@ def test_nccl_groups_found_whatever_string_the_user_gave(config):
 
 
 def test_nccl_timing_chosen_when_a_group_runs_nccl(monkeypatch):
-    import placement.monitor.comm_groups as cg
+    import placement.monitor.comm.groups as cg
 
     monkeypatch.setattr(cg, "group_backends", lambda: [describe_group(_DistStandIn("cpu:gloo,cuda:nccl"), object())])
     assert make_comm_timing("auto", "gloo", WarnOnce()).name == "flight_recorder"
@@ -443,7 +443,7 @@ def relabelled_nccl_timing(monkeypatch, request):
     recorder, its gloo records relabelled as NCCL ones with a duration (as ProcessGroupNCCL's
     are with timing on), and a GIL budget so small that polls are spaced out. Yields the list
     the timings made are appended to."""
-    import placement.monitor.comm as comm_mod
+    import placement.monitor.comm.timing as comm_mod
 
     real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "server")
     request.addfinalizer(real.close)
@@ -496,7 +496,7 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
     every), the same on every rank whatever its polls, and all built: an exchange whose steps
     are not built yet waits until they are (it used to go out empty)."""
     import placement
-    from placement.monitor.straggler import exchange_steps
+    from placement.monitor.crossrank.exchange import exchange_steps
 
     class SentFigures:  # the exchange as the monitor uses it; a world of one has none
         enabled, pending = True, False
@@ -530,7 +530,7 @@ def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path
     """Timing off: the records carry no duration; after monitor.exchange_every steps one
     `warning` event (and log line) says why and what to set, and no more follow."""
     import placement
-    import placement.monitor.comm as comm_mod
+    import placement.monitor.comm.timing as comm_mod
 
     real = next(s for s in dump_sources() if s.recorder == "generic" and s.route == "server")
     request.addfinalizer(real.close)
@@ -595,7 +595,7 @@ def test_a_stall_dump_that_hangs_is_given_up_in_bounded_time_and_said(caplog):
     """The dump queries CUDA events, which can hang while another thread holds the context in a
     synchronize (ProcessGroupNCCL.cpp's watchdog warns of it): in_collective waits
     STALL_DUMP_WAIT_S at most, says why once, and does not start a second dump behind it."""
-    from placement.monitor.comm_nccl import STALL_DUMP_WAIT_S
+    from placement.monitor.comm.nccl import STALL_DUMP_WAIT_S
 
     release = threading.Event()
 

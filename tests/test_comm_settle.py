@@ -36,7 +36,7 @@ def test_a_tensor_parallel_step_of_3000_collectives_fits_the_ring_placement_asks
     """TP=8 with sequence parallelism: thousands of collectives a step. torch's default ring
     (2,000) wraps within one step's burst, so every step is null (never short), and said;
     placement's ring (10,000, nccl_env.PLACEMENT_RING) holds three such steps between polls."""
-    from placement.monitor.nccl_env import PLACEMENT_RING
+    from placement.bind.nccl_env import PLACEMENT_RING
 
     kw = dict(step_ms=1000.0, steps=4, per_step=3000, gpu_ms=0.005)
     small = run_standin_job(str(tmp_path / "default"), ring=2000, **kw)

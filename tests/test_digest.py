@@ -1,4 +1,4 @@
-"""Digests (placement/monitor/digest.py): a rank's steps summed per monitor.digest_every steps,
+"""Digests (placement/records/digest.py): a rank's steps summed per monitor.digest_every steps,
 written by the monitor, merged exactly, and what `placement report` reads of a long job
 (--read digests / auto) with the same figures the step lines give."""
 import json
@@ -11,10 +11,10 @@ import torch
 import placement
 from placement.cli import main as cli
 from placement.events import EventLog
-from placement.monitor.digest import StepDigest
-from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.sinks import DigestSink
-from placement.monitor.summary import summarize
+from placement.records.digest import StepDigest
+from placement.records.step import RoleSample, StepRecord
+from placement.monitor.sinks.base import DigestSink
+from placement.records.summary import summarize
 from placement.report import logs as logs_mod
 from placement.report.logs import ReadMode, read_logs
 from placement.roles import ThreadRole

@@ -46,7 +46,7 @@ def test_a_log_past_its_size_is_rotated_compressed_and_read_whole(tmp_path, caps
     import time
 
     from placement.events import compress_rotated
-    from placement.monitor.record import StepRecord
+    from placement.records.step import StepRecord
     from placement.report.logs import read_logs
 
     ev = EventLog(str(tmp_path / "rank0.jsonl"), 0, "r1", rotate_bytes=20_000)

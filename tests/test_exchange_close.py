@@ -24,7 +24,7 @@ SLOW_MS = 30.0
 
 @pytest.mark.slow
 def test_the_steps_after_the_last_exchange_window_are_judged_at_close(tmp_path):
-    from placement.monitor.straggler import exchange_steps
+    from placement.monitor.crossrank.exchange import exchange_steps
 
     run_gloo_ranks(2, [__file__, str(tmp_path)], timeout=120)
     log = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]

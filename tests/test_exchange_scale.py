@@ -5,9 +5,10 @@ import random
 
 import numpy as np
 
-from placement.monitor.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, Verdict, judge_rows, straggler_event
+from placement.monitor.crossrank.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, Verdict, judge_rows, straggler_event
 from placement.report.cluster import straggler_ranks
-from placement.monitor.straggler import RankFigures, Thresholds, classify
+from placement.monitor.stragglers.figures import RankFigures, Thresholds
+from placement.monitor.stragglers.classify import classify
 
 T = 1_800_000_000.0
 SLOTS = 10

@@ -141,7 +141,7 @@ def test_rank0_names_a_frozen_peer_from_its_exchange_rows(tmp_path):
     named = _named_by_rank0(logs[0])
     assert len(named) == 1, [e for e in logs[0] if e.get("type") == "stall"]
     e = named[0]
-    from placement.monitor.straggler import exchange_steps
+    from placement.monitor.crossrank.exchange import exchange_steps
 
     last_row_step = exchange_steps((STOP_AT // EVERY) * EVERY, EVERY)[1]
     assert e["how"] == "rows stopped" and e["last_step"] == last_row_step, e
@@ -169,7 +169,7 @@ def worker(scenario: str, log_dir: str) -> None:
     import torch.distributed as dist
 
     import placement
-    from placement.monitor.exchange import Exchange
+    from placement.monitor.crossrank.exchange import Exchange
 
     Exchange.WAIT_S = 2.0  # rank 0 waits this long at each exchange for a rank that froze
     torch.set_num_threads(1)
@@ -209,7 +209,7 @@ def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_p
     NAMED_PEERS lowest last steps one event each, groups the rest; the report reads them all."""
     from placement.cli import main as cli
     from placement.events import EventLog
-    from placement.monitor.stall import NAMED_PEERS, peer_events, write_peer_stall
+    from placement.monitor.health.hang import NAMED_PEERS, peer_events, write_peer_hang
 
     def post(rank, last_step, wchan):
         return {"phase": "stalled", "rank": rank, "last_step": last_step, "stalled_s": 31.0, "threshold_s": 30.0,
@@ -226,7 +226,7 @@ def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_p
     log = EventLog(str(tmp_path / "rank0.jsonl"), 0)
     log.event("step", step=1, step_ms=10.0, data_ms=0.0, comm_ms=1.0, comm_count=1, roles={})
     for f in fields:
-        write_peer_stall(log, f)
+        write_peer_hang(log, f)
     log.close()
     capsys.readouterr()
     assert cli(["report", str(tmp_path)]) == 0
@@ -241,8 +241,8 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     backlog, hold training back). When its row comes again it is judged and named resumed."""
     import torch.distributed as dist
 
-    from placement.monitor.exchange import Exchange, StoreTransport, encode_row
-    from placement.monitor.straggler import RankFigures
+    from placement.monitor.crossrank.exchange import Exchange, StoreTransport, encode_row
+    from placement.monitor.stragglers.figures import RankFigures
 
     def figs(rank, last):
         comm = tuple(5.0 for _ in range(EVERY))
@@ -277,8 +277,8 @@ def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_sto
     judgement: nothing of the job's exchanges stays in the store."""
     import torch.distributed as dist
 
-    from placement.monitor.exchange import PREFIX, Exchange, StoreTransport, encode_row
-    from placement.monitor.straggler import RankFigures
+    from placement.monitor.crossrank.exchange import PREFIX, Exchange, StoreTransport, encode_row
+    from placement.monitor.stragglers.figures import RankFigures
 
     def figs(rank, last):
         comm = tuple(5.0 for _ in range(EVERY))

@@ -4,7 +4,7 @@ import os
 import threading
 import time
 
-from placement.monitor.threads import RoleSampler
+from placement.monitor.probes.threads import RoleSampler
 from placement.monitor.warn import WarnOnce
 from placement.roles import ThreadInfo, ThreadRole, role_of
 

@@ -8,7 +8,7 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.budget import AIM, MAX_EVERY, ProbeBudget
+from placement.monitor.probes.budget import AIM, MAX_EVERY, ProbeBudget
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 
 import placement
-from placement.monitor.comm import make_comm_timing
-from placement.monitor.comm_base import CollectiveClock, union_ms
-from placement.monitor.comm_nccl import NcclFlightRecorderComm, NcclHookComm
+from placement.monitor.comm.timing import make_comm_timing
+from placement.monitor.comm.base import CollectiveClock, union_ms
+from placement.monitor.comm.nccl import NcclFlightRecorderComm, NcclHookComm
 from placement.monitor.warn import WarnOnce
 
 

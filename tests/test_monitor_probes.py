@@ -6,9 +6,9 @@ import time
 
 import pytest
 
-from placement.monitor.cpufreq import CoreFreq
+from placement.monitor.probes.cpufreq import CoreFreq
 from placement._procfs import nonvoluntary_switches_at, schedstat_at, stat_at
-from placement.monitor.probes import MainRead, MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
+from placement.monitor.probes.counters import MainRead, MainThreadProbe, ThreadGone, ThreadProbe, thread_cpu_clock
 from placement.monitor.warn import WarnOnce
 from placerun_helpers import wait_thread_gone
 

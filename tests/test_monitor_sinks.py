@@ -40,7 +40,7 @@ def test_tensorboard_scalars_per_flushed_batch(tmp_path):
 
 
 def test_a_failing_output_is_said_once_and_the_others_still_get_every_record(tmp_path, caplog):
-    """The monitor's outputs are sinks (monitor/sinks.py): one that raises (here TensorBoard's
+    """The monitor's outputs are sinks (monitor/sinks/base.py): one that raises (here TensorBoard's
     writer) costs its own output, not the log's nor the observers'."""
     import json
 

@@ -12,7 +12,7 @@ import pytest
 
 import placement
 from placement.cli import main as cli
-from placement.monitor.stall import StallWatch
+from placement.monitor.health.hang import HangWatch
 
 STALL_MIN_S = 2.0
 
@@ -91,7 +91,7 @@ def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tm
 
 
 def test_the_limit_is_the_median_step_times_the_factor_with_a_floor():
-    w = StallWatch(factor=10.0, min_s=1.0)
+    w = HangWatch(factor=10.0, min_s=1.0)
     assert w.threshold_s() == 1.0  # no step measured yet
     w.step_times([500.0] * 5)  # 0.5 s steps: 5 s before a stall
     assert w.threshold_s() == 5.0

@@ -5,7 +5,7 @@ FULL_EVERY-th look; a look is two preads. Run on a /proc tree whose two files th
 in place (the scan keeps them open, as it keeps the real ones)."""
 import os
 
-from placement.monitor.threads import ThreadScan
+from placement.monitor.probes.threads import ThreadScan
 
 
 def write_proc(root, threads: int, children: list[int]) -> None:

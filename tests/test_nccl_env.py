@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement.monitor.nccl_env import (PLACEMENT_RING, NcclTimingMode, decide_nccl_env,
+from placement.bind.nccl_env import (PLACEMENT_RING, NcclTimingMode, decide_nccl_env,
                                         timing_enabled_by_env)
 
 
@@ -109,7 +109,7 @@ def test_the_words_c10d_refuses_are_the_ones_real_torch_refuses():
     import subprocess
     import sys
 
-    from placement.monitor.nccl_env import cvar_bool
+    from placement.bind.nccl_env import cvar_bool
 
     words = ["1", "0", "t", "F", "y", "No", "yes", "TRUE", "false", "on", "off", " 1", "1 ", "2", ""]
     done = subprocess.run([sys.executable, "-c", _GETCVARBOOL_PROBE, json.dumps(words)],

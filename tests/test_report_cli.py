@@ -4,7 +4,7 @@ import struct
 
 import placement
 from placement.cli import main as cli
-from placement.monitor.record import StepRecord
+from placement.records.step import StepRecord
 from placement.events import EventLog
 
 

@@ -9,10 +9,10 @@ import time
 import pytest
 
 import placement
-from placement.monitor.stall import peer_event, write_peer_stall
+from placement.monitor.health.hang import peer_event, write_peer_hang
 from placement.cli import main as cli
 from placement.events import EventLog
-from placement.monitor.record import RoleSample, StepRecord
+from placement.records.step import RoleSample, StepRecord
 from placement.report.logs import read_logs
 from placement.report.text import summaries
 
@@ -41,7 +41,7 @@ def _node_logs(tmp_path):
                     h.events.event("straggler", steps=[step - 9, step], waiting=[0, 1, 2], transfer_ms=0.4,
                                    stragglers=[{"kind": "cpu-slow", "ranks": [3], "lateness_ms": 3.0, "why": "test"}])
                 if rank == 0 and step == 25:  # rank 2's post as rank 0's peer watch writes it
-                    write_peer_stall(h.events, peer_event({
+                    write_peer_hang(h.events, peer_event({
                         "phase": "stalled", "rank": 2, "last_step": 24, "stalled_s": 31.2, "threshold_s": 30.0,
                         "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
                                  "stack": ['File "train.py", line 7 in all_reduce']}}))

@@ -6,8 +6,8 @@ import json
 import placement.report.logs as logs
 from placement.cli import main as cli
 from placement.events import EventLog
-from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.summary import stall_ms
+from placement.records.step import RoleSample, StepRecord
+from placement.records.summary import stall_ms
 from placement.report.logs import RANK_TABLE_MAX, read_logs
 
 
@@ -55,7 +55,7 @@ def test_columns_and_records_agree_on_runs_corrupt_lines_and_cpu_stall(tmp_path)
         recs = log.records[rank]
         assert list(log.step[sl]) == [r.step for r in recs] == [1, 2, 3]
         assert list(log.step_ms[sl]) == [r.step_ms for r in recs]
-        # CPU stall is main's runqueue wait (monitor/parts.py), not the NCCL threads' (inside comm)
+        # CPU stall is main's runqueue wait (records/parts.py), not the NCCL threads' (inside comm)
         assert list(log.stall_ms[sl]) == [stall_ms(r) for r in recs] == [0.25 * rank] * 3
     assert set(log.step_ms[log.rank_slices()[0]]) == {10.0}  # the last run of rank 0
 

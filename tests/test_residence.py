@@ -1,4 +1,4 @@
-"""Memory residence (bind/residence.py, monitor/residence_watch.py): where a rank's pages are.
+"""Memory residence (residence.py, monitor/health/residence.py): where a rank's pages are.
 
 On this machine's real kernel (one NUMA node: every page on node 0) through move_pages(2) and
 /proc/self/numa_maps; and on fixtures for many nodes through the readers' seams (a /proc root
@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 
 from placement import _procfs
-from placement.bind import residence
+from placement import residence
 from placement.bind.memory import apply_memory_policy
 from placement.cpuset import parse_cpulist
 from placement.events import EventLog
-from placement.monitor.residence_watch import ResidenceWatch
+from placement.monitor.health.residence import ResidenceWatch
 from placement.plan.model import MemoryPolicy
 
 REPO = Path(__file__).resolve().parents[1]
@@ -300,7 +300,7 @@ def _post(rank, inside, phase="stalled"):
 
 
 def test_every_rank_pausing_together_is_one_job_event_and_a_rank_others_wait_for_is_named():
-    from placement.monitor.stall import PeerWatch
+    from placement.monitor.health.hang import PeerWatch
 
     now = [0.0]
     own = [None]

@@ -1,13 +1,13 @@
-"""The parts of a step (placement/monitor/parts.py) on constructed steps with known answers: disjoint,
+"""The parts of a step (placement/records/parts.py) on constructed steps with known answers: disjoint,
 adding up to the step, in the records' summary, the report's table and columns, and the trace."""
 import json
 import math
 
 from placement.cli import main as cli
 from placement.events import EventLog
-from placement.monitor.parts import record_parts, split_step
-from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.summary import summarize
+from placement.records.parts import record_parts, split_step
+from placement.records.step import RoleSample, StepRecord
+from placement.records.summary import summarize
 
 T = 1_800_000_000.0
 

@@ -1,11 +1,12 @@
 """The straggler classifier on recorded per-rank figures (pure function, no processes)."""
 import math
 
-from placement.monitor.budget import MAX_EVERY
-from placement.monitor.record import RoleSample, StepRecord
-from placement.monitor.cost import arrival_lateness_ms
-from placement.monitor.straggler import (FIELDS, RankFigures, Thresholds, classify, comm_baseline, exchange_steps,
-                                         figures_from_records)
+from placement.monitor.probes.budget import MAX_EVERY
+from placement.records.step import RoleSample, StepRecord
+from placement.monitor.stragglers.cost import arrival_lateness_ms
+from placement.monitor.stragglers.figures import FIELDS, RankFigures, Thresholds, figures_from_records
+from placement.monitor.stragglers.classify import classify, comm_baseline
+from placement.monitor.crossrank.exchange import exchange_steps
 
 T = 1_800_000_000.0  # a wall-clock second, as time.time() gives
 
@@ -224,7 +225,7 @@ def window(first, late_ms, step=20.0, ranks=2, slow=1):
 
 
 def test_a_straggler_is_named_from_its_second_costly_window_and_only_while_it_costs():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     th = Thresholds()
     naming = Naming(th)
@@ -239,7 +240,7 @@ def test_a_straggler_is_named_from_its_second_costly_window_and_only_while_it_co
 
 
 def test_a_named_straggler_says_since_when_and_what_it_costs():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     naming = Naming(Thresholds())
     naming.decide(classify(window(1, 2.0)), 1)
@@ -251,7 +252,7 @@ def test_a_named_straggler_says_since_when_and_what_it_costs():
 
 
 def test_a_job_wide_slowdown_is_reported_once_per_episode_and_names_no_rank():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     naming = Naming(Thresholds())
     slow = [fig(r, comm=14.0 + 0.1 * r, step=30.0) for r in range(4)]
@@ -264,7 +265,7 @@ def test_a_job_wide_slowdown_is_reported_once_per_episode_and_names_no_rank():
 
 
 def test_one_confirm_window_names_at_once():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     naming = Naming(Thresholds(confirm_windows=1))
     assert naming.decide(classify(window(1, 2.0)), 1).names() == [1]
@@ -299,7 +300,7 @@ def turns_window(first, late_at, late_ms=1.0, step=20.0):
 
 
 def test_a_rank_late_at_most_steps_but_not_all_is_named_only_once_it_persists():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     # Rank 1 late 1 ms (5% of the step) at 7 steps of 10, rank 0 at the other 3: what a balanced
     # soak on a busy host shows for a few windows in a row, the ranks' DataLoader workers taking
@@ -322,7 +323,7 @@ def test_a_rank_late_at_most_steps_but_not_all_is_named_only_once_it_persists():
 
 
 def test_a_slowdown_that_starts_inside_a_window_is_named_at_the_next():
-    from placement.monitor.naming import Naming
+    from placement.monitor.stragglers.naming import Naming
 
     # Rank 1 slows at the 4th step of its first window (7 of 10 late), then at every step: steady
     # from its first late step, so named in its second window as one slow from a window's start is.

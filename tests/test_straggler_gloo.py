@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from placement.monitor.straggler import Thresholds
+from placement.monitor.stragglers.figures import Thresholds
 from placerun_helpers import exit_without_gloo_teardown, free_port
 
 STEPS = 90

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from placement.monitor.record import RoleSample
+from placement.records.step import RoleSample
 from placement.roles import ThreadRole
 from placement.tune.judge import DEFAULT_NOISE_PCT, Backoff, NoiseBand, judge
 from placement.tune.layout import CoreMap, RoleLayout

@@ -19,7 +19,7 @@ from placement.report.plot import MARKS
 from placement.report.text import SHOWN_EVENTS
 from placement.report.trace import TRACED_EVENTS
 from placement.roles import ThreadRole
-from placement.monitor.record import RoleSample, StepRecord
+from placement.records.step import RoleSample, StepRecord
 from placement.tune.window import summarize
 from plan_topos import synth
 

@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 from placement.bind.affinity import BindResult
 from placement.config import TuneConfig
-from placement.monitor.record import RoleSample, StepRecord
+from placement.records.step import RoleSample, StepRecord
 from placement.plan.cores import share_cores
 from placement.plan.model import MemoryPolicy, RankPlan, RoleAssignment
 from placement.roles import ThreadInfo, ThreadRole

@@ -10,7 +10,7 @@ What
       profiler names `enumerate(DataLoader)#<Iter>.__next__`) is a fetch, and the time the main
       thread is blocked in it, and in DataLoader.__iter__ (worker start), is data wait;
     - DistributedDataParallel.__init__ remembers the model, whose bucket all-reduces get the
-      same timed comm hook attach() installs (monitor/comm.py install_ddp_hook).
+      same timed comm hook attach() installs (monitor/comm/timing.py install_ddp_hook).
     Fires and fetches on the rank's main thread become steps (auto/steps.py). At the first fire
     the rank's monitor starts, as attach() starts it (placement.attach_api.attach_automatic:
     the same records, exchange, stall watch, residence watch, tuner): by then the program has

@@ -102,7 +102,7 @@ class RoleBinder:
 
     def current_threads(self) -> list[ThreadInfo]:
         """The threads after a rescan now: what the monitor's span refresh reads when its
-        look says threads or children changed (monitor/threads.py ThreadScan), so that a
+        look says threads or children changed (monitor/probes/threads.py ThreadScan), so that a
         thread or DataLoader worker started since the watcher's last tick is sampled and
         counted as ours (the tuner's `foreign` excludes it) within monitor.rescan_every steps,
         not up to two watcher periods later; a step of a few ms makes those hundreds of steps."""

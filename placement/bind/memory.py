@@ -24,7 +24,7 @@ from typing import Any, Optional
 
 from placement import _procfs
 from placement.events import EventKind
-from placement.bind import residence
+from placement import residence
 from placement.plan.model import MemoryPolicy
 
 @dataclass

@@ -23,7 +23,7 @@ from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.identity import RankIdentity
-from placement.monitor.nccl_env import NcclTimingMode, decide_nccl_env
+from placement.bind.nccl_env import NcclTimingMode, decide_nccl_env
 from placement.plan.model import Plan
 
 WATCH_INTERVAL_S = 1.0  # the stage-2 watcher's rescan period; a rescan of an unchanged rank is a few listdirs
@@ -94,7 +94,7 @@ def _forget_session() -> None:
 def apply_nccl_timing_env(cfg: PlacementConfig, environ: MutableMapping[str, str], env_set: dict,
                           keep: Iterable[str], entry: str) -> Optional[str]:
     """NCCL collective timing and the flight recorder's ring (placement.monitor.nccl_timing,
-    decided in monitor/nccl_env.py): set into `environ` (and noted in `env_set`) unless the user
+    decided in bind/nccl_env.py): set into `environ` (and noted in `env_set`) unless the user
     set them; returns the one line to say when timing stays off."""
     dist = sys.modules.get("torch.distributed")
     pg_exists = entry == "attach" and dist is not None and dist.is_available() and dist.is_initialized()

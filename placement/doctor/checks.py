@@ -316,7 +316,7 @@ def _rest(r: RunningRank) -> str:
 
 def memory_residence(f: Facts) -> Check:
     """Where the pages of the placement ranks running now sit, against their plan's memory nodes
-    (bind/residence.py: a move_pages sample by pid, the periodic watch's reader)."""
+    (residence.py: a move_pages sample by pid, the periodic watch's reader)."""
     name, sev = "memory_residence", "medium"
     if f.running is None:
         return Check(name, "n/a", sev, "running ranks are sampled on the live host only")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Optional, Union
 
 from placement import _procfs
-from placement.bind import residence
+from placement import residence
 from placement.cpuset import parse_cpulist
 from placement.errors import PlacementError
 from placement.handoff import PLAN_FILE_ENV, Handoff

@@ -1,1 +1,11 @@
-"""Per-step probes, comm timing, cross-rank straggler naming, sinks."""
+"""The per-rank step monitor, room by room along its data path (docs/design.md, "The monitor"):
+
+    step_monitor.py   the step hook (training thread) and the monitor thread; watch.py: data wait;
+                      exitflush.py: every record written at exit
+    probes/           what is read of the rank's threads, and how often
+    comm/             how long each step spent in collectives
+    sinks/            where built records go (the log, observers, summaries, digests)
+    stragglers/       pure judgement of an exchange window: who is late, why, what it costs
+    crossrank/        the c10d store: windows to rank 0, rank 0's verdicts and peer liveness
+    health/           a rank's own hang, its peers' liveness, memory residence
+The log's schema is placement/records/, shared with `placement report`."""

@@ -21,7 +21,7 @@ Cost design (the hook may take monitor.budget_pct of the step on the training th
   comm.settle_max_s; steps held so are built by the monitor thread as soon as they settle,
   hand-over or not. Every monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
   c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
-  absolute steps on every rank (straggler.exchange_steps); and, between hand-overs,
+  absolute steps on every rank (crossrank/exchange.py exchange_steps); and, between hand-overs,
   the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
   its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
 Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
@@ -48,24 +48,23 @@ from time import perf_counter_ns
 from typing import Callable, Optional
 
 from placement.bind import session as session_mod
-from placement.bind.residence import planned_nodes
+from placement.residence import planned_nodes
 from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
-from placement.monitor.budget import ProbeBudget
-from placement.monitor.comm_base import CommStep, CommTiming
-from placement.monitor.exchange import Exchange, Verdict, straggler_event, straggler_lines
-from placement.monitor.record import StepRecord
-from placement.monitor.residence_watch import ResidenceWatch
-from placement.monitor.stall import PeerWatch, StallWatch, write_peer_stall
-from placement.monitor.sinks import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
+from placement.monitor.probes.budget import ProbeBudget
+from placement.monitor.comm.base import CommStep, CommTiming
+from placement.monitor.crossrank.exchange import Exchange, Verdict, exchange_steps, straggler_event, straggler_lines
+from placement.records.step import StepRecord
+from placement.monitor.health.residence import ResidenceWatch
+from placement.monitor.health.hang import PeerWatch, HangWatch, write_peer_hang
+from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
-from placement.monitor.straggler import exchange_steps
-from placement.monitor.summary import stall_ms
-from placement.monitor.probes import MainRead
-from placement.monitor.threads import HotRead, RoleSampler, merge_span
-from placement.monitor.verdict import step_verdict
+from placement.records.summary import stall_ms
+from placement.monitor.probes.counters import MainRead
+from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
+from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
 from placement.roles import name_this_thread
 
@@ -183,7 +182,7 @@ class StepMonitor:
                                         DigestSink(events, rank, self.cfg.digest_every)]
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
-        self.stall = StallWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
+        self.hang = HangWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
         self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
         self.residence: Optional[ResidenceWatch] = None  # where the rank's pages are (residence_watch.py)
         session = session_mod.current()
@@ -199,12 +198,12 @@ class StepMonitor:
         self.sampler.rebase()
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self._t_last, self._wall_last = self._anchor
-        self.stall.progress(self.step, self._anchor[0])
+        self.hang.progress(self.step, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
         if self.exchange is not None and self.rank == 0 and self._peers is None:
-            self._peers = PeerWatch(self.exchange, self.stall.threshold_s,
-                                    lambda fields: write_peer_stall(self.events, fields), self.stall.poll_s,
-                                    own=lambda: self.stall.post).start()
+            self._peers = PeerWatch(self.exchange, self.hang.threshold_s,
+                                    lambda fields: write_peer_hang(self.events, fields), self.hang.poll_s,
+                                    own=lambda: self.hang.post).start()
 
     def add_observer(self, observe: Callable[[StepRecord], None],
                      window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
@@ -315,7 +314,7 @@ class StepMonitor:
             # cadence, hand-over or not (a ring of thousands of collectives per step wraps
             # long before a flush step), and steps held for their comm figures are built as
             # soon as they settle (a 500 ms step's next flush is 10 s away).
-            wait_s = min(self.stall.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
+            wait_s = min(self.hang.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
             try:
                 self._wake.get(timeout=wait_s)
                 woken = True
@@ -323,7 +322,7 @@ class StepMonitor:
                 woken = False
             if self.state is not MonitorState.RUNNING:
                 return
-            self._watch_stall()
+            self._watch_hang()
             self._watch_residence()
             if woken:
                 with self._holding():
@@ -343,26 +342,26 @@ class StepMonitor:
         except Exception as e:
             self._batch_failed(e)
 
-    def _watch_stall(self) -> None:
+    def _watch_hang(self) -> None:
         """Between hand-overs: has the training thread completed a step lately? (Read without
         _lock: a stalled main thread may hold it.)"""
         try:
             now = perf_counter_ns()
-            stalled = self.stall.check(self.step, now)
+            stalled = self.hang.check(self.step, now)
             post = None
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
                 # outside any collective with peers to judge it: hung, or a job-wide pause (stall.py)
                 hold = inside is False and self.exchange is not None and self.exchange.enabled
-                post = self.stall.report(stalled, self.events, self.rank, inside,
+                post = self.hang.report(stalled, self.events, self.rank, inside,
                                          self.comm.null_why if inside is None else None, hold=hold)
-            elif self.stall.write_held(self.events, self.rank, now):
+            elif self.hang.write_held(self.events, self.rank, now):
                 pass
-            elif self.stall.resumed is not None:
-                post = self.stall.report_resumed(self.events, self.rank)
+            elif self.hang.resumed is not None:
+                post = self.hang.report_resumed(self.events, self.rank)
             if post is not None and self.exchange is not None:
-                self.exchange.post_stall(post)  # rank 0 names it in its log too
+                self.exchange.post_hang(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
 
@@ -504,7 +503,7 @@ class StepMonitor:
             batch.append(rec)
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())
-        self.stall.step_times(rec.step_ms for rec in batch)
+        self.hang.step_times(rec.step_ms for rec in batch)
         write_to_sinks(self.sinks, batch, self.warn)
 
     def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:

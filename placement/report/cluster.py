@@ -4,7 +4,7 @@ many windows), stalled ranks first, and per-node figures, from the columns of a 
 Who held the job back is what rank 0 judged at run time (its `straggler` events, one per
 window that named someone, and `stall` events); the report counts them, it does not judge
 again. Per-node figures pool the step records of the node's ranks (or, for logs read by their
-digests, the ranks' digests: monitor/digest.py).
+digests, the ranks' digests: records/digest.py).
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from placement.cpuset import parse_cpulist
-from placement.monitor.digest import StepDigest
-from placement.monitor.stall import cause_first
-from placement.monitor.cost import Cause
-from placement.monitor.straggler import KINDS, StragglerKind
+from placement.records.digest import StepDigest
+from placement.records.words import cause_first
+from placement.records.parts import StepPart
+from placement.records.words import KINDS, StragglerKind
 from placement.report.logs import RunLog
 
 NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted
@@ -100,7 +100,7 @@ class ClusterSummary:
     holders: dict[str, list[Holder]] = field(default_factory=dict)  # kind -> most windows first
     comm_slow_windows: int = 0  # job-wide slowdowns reported (each once per episode)
     judged_windows: int = 0  # straggler events read
-    lost_ms: dict[str, float] = field(default_factory=dict)  # Cause -> job time lost to what was named, ms
+    lost_ms: dict[str, float] = field(default_factory=dict)  # StepPart -> job time lost to what was named, ms
     job_ms: Optional[float] = None  # the job's time over its step records (median over ranks of their sum)
     stalled: list[Stall] = field(default_factory=list)
     nodes: list[NodeFigures] = field(default_factory=list)
@@ -113,7 +113,7 @@ def job_wide(e: dict) -> Optional[dict]:
     if isinstance(e.get("job_wide"), dict):
         return e["job_wide"]
     if any(isinstance(s, dict) and s.get("kind") == StragglerKind.COMM_SLOW for s in e.get("stragglers") or []):
-        return {"kind": StragglerKind.COMM_SLOW, "cause": Cause.COMM, "cost_ms_per_step": None}
+        return {"kind": StragglerKind.COMM_SLOW, "cause": StepPart.COMM, "cost_ms_per_step": None}
     return None
 
 
@@ -134,7 +134,7 @@ def _window_steps(e: dict) -> int:
 
 
 def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int, dict[str, float]]:
-    """(kind -> holders, job-wide windows, straggler events, Cause -> ms of job time lost to what they named)."""
+    """(kind -> holders, job-wide windows, straggler events, StepPart -> ms of job time lost to what they named)."""
     windows: Counter = Counter()
     late: dict[tuple[int, str], float] = {}
     cost: Counter = Counter()
@@ -178,7 +178,7 @@ def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int, dic
 
 
 def stall_where(e: dict) -> str:
-    """Where a `stall` event (monitor/stall.py) says the rank is: its main thread's state and
+    """Where a `stall` event (monitor/health/hang.py) says the rank is: its main thread's state and
     wait channel, its innermost Python frame, or that its exchange rows stopped; and whether
     rank 0 named it (a peer's post, or its rows) rather than the rank itself."""
     parts = []
@@ -210,7 +210,7 @@ def _stalls(events: list[dict]) -> list[Stall]:
             continue
         where = stall_where(e)
         step = e.get("last_step")
-        if e.get("phase") == "resumed":  # monitor/stall.py: the rank stepped again
+        if e.get("phase") == "resumed":  # monitor/health/hang.py: the rank stepped again
             for r in stalled_ranks(e):
                 last.pop(r, None)
             continue
@@ -261,7 +261,7 @@ def _column_figures(table: RunLog, out: ClusterSummary) -> tuple[dict[int, float
 
 
 def _digest_figures(table: RunLog, out: ClusterSummary) -> tuple[dict[int, float], PoolNode]:
-    """The same from the ranks' digests (monitor/digest.py): percentiles within a bin."""
+    """The same from the ranks' digests (records/digest.py): percentiles within a bin."""
     import statistics
 
     digests = table.digests

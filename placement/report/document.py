@@ -5,15 +5,15 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Optional
 
-from placement.monitor.digest import StepDigest
-from placement.monitor.parts import StepPart
+from placement.records.digest import StepDigest
+from placement.records.parts import StepPart
 from placement.report.cluster import ClusterSummary
 from placement.report.logs import RANK_TABLE_MAX, RunInfo, RunLog
 from placement.report.text import summaries
 
 
 def job_parts_pct(log: RunLog) -> dict[str, Optional[float]]:
-    """The parts of the job's steps (the reader's columns hold them: monitor/parts.py), summed over
+    """The parts of the job's steps (the reader's columns hold them: records/parts.py), summed over
     every rank's steps, as % of their summed step time; comm and CPU stall None when never read."""
     import numpy as np
 

@@ -5,7 +5,7 @@ StepRecords too (the per-rank table and the plot), plus the events in time order
 Columns because `placement report` on a cluster reads a million step records (1,024 ranks x
 1,000 steps): as StepRecord objects with their role dicts that is gigabytes, as columns
 ~60 MB. Only what the views use is kept as a column: rank, step, end time, step/data/comm
-ms (data, comm and CPU stall as the parts of the step, monitor/parts.py), first-collective
+ms (data, comm and CPU stall as the parts of the step, records/parts.py), first-collective
 entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
 
 Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
@@ -19,7 +19,7 @@ order of start, or its id). Within one run, a rank whose step number does not go
 over (a log written before run ids, or a launcher that reuses one): its earlier steps there are
 dropped and counted.
 
-A long job's logs are read by their digests (monitor/digest.py: every monitor.digest_every steps
+A long job's logs are read by their digests (records/digest.py: every monitor.digest_every steps
 a rank writes the sums and step-time histogram of its steps): every line but the step lines is
 parsed, and the step lines are counted, not parsed (found by their first bytes, `{"type":"step"`,
 in one pass of the regex engine). Chosen by `read`: STEPS, DIGESTS, or AUTO (digests when the logs
@@ -41,9 +41,9 @@ from typing import Any, Optional
 
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
-from placement.monitor.digest import StepDigest
-from placement.monitor.record import VERDICTS, StepRecord
-from placement.monitor.parts import split_step
+from placement.records.digest import StepDigest
+from placement.records.step import VERDICTS, StepRecord
+from placement.records.parts import split_step
 from placement.vocab import Vocabulary
 
 LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
@@ -299,7 +299,7 @@ class _Columns:
         self.verdict.append(_VERDICT_CODE.get(d.get("verdict"), -1))
         self.t.append(d["t"])
         self.step_ms.append(d["step_ms"])
-        # data, comm and CPU stall as the parts of the step (monitor/parts.py), split here once for
+        # data, comm and CPU stall as the parts of the step (records/parts.py), split here once for
         # every view; NaN where the line did not say
         parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), _runq(roles, "main"))
         self.data_ms.append(_NAN if d.get("data_ms") is None else parts.data_ms)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 from typing import Optional
 
-from placement.monitor.parts import record_parts
+from placement.records.parts import record_parts
 from placement.report.logs import LogReadError, RunLog
 
 SEGMENTS = (("data wait", "#4C72B0"), ("comm", "#DD8452"), ("CPU stall", "#C44E52"), ("compute", "#8DA0CB"))

@@ -4,8 +4,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from placement.cpuset import format_cpulist
-from placement.monitor.cost import cost_words
-from placement.monitor.summary import RunSummary, summarize
+from placement.records.words import cost_words
+from placement.records.summary import RunSummary, summarize
 from placement.report.logs import RunLog
 
 HEADER = ("rank", "steps", "p50 ms", "p99 ms", "data %", "comm %", "CPU stall %", "compute %", "verdict (most steps)")
@@ -129,7 +129,7 @@ def _describe(e: dict) -> str:
 
 
 def _resident_words(r) -> str:
-    """', resident 99.8% on [0] (move_pages)' from a residence dict (bind/residence.py)."""
+    """', resident 99.8% on [0] (move_pages)' from a residence dict (residence.py)."""
     if not isinstance(r, dict):
         return ""
     share = r.get("share_pct")
@@ -171,7 +171,7 @@ def event_lines(log: RunLog) -> list[str]:
     return out
 
 
-# The parts of a step, said once (monitor/parts.py); README.md says the same.
+# The parts of a step, said once (records/parts.py); README.md says the same.
 PARTS_SENTENCE = ("a step's time = data wait + comm wait + CPU stall (main's runqueue wait while computing) + "
                   "compute, disjoint, as % of step time: they add up to 100")
 

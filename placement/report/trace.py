@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Optional, TextIO
 
 from placement.cpuset import format_cpulist
-from placement.monitor.parts import split_step
-from placement.monitor.record import VERDICTS
+from placement.records.parts import split_step
+from placement.records.step import VERDICTS
 from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
 
@@ -175,7 +175,7 @@ def _steps(out: TextIO, table: RunLog, pid_of: dict[int, int], selected: dict) -
             comm_start = ent if ent == ent and start <= ent <= end else end - c / 1e3
             comm_start = min(max(comm_start, start + data / 1e3), end)
             c = min(c, (end - comm_start) * 1e3)
-            # The step's parts (monitor/parts.py), the same as the report's; the stall column is
+            # The step's parts (records/parts.py), the same as the report's; the stall column is
             # already the CPU stall part, so it stays as read.
             parts = split_step(ms, data, comm, stall)
             lines.append(

@@ -8,7 +8,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from placement.bind.residence import Residence
+from placement.residence import Residence
 from placement.cpuset import format_cpulist
 from placement.roles import ThreadRole, role_of
 from placement.topology.pci import normalize_bdf

@@ -18,7 +18,7 @@ import time
 
 import placement
 from placement import _procfs
-from placement.bind import residence
+from placement import residence
 from placement.bind import session as session_mod
 from placement.events import EventKind
 from placement.roles import scan_threads
@@ -63,7 +63,7 @@ def _main_cpus() -> list[int]:
 def residence_evidence(planned, batch) -> dict:
     """Where this process's pages and the batch's buffers (pinned host memory from a pinning
     DataLoader on a GPU node) are, against the planned nodes: each look as Residence.to_dict(),
-    or the one-line reason it could not be made (bind/residence.py, the monitor's own reader)."""
+    or the one-line reason it could not be made (residence.py, the monitor's own reader)."""
     out: dict = {"planned": sorted(planned), "looks": [], "null": []}
     looks = [("process", lambda: residence.sample_process(planned))]
     buffers, pinned = residence.tensor_buffers(batch)

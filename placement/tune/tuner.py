@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
 from placement.events import EventKind
-from placement.monitor.record import StepRecord
+from placement.records.step import StepRecord
 from placement.roles import ThreadRole
 from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
 from placement.tune.judge import Backoff, NoiseBand, judge

@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from placement.monitor.record import StepRecord
+from placement.records.step import StepRecord
 from placement.roles import ThreadRole
 
 # A step slower than this many times the window's median step is a spike.

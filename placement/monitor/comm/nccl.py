@@ -2,7 +2,7 @@
 
 NCCL calls return at enqueue, so their wall time says nothing; durations come from
 ProcessGroupNCCL itself, by one of two routes (torch >= 2.11, checked by reading 2.11 (docs/torch211.md); sources cited in
-placement/monitor/flight_recorder.py and below):
+placement/monitor/comm/flight_recorder.py and below):
 
 - flight recorder (monitor.comm_timing=auto or flight_recorder): the recorder ProcessGroupNCCL
   really fills, read incrementally on the monitor thread every monitor.flush_every steps (or
@@ -43,11 +43,11 @@ from typing import Optional
 
 from placement.config import CommTimingMode
 from placement.events import EventKind
-from placement.monitor.comm_base import CommTiming
-from placement.monitor.comm_groups import nccl_groups
-from placement.monitor.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
+from placement.monitor.comm.base import CommTiming
+from placement.monitor.comm.groups import nccl_groups
+from placement.monitor.comm.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
                                                 settled_test)
-from placement.monitor.nccl_env import TIMING_VAR, timing_enabled_by_env
+from placement.bind.nccl_env import TIMING_VAR, timing_enabled_by_env
 from placement.monitor.warn import WarnOnce, first_line
 
 # How long a step may wait for its collectives to settle before it is built with comm time

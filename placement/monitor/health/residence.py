@@ -1,7 +1,7 @@
 """The periodic memory-residence look, on the monitor thread (never the training thread).
 
 Every monitor.residence_every_s (first after FIRST_LOOK_S) the monitor thread samples where the
-rank's pages are (bind/residence.py: a move_pages sample, a few hundred microseconds whatever the
+rank's pages are (residence.py: a move_pages sample, a few hundred microseconds whatever the
 process's size) and, apart, the buffers of the last batch a watched DataLoader handed out (the
 pinned host buffers its pin-memory thread filled; ordinary pages on a CPU-only host), and writes
 one `residence` event. A look whose share on the planned node(s) is below
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from placement.bind import residence
+from placement import residence
 from placement.events import EventKind
 from placement.monitor.warn import log
 

@@ -21,7 +21,7 @@ starts (no answer awaited); rank 0 reads that key (it exists: rank 0 wrote its o
 only when it names a rank whose host it does not know yet, so `straggler` events and the stalls
 rank 0 names carry the host beside the node rank.
 
-Stalled peers (stall.py has the design): a rank whose stall watch fires posts it under
+Hung peers (stall.py has the design): a rank whose stall watch fires posts it under
 "stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
 `add("stalls/n", 0)` every stall_min_s / 8 and `get`s "stalls" only when the count moved,
 and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
@@ -65,11 +65,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from placement.cpuset import format_cpulist
-from placement.monitor.naming import Naming
-from placement.monitor.cost import MIN_COMMON_STEPS, cost_words
-from placement.monitor.straggler import (FIELDS, RankFigures, StragglerReport, Thresholds, classify, comm_baseline,
-                                         next_transfer_history)
-from placement.monitor.stall import NAMED_PEERS, POSTS_MAX, post_line, read_posts
+from placement.monitor.stragglers.naming import Naming
+from placement.monitor.stragglers.cost import MIN_COMMON_STEPS
+from placement.records.words import cost_words
+from placement.monitor.probes.budget import MAX_EVERY
+from placement.monitor.stragglers.figures import FIELDS, RankFigures, StragglerReport, Thresholds
+from placement.monitor.stragglers.classify import classify, comm_baseline, next_transfer_history
+from placement.monitor.health.hang import NAMED_PEERS, POSTS_MAX, post_line, read_posts
 from placement.monitor.warn import WarnOnce, first_line
 
 PREFIX = "placement/exchange"
@@ -80,6 +82,16 @@ NAMED = 8  # stragglers an event names in full; the rest are counted by kind
 LISTED = 64  # ranks beyond which an event's rank lists are written in range form
 COSTS_KEPT = 1000
 LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-create (Exchange._sweep_late)
+
+
+def exchange_steps(step: int, every: int) -> tuple[int, int]:
+    """The absolute steps (first, last) every rank sends at the exchange of step `step`: the
+    `every` steps ending MAX_EVERY - 1 before it. Each rank builds its records up to its own
+    last probe step (a probe every MAX_EVERY steps at most, whatever its budget chose), so these
+    are built on every rank, whatever its cadence; an exchange waits for its steps to be built
+    (their comm figures settled: StepMonitor._send_due_exchanges)."""
+    last = step - MAX_EVERY + 1
+    return max(1, last - every + 1), last
 
 
 def default_store():
@@ -149,15 +161,15 @@ class StoreTransport:
                 out[int(rank)] = (int(node) if node.isdigit() else None, host)
         return out
 
-    def post_stall(self, line: bytes) -> None:
+    def post_hang(self, line: bytes) -> None:
         self.store.append("stalls", line)
         self.store.add("stalls/n", 1)
 
-    def stall_posts(self) -> int:
+    def hang_posts(self) -> int:
         return int(self.store.add("stalls/n", 0))
 
-    def read_stalls(self) -> bytes:
-        """Every stall post so far (call after stall_posts() > 0)."""
+    def read_hangs(self) -> bytes:
+        """Every stall post so far (call after hang_posts() > 0)."""
         return bytes(self.store.get("stalls"))
 
 
@@ -355,7 +367,7 @@ class Exchange:
         return {r: self._hosts[r] for r in ranks if r in self._hosts}
 
     # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
-    def post_stall(self, fields: dict) -> None:
+    def post_hang(self, fields: dict) -> None:
         """A rank (not 0) posts its stall or resume for rank 0, from a short-lived thread: a
         store op may wait on the client's lock, held by a training thread blocked in a store
         call, and the monitor thread must not wait with it."""
@@ -367,22 +379,22 @@ class Exchange:
 
         def post():
             try:
-                transport.post_stall(line)
+                transport.post_hang(line)
             except Exception as e:
                 self._warn("stall-post", f"stall post to rank 0 through the c10d store failed ({first_line(e)})")
 
         threading.Thread(target=post, name="placement_post", daemon=True).start()
 
-    def stall_posts(self) -> list[dict]:
+    def hang_posts(self) -> list[dict]:
         """Rank 0: peers' stall posts not read yet (one round trip when there are none). Posts
         from before this exchange's first look (an earlier attach in this job) are skipped."""
 
         if self.transport is None:
             return []
-        n = self.transport.stall_posts()
+        n = self.transport.hang_posts()
         if self._posts_offset is not None and n <= self._posts_seen:
             return []
-        raw = self.transport.read_stalls() if n > 0 else b""  # n > 0: the key exists
+        raw = self.transport.read_hangs() if n > 0 else b""  # n > 0: the key exists
         posts, offset = read_posts(raw, self._posts_offset or 0)
         first_look = self._posts_offset is None
         self._posts_offset, self._posts_seen = offset, n

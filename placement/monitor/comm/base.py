@@ -1,10 +1,10 @@
 """What every comm time source shares: the per-step figure (CommStep), the interface the monitor
 reads (CommTiming), the clock that counts and times collective calls, and the wrappers that feed
-it. The sources themselves: placement.monitor.comm (wall time, off, the DDP hook, the choice of
-source) and placement.monitor.comm_nccl (PyTorch's own NCCL records).
+it. The sources themselves: placement.monitor.comm.timing (wall time, off, the DDP hook, the choice of
+source) and placement.monitor.comm.nccl (PyTorch's own NCCL records).
 
 comm_enter_t, the wall time this rank entered its first collective of the step, is what
-tells a late rank from the ranks that waited for it (placement.monitor.straggler).
+tells a late rank from the ranks that waited for it (placement.monitor.stragglers.figures).
 """
 from __future__ import annotations
 

@@ -26,9 +26,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
 from placement import _procfs
-from placement.monitor.cpufreq import CoreFreq
-from placement.monitor.probes import MainRead, MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
-from placement.monitor.record import RoleSample
+from placement.monitor.probes.cpufreq import CoreFreq
+from placement.monitor.probes.counters import MainRead, MainThreadProbe, ThreadCounters, ThreadGone, ThreadProbe
+from placement.records.step import RoleSample
 from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadInfo, ThreadRole, scan_threads
 

@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 from placement.events import EventKind, EventLog
-from placement.monitor.digest import StepDigest
-from placement.monitor.jsonl import write_records
-from placement.monitor.record import StepRecord
-from placement.monitor.straggler import RankFigures, figures_from_records
-from placement.monitor.summary import one_line, summarize
-from placement.monitor.tensorboard_sink import open_writer, write_batch
+from placement.records.digest import StepDigest
+from placement.monitor.sinks.jsonl import write_records
+from placement.records.step import StepRecord
+from placement.monitor.stragglers.figures import RankFigures, figures_from_records
+from placement.records.summary import one_line, summarize
+from placement.monitor.sinks.tensorboard import open_writer, write_batch
 from placement.monitor.warn import WarnOnce, first_line, log
 
 

@@ -5,8 +5,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
-from placement.monitor.parts import record_parts
-from placement.monitor.record import StepRecord
+from placement.records.parts import record_parts
+from placement.records.step import StepRecord
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> Optional[float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from placement.events import EventLog
-from placement.monitor.record import StepRecord
+from placement.records.step import StepRecord
 
 
 def write_records(events: EventLog, records: Sequence[StepRecord]) -> None:

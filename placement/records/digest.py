@@ -19,9 +19,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from placement.monitor.parts import StepParts, record_parts
-from placement.monitor.record import StepRecord
-from placement.monitor.summary import RunSummary
+from placement.records.parts import StepParts, record_parts
+from placement.records.step import StepRecord
+from placement.records.summary import RunSummary
 
 HIST_RATIO = 1.01  # each bin 1% wider than the one below: percentiles within 1%
 _LOG_RATIO = math.log(HIST_RATIO)

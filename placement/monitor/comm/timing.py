@@ -6,21 +6,21 @@
   (torch.distributed.all_reduce, ...: Megatron's grad buffers, user code) are wrapped.
   comm_ms is the union of those intervals within the step (buckets overlap).
 - NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
-  durations come from PyTorch's own per-collective records (placement.monitor.comm_nccl).
+  durations come from PyTorch's own per-collective records (placement.monitor.comm.nccl).
   The DDP comm hook stays: it gives the bucket all-reduces' counts and entry times, at the
   price of a Python call (a GIL hold on the autograd thread) and a `fut.then` future per bucket.
 
 The interface, the per-step figure and the collective wrappers every source shares live in
-placement.monitor.comm_base; make_comm_timing() here chooses the source.
+placement.monitor.comm.base; make_comm_timing() here chooses the source.
 """
 from __future__ import annotations
 
 from typing import Optional
 
 from placement.config import CommTimingMode
-from placement.monitor.comm_base import NO_COMM, CollectiveClock, CommStep, CommTiming, OriginalCollectives
-from placement.monitor.comm_groups import nccl_groups
-from placement.monitor.comm_nccl import choose_nccl_timing
+from placement.monitor.comm.base import NO_COMM, CollectiveClock, CommStep, CommTiming, OriginalCollectives
+from placement.monitor.comm.groups import nccl_groups
+from placement.monitor.comm.nccl import choose_nccl_timing
 from placement.monitor.warn import WarnOnce, first_line
 
 

@@ -23,10 +23,10 @@ end because the durations exist on every backend with no extra moment to record 
 NCCL the CPU never sees a collective end; PyTorch's records give its GPU duration, which
 includes the wait for a late peer), need no estimation window, and are exact whatever
 the offsets and their drift. Figures are compared step by step: every rank sends the same
-absolute steps (RankFigures.first_step .. last_step, exchange_steps below),
+absolute steps (RankFigures.first_step .. last_step, crossrank.exchange.exchange_steps),
 whatever its probe cadence.
 
-What a straggler costs, and how lateness is measured step by step: monitor/cost.py.
+What a straggler costs, and how lateness is measured step by step: monitor/stragglers/cost.py.
 """
 from __future__ import annotations
 
@@ -35,20 +35,10 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from placement.monitor.budget import MAX_EVERY
-from placement.monitor.cost import Cause, costs_ms, lateness_per_step, material_ranks, rank_steps, split_cost
-from placement.monitor.parts import record_parts
-from placement.vocab import Vocabulary
+from placement.records.parts import StepPart, record_parts
+from placement.records.words import KINDS, StragglerKind  # noqa: F401  (the kinds, here with the figures that carry them)
 
 
-class StragglerKind(Vocabulary):
-    CPU_SLOW = "cpu-slow"
-    DATA_SLOW = "data-slow"
-    COMPUTE_SLOW = "compute-slow"
-    COMM_SLOW = "comm-slow"  # job-wide: every rank on time, the collectives slow (JobWide, not a Straggler)
-
-
-KINDS = StragglerKind.values()
 
 
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
@@ -99,7 +89,7 @@ class RankFigures:
         return cls(**vals)
 
     def stall_ms(self) -> Optional[float]:
-        """Its CPU stall per step: the step part of that name (monitor/parts.py)."""
+        """Its CPU stall per step: the step part of that name (records/parts.py)."""
         return self.main_runq_ms
 
     def threads_stall_ms(self) -> Optional[float]:
@@ -113,14 +103,14 @@ class RankFigures:
 @dataclass
 class Thresholds:
     # A rank is a candidate when it arrives this much after the earliest ... (low: what it costs
-    # decides whether it is named, monitor/naming.py)
+    # decides whether it is named, monitor/stragglers/naming.py)
     late_ms: float = 0.5
     late_frac: float = 0.02  # ... and by this fraction of the median step, whichever is larger
     explain_frac: float = 0.3  # an excess (data, runqueue) must account for this share of the lateness
     slow_core_ratio: float = 0.9  # main's MHz below this fraction of its peers' = slower core
     comm_slow_factor: float = 1.5  # collective time over this multiple of the baseline = comm-slow
     baseline_windows: int = 3  # windows of history the comm baseline needs
-    # Naming (monitor/naming.py): a window whose candidates together cost the job at least this
+    # Naming (monitor/stragglers/naming.py): a window whose candidates together cost the job at least this
     # share of its step time is material (monitor.straggler_min_cost_pct) ...
     min_cost_pct: float = 3.0
     # ... and a rank is named once material in this many consecutive windows, for as long as it
@@ -148,10 +138,10 @@ class Straggler:
     lateness_ms: Optional[float]
     why: str
     # What the job's step would have been shorter by, had this rank alone been at its peers'
-    # median (costs_ms), ms per step and % of the job's step; by Cause, summing to the cost.
+    # median (costs_ms), ms per step and % of the job's step; by StepPart, summing to the cost.
     cost_ms_per_step: Optional[float] = None
     cost_pct: Optional[float] = None
-    cost_by_cause: dict[Cause, float] = field(default_factory=dict)
+    cost_by_cause: dict[StepPart, float] = field(default_factory=dict)
     since_step: Optional[int] = None  # named: the first step of the windows that confirmed it (naming.py)
     # Of the window's steps measured on every rank (steps_judged), those at which it entered late
     # by more than a candidate's limit (steps_late; Thresholds.late_ms / late_frac, the bar its
@@ -171,7 +161,7 @@ class JobWide:
     """A slowdown every rank shares (no rank to name): reported once, as the job's."""
 
     kind: StragglerKind
-    cause: Cause
+    cause: StepPart
     cost_ms_per_step: float
     cost_pct: float
     why: str
@@ -247,172 +237,3 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
         main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
         main_mhz=_mean(role(r, "main", "mhz") for r in records))
-
-
-def exchange_steps(step: int, every: int) -> tuple[int, int]:
-    """The absolute steps (first, last) every rank sends at the exchange of step `step`: the
-    `every` steps ending MAX_EVERY - 1 before it. Each rank builds its records up to its own
-    last probe step (a probe every MAX_EVERY steps at most, whatever its budget chose), so these
-    are built on every rank, whatever its cadence; an exchange waits for its steps to be built
-    (their comm figures settled: StepMonitor._send_due_exchanges)."""
-    last = step - MAX_EVERY + 1
-    return max(1, last - every + 1), last
-
-
-BASELINE_HISTORY = 50  # straggler-free windows the comm baseline is the median of
-
-
-def next_transfer_history(history: list[float], candidates: StragglerReport) -> list[float]:
-    """The comm baseline's history after a judged window: its collective time added when the
-    window had no straggler candidate (classify's report, before naming), the last
-    BASELINE_HISTORY kept."""
-    if candidates.stragglers or candidates.transfer_ms is None:
-        return history
-    return (history + [candidates.transfer_ms])[-BASELINE_HISTORY:]
-
-
-def comm_baseline(history: list[float], th: Thresholds = Thresholds()) -> Optional[float]:
-    """The usual collective time: the median of the straggler-free windows so far (a median,
-    not the minimum, so one lucky window does not make every later one look slow)."""
-    if len(history) < th.baseline_windows:
-        return None
-    return statistics.median(history)
-
-
-def _median(values: list[Optional[float]]) -> Optional[float]:
-    known = [v for v in values if v is not None]
-    return statistics.median(known) if known else None
-
-
-def _fmt(v: Optional[float]) -> str:
-    return "?" if v is None else f"{v:.1f}"
-
-
-def _pct(ms: float, step_ms: float) -> Optional[float]:
-    return 100.0 * ms / step_ms if step_ms > 0 else None
-
-
-def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = None,
-             th: Thresholds = Thresholds()) -> StragglerReport:
-    """The ranks that hold the others back, with what each costs the job. Pure: same figures,
-    same answer. These are candidates: monitor/naming.py decides which are named.
-
-    `baseline_transfer_ms`: the usual time of the collectives themselves (see
-    comm_baseline), without which comm-slow is never said."""
-    ranks = [r for r in ranks if r.steps > 0]
-    report = StragglerReport()
-    if len(ranks) < 2:
-        return report
-    comm = [r.comm_ms for r in ranks if r.comm_ms is not None]
-    per_step = lateness_per_step(ranks)
-    if per_step is None:
-        return report  # no collective seen on some rank: arrivals cannot be compared
-    lateness = {rank: statistics.median(v) for rank, v in per_step.items()}
-    report.lateness_steps = per_step
-    median_step = statistics.median(r.step_ms for r in ranks)
-    report.step_ms = median_step
-    limit = max(th.late_ms, th.late_frac * median_step)
-    late = [r for r in ranks if lateness[r.rank] > limit]
-    punctual = [r for r in ranks if lateness[r.rank] <= limit]
-    report.transfer_ms = min(comm, default=None)
-    first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
-    ranked = rank_steps(per_step)
-    own, together = costs_ms(per_step, [r.rank for r in late], ranked)
-    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th, ranked)
-    # the punctual peers' medians, once (at scale a window has hundreds of candidates)
-    peer_data = _median([p.data_ms for p in punctual])
-    peer_stall = _median([p.stall_ms() for p in punctual])
-    peer_nccl = _median([p.nccl_runq_ms for p in punctual])
-    peer_mhz = _median([p.main_mhz for p in punctual])
-    for r in sorted(late, key=lambda r: -lateness[r.rank]):
-        lat = lateness[r.rank]
-        data_x = r.data_ms - (peer_data or 0.0)
-        stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
-        nccl_x = None if r.nccl_runq_ms is None else r.nccl_runq_ms - (peer_nccl or 0.0)
-        slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
-        arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
-        if data_x >= th.explain_frac * lat and data_x >= (stall_x or 0.0):
-            kind = StragglerKind.DATA_SLOW
-            why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(peer_data)} on peers"
-        elif stall_x is not None and stall_x >= th.explain_frac * lat:
-            kind = StragglerKind.CPU_SLOW
-            why = (f"{arrives}; its main thread waits {r.stall_ms():.1f} ms/step in the runqueue (CPU stall) "
-                   f"vs {_fmt(peer_stall)} on peers")
-        elif nccl_x is not None and nccl_x >= th.explain_frac * lat:
-            kind = StragglerKind.CPU_SLOW
-            why = (f"{arrives}; its NCCL threads wait {r.nccl_runq_ms:.1f} ms/step in the runqueue "
-                   f"vs {_fmt(peer_nccl)} on peers")
-        elif slow_core:
-            kind = StragglerKind.CPU_SLOW
-            why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
-        else:
-            kind = StragglerKind.COMPUTE_SLOW
-            why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
-                   f"({_fmt(r.stall_ms())} ms) explains it")
-        cost = own[r.rank]
-        late_at = [v > limit for v in per_step[r.rank]]  # the bar its median passed, step by step
-        by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)
-        if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[Cause.CPU_STALL]:
-            by_cause = {Cause.CPU_STALL: round(cost, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0}  # its slower core
-        report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
-                                           **_steadiness(late_at),
-                                           material=r.rank in material))
-    if late:
-        report.waiting = sorted(p.rank for p in punctual)
-        report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
-        return report
-    transfer = report.transfer_ms
-    if (transfer is not None and baseline_transfer_ms is not None and comm
-            and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
-        excess = transfer - baseline_transfer_ms
-        starved = _cpu_starved(ranks, excess, th)
-        if starved:
-            # The collective is slow because one rank's threads cannot run (its comm threads
-            # share a busy core): that rank is cpu-slow, the link is not to blame. Two starved
-            # ranks share the excess: fixing one alone would not give it all back.
-            share = excess / len(starved)
-            steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
-            for r, peer_stall in starved:
-                report.stragglers.append(Straggler(
-                    StragglerKind.CPU_SLOW, [r.rank], None,
-                    f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
-                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
-                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
-                    share, _pct(share, median_step), {Cause.CPU_STALL: round(share, 3), Cause.DATA: 0.0, Cause.COMPUTE: 0.0},
-                    **steadiness,
-                    material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
-            report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
-            report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
-            return report
-        report.job_wide = JobWide(
-            StragglerKind.COMM_SLOW, Cause.COMM, excess, _pct(excess, median_step) or 0.0,
-            f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
-            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow")
-    return report
-
-
-def _steadiness(late_at: list[bool]) -> dict[str, int]:
-    """Straggler's steps_late, steps_judged and steps_before_late from whether it was late at
-    each step measured on every rank."""
-    return {"steps_late": sum(late_at), "steps_judged": len(late_at),
-            "steps_before_late": next((i for i, late in enumerate(late_at) if late), len(late_at))}
-
-
-def _slow_collective_steps(ranks: list[RankFigures], baseline_ms: float, excess_ms: float) -> list[bool]:
-    """Per step measured on every rank, whether its collectives took at least half the window's
-    excess over the baseline: a step's collective time is the least comm time of any rank (the
-    one that waited for nobody), as the window's transfer_ms is of the means."""
-    return [min(comm) - baseline_ms >= 0.5 * excess_ms
-            for comm in zip(*(r.comm_steps for r in ranks)) if all(c is not None for c in comm)]
-
-
-def _cpu_starved(ranks: list[RankFigures], excess_ms: float, th: Thresholds) -> list[tuple[RankFigures, Optional[float]]]:
-    """Ranks whose runqueue wait above their peers' explains a share of the collectives' excess time
-    (with the peers' median wait), fewest first: when every rank is starved, nobody stands out."""
-    out = []
-    for r in ranks:
-        stall = r.threads_stall_ms()
-        peer = _median([p.threads_stall_ms() for p in ranks if p.rank != r.rank])
-        if stall is not None and stall - (peer or 0.0) >= th.explain_frac * excess_ms:
-            out.append((r, peer))
-    return out if len(out) < len(ranks) else []

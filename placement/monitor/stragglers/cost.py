@@ -1,6 +1,7 @@
 """Lateness step by step, and what a late rank costs the job: pure functions over the per-rank
-figures of one exchange window (monitor/straggler.py's RankFigures), for the classifier
-(straggler.py) and the naming (naming.py); `cost_words` says a cost in the log and the report.
+figures of one exchange window (monitor/stragglers/figures.py's RankFigures), for the classifier
+(classify.py) and the naming (naming.py); records/words.py's `cost_words` says a cost in the log and
+the report.
 
 What a straggler costs (`costs_ms`): per step, the job moves at the pace of its latest rank, so
 had rank r been at the median lateness of its peers, that step would have been shorter by r's
@@ -10,26 +11,17 @@ steps (a mean, not a median: a rank latest in half the steps costs half), so fix
 equally slow ranks is worth nothing, and the report also gives the cost of all late ranks
 together (their lateness removed at once). The cost is split by cause from the rank's excess
 over its punctual peers: CPU stall (runqueue wait), data wait, and the rest compute. Which
-candidates are named, and when, is monitor/naming.py's (precision), not this pure function's.
+candidates are named, and when, is monitor/stragglers/naming.py's (precision), not this pure function's.
 """
 from __future__ import annotations
 
 import statistics
 from typing import TYPE_CHECKING, Optional
 
-from placement.vocab import Vocabulary
+from placement.records.parts import StepPart
 
 if TYPE_CHECKING:
-    from placement.monitor.straggler import RankFigures, Thresholds
-
-
-class Cause(Vocabulary):
-    """What a straggler's cost (or a job-wide slowdown's) is made of."""
-
-    CPU_STALL = "cpu_stall"  # the step part of that name (monitor/parts.py): main's runqueue wait
-    DATA = "data"  # waiting for the next batch
-    COMPUTE = "compute"  # the rest: more work, a slower device
-    COMM = "comm"  # the collectives themselves
+    from placement.monitor.stragglers.figures import RankFigures, Thresholds
 
 
 # Steps measured on every rank that a lateness needs (the first exchange of a run may
@@ -132,7 +124,7 @@ def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: 
     return out
 
 
-def split_cost(cost: float, data_x: float, stall_x: Optional[float], nccl_x: Optional[float] = None) -> dict[Cause, float]:
+def split_cost(cost: float, data_x: float, stall_x: Optional[float], nccl_x: Optional[float] = None) -> dict[StepPart, float]:
     """A cost split by cause from the rank's excess over its punctual peers: data wait and CPU
     stall as measured, its NCCL threads' runqueue wait (inside its comm wait) as comm, all scaled
     down together when they exceed the cost; compute the rest."""
@@ -141,16 +133,8 @@ def split_cost(cost: float, data_x: float, stall_x: Optional[float], nccl_x: Opt
     if known > cost:
         scale = cost / known if known else 0.0
         data, stall, comm = data * scale, stall * scale, comm * scale
-    out = {Cause.CPU_STALL: round(stall, 3), Cause.DATA: round(data, 3),
-           Cause.COMPUTE: round(max(0.0, cost - data - stall - comm), 3)}
+    out = {StepPart.CPU_STALL: round(stall, 3), StepPart.DATA: round(data, 3),
+           StepPart.COMPUTE: round(max(0.0, cost - data - stall - comm), 3)}
     if comm:
-        out[Cause.COMM] = round(comm, 3)
+        out[StepPart.COMM] = round(comm, 3)
     return out
-
-
-def cost_words(cost_ms: Optional[float], cost_pct: Optional[float], by_cause: Optional[dict] = None) -> str:
-    """'cost the job 6.2% of step time (1.3 ms/step; cpu_stall 1.1, compute 0.2)', or '' unknown."""
-    if cost_ms is None or cost_pct is None:
-        return ""
-    parts = ", ".join(f"{c} {v:.1f}" for c, v in (by_cause or {}).items() if v >= 0.05)
-    return f"cost the job {cost_pct:.1f}% of step time ({cost_ms:.1f} ms/step" + (f"; {parts})" if parts else ")")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence
 
-from placement.monitor.record import StepRecord
-from placement.monitor.summary import stall_ms
+from placement.records.step import StepRecord
+from placement.records.summary import stall_ms
 from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import ThreadRole
 

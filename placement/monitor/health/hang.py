@@ -64,6 +64,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Optional
 
 from placement import _procfs
+from placement.records.words import cause_first, collective_words
 from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.roles import name_this_thread
@@ -78,7 +79,7 @@ NAMED_PEERS = 8  # peers rank 0 names in one event each; more at once share one 
 
 
 @dataclass(frozen=True)
-class Stalled:
+class Hung:
     last_step: int  # the last step the rank completed
     stalled_s: float  # seconds since it completed
     threshold_s: float
@@ -98,7 +99,7 @@ class MainWhere:
         return {"tid": self.tid, "state": self.state, "wchan": self.wchan, "stack": list(self.stack)}
 
 
-class StallWatch:
+class HangWatch:
     """Fed by the monitor thread: progress (the step counter it sees move) and step times."""
 
     def __init__(self, factor: float, min_s: float, pause_s: float = math.inf):
@@ -112,7 +113,7 @@ class StallWatch:
         self._times: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self._step = 0
         self._since_ns: Optional[int] = None
-        self.stalled: Optional[Stalled] = None  # the stall reported and not yet over
+        self.stalled: Optional[Hung] = None  # the stall reported and not yet over
         self.resumed: Optional[int] = None  # the step it resumed at, not yet reported
 
     def step_times(self, step_ms: Iterable[float]) -> None:
@@ -126,7 +127,7 @@ class StallWatch:
         median = statistics.median(times) if times else None
         return self.min_s if median is None else max(self.factor * median / 1e3, self.min_s)
 
-    def check(self, step: int, now_ns: int) -> Optional[Stalled]:
+    def check(self, step: int, now_ns: int) -> Optional[Hung]:
         """A new stall (once per stall), else None."""
         if self._since_ns is None or step != self._step:
             if self.stalled is not None and self._since_ns is not None:
@@ -141,10 +142,10 @@ class StallWatch:
         if waited <= threshold:
             return None
         median = statistics.median(self._times) if self._times else None
-        self.stalled = Stalled(step, waited, threshold, median)
+        self.stalled = Hung(step, waited, threshold, median)
         return self.stalled
 
-    def report(self, s: Stalled, events, rank: int, in_collective: Optional[bool] = None,
+    def report(self, s: Hung, events, rank: int, in_collective: Optional[bool] = None,
                in_collective_null: Optional[str] = None, *, hold: bool = False) -> dict[str, Any]:
         """Write the `stall` event (and flush it); returns what a peer post carries.
         `in_collective` (comm.CollectiveClock.in_collective): whether the rank waits inside a
@@ -214,22 +215,6 @@ class StallWatch:
             events.event(EventKind.STALL, phase="resumed", rank=rank, last_step=s.last_step, resumed_step=step, message=msg)
             events.flush()
         return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
-
-
-def collective_words(in_collective: Optional[bool]) -> str:
-    """What a stall message says of where the rank stopped relative to its collectives."""
-    if in_collective is None:
-        return ""
-    return ("; inside a collective call (waiting for a peer)" if in_collective
-            else "; outside any collective call (peers waiting in one wait for this rank)")
-
-
-def cause_first(in_collective: Optional[bool], last_step: Optional[int], rank: int) -> tuple:
-    """Sort key of stalled ranks, the likely cause first: outside any collective (the ranks
-    inside one wait for it), then unknown, then inside one; then the lowest last step (the
-    rank that stopped first), then the rank."""
-    return (0 if in_collective is False else 2 if in_collective is True else 1,
-            last_step if isinstance(last_step, int) else 1 << 62, rank)
 
 
 def holds_first(post: dict[str, Any]) -> tuple:
@@ -312,7 +297,7 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def write_peer_stall(events, fields: dict[str, Any]) -> None:
+def write_peer_hang(events, fields: dict[str, Any]) -> None:
     """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
     log.warning("placement: %s", fields.get("message", fields))
     events.event(EventKind.STALL, **fields)
@@ -361,7 +346,7 @@ class PeerWatch:
             return False
         try:
             threshold = self.threshold_s()
-            for fields in self.judge(ex.stall_posts(), ex.world_size):
+            for fields in self.judge(ex.hang_posts(), ex.world_size):
                 self.write(fields)
             for fields in ex.overdue(threshold):
                 self.write(fields)

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Optional
 
-from placement.monitor.cost import costs_ms
-from placement.monitor.straggler import StragglerReport, Thresholds
+from placement.monitor.stragglers.cost import costs_ms
+from placement.monitor.stragglers.figures import StragglerReport, Thresholds
 
 
 class Naming:
