@@ -413,7 +413,7 @@ class StepMonitor:
             self._last_span_step = step
             self.sampler.refresh()
         self._pending.extend(raw)
-        self._judge_budget(raw, item.hook_ns, item.hook_steps)
+        self._judge_budget(raw, item.hook_ns, item.hook_steps, item.last_step)
         ex = self.exchange if exchange else None
         exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
         flush_now = exchange_now or step % cfg.flush_every == 0
@@ -427,7 +427,7 @@ class StepMonitor:
         if not sent and ex is not None and ex.pending:
             self._publish(ex.collect())
 
-    def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int) -> None:
+    def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int, step: int) -> None:
         """Read the kernel counters every k-th step when every step costs more than the budget."""
         ns0, steps0 = self._hook_seen
         self._hook_seen = (hook_ns, hook_steps)
@@ -436,13 +436,13 @@ class StepMonitor:
         hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:]))
         was = self.budget.every
-        now = self.budget.update(hook_us, step_ms)
+        now = self.budget.update(hook_us, step_ms, step)
         if now is not None:
             self.events.event(EventKind.MONITOR, message=(
                 f"kernel counters read every {now} step(s), was {was}: the step hook costs {hook_us:.1f} us "
                 f"per step on this machine, {hook_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
                 f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, hook_us=round(hook_us, 1), step_ms=round(step_ms, 3),
+                probe_every=now, step=step, hook_us=round(hook_us, 1), step_ms=round(step_ms, 3),
                 budget_pct=self.budget.budget_pct)
         elif self.budget.over(hook_us, step_ms):
             self.warn("budget", f"the step hook costs {hook_us:.1f} us per step, over "

@@ -1,50 +1,81 @@
 """How often the step hook reads the kernel counters, from what the hook costs on this machine.
 
-A step's time, data wait and comm come from clocks the hook reads anyway; the hot threads'
-runqueue wait and on-CPU time need system calls, whose cost differs tenfold between
-machines: about 1-2 us on bare metal, 20-40 us right after a training step on a
-nested-virtualised VM (benchmarks/monitor_overhead.py prints both). The hook may spend
-monitor.budget_pct of the step time on the training thread. When its measured cost per
-step is above that, the counters are read every k-th step, and each of those k steps gets
-their per-step mean (StepRecord.probe_steps = k); when k-1 would fit again with room to
-spare, k comes down. budget_pct = 0 reads them every step whatever it costs.
+What
+    ProbeBudget chooses k: the hot threads' counters are read every k-th step, and each of those
+    k steps gets their per-step mean (StepRecord.probe_steps = k). k = 1 while the hook's cost
+    fits monitor.budget_pct of the step; budget_pct = 0 reads them every step whatever it costs.
 
-The hook times itself from the inside, so its figure misses what it cannot see of itself
-on the same thread: the call into it and handle.watch()'s clock reads around each batch
-(about a third of the inside figure on our VM). k is therefore chosen for AIM of the
-budget, so that all of it together stays inside the budget.
+Why
+    A step's time, data wait and comm come from clocks the hook reads anyway; the runqueue wait
+    and on-CPU time need system calls, whose cost differs tenfold between machines (bare metal
+    against a nested-virtualised VM: benchmarks/monitor_overhead.py prints both). The hook times
+    itself from the inside, so its figure misses its call and handle.watch()'s clock reads: k is
+    chosen for AIM of the budget, so that all of it together stays inside the budget.
+
+    The controller has hysteresis, so that a noisy machine does not make it change its mind
+    several times a second (each change is a `monitor` event in the user's log):
+    - it judges the median of the last JUDGED batch costs measured at the current k, not one
+      batch (a single window of a busy host can cost ten times the others);
+    - it goes up as soon as that median is over the aim (the budget is a promise), down only when
+      the cost at k-1 would stay under LOWER_BELOW of the aim;
+    - after a change it holds for `hold` steps; a change against the previous one (down after
+      up, up after down) doubles the hold, up to MAX_HOLD_STEPS; a change the same way keeps it.
+    At steady state that is at most one change per MAX_HOLD_STEPS / 2 steps however noisy.
+
+Cost
+    A few float operations per hand-over, on the monitor thread.
 """
 from __future__ import annotations
 
+import collections
 import math
-from dataclasses import dataclass
+import statistics
 from typing import Optional
 
 MAX_EVERY = 10  # never coarser than this: a hog of a few steps must still show
 AIM = 0.6  # share of the budget the hook's own figure is held to (the rest: its call, handle.watch())
 LOWER_BELOW = 0.8  # come down a step only when the cost would stay under this share of the aim
+JUDGED = 5  # batch costs (at the current k) whose median is judged
+MIN_HOLD_STEPS = 100  # steps after a change before the next, at first
+MAX_HOLD_STEPS = 2000  # ... doubled at each reversal, up to this
 
 
-@dataclass
 class ProbeBudget:
-    budget_pct: float
-    every: int = 1  # the counters are read every `every` steps
+    __slots__ = ("budget_pct", "every", "hold_steps", "_costs", "_changed_at", "_direction")
 
-    def update(self, hook_us_per_step: float, step_ms: float) -> Optional[int]:
-        """Judge one batch: the hook's mean cost per step and the median step time. Returns
-        the new `every` when it changes, else None."""
+    def __init__(self, budget_pct: float, every: int = 1):
+        self.budget_pct = budget_pct
+        self.every = every  # the counters are read every `every` steps
+        self.hold_steps = MIN_HOLD_STEPS
+        self._costs: collections.deque = collections.deque(maxlen=JUDGED)
+        self._changed_at = -MAX_HOLD_STEPS  # the step of the last change
+        self._direction = 0  # +1: the last change went up, -1: down
+
+    def update(self, hook_us_per_step: float, step_ms: float, step: int = 0) -> Optional[int]:
+        """Judge one batch ending at `step`: the hook's mean cost per step and the median step
+        time. Returns the new `every` when it changes, else None."""
         if self.budget_pct <= 0 or step_ms <= 0 or hook_us_per_step <= 0:
             return None
+        self._costs.append(hook_us_per_step)
+        if step - self._changed_at < self.hold_steps:
+            return None
+        cost = statistics.median(self._costs)
         aim_us = AIM * self.budget_pct / 100.0 * step_ms * 1e3
         k = self.every
-        if hook_us_per_step > aim_us and k < MAX_EVERY:
+        if cost > aim_us and k < MAX_EVERY:
             # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is reads,
             # so it lands inside the aim in an update or two.
-            new = min(MAX_EVERY, max(k + 1, math.ceil(k * hook_us_per_step / aim_us)))
-        elif k > 1 and hook_us_per_step * k / (k - 1) < LOWER_BELOW * aim_us:
+            new = min(MAX_EVERY, max(k + 1, math.ceil(k * cost / aim_us)))
+        elif k > 1 and len(self._costs) == JUDGED and cost * k / (k - 1) < LOWER_BELOW * aim_us:
             new = k - 1  # the cost at k-1 if all of it were reads: an upper bound
         else:
             return None
+        direction = 1 if new > k else -1
+        if self._direction and direction != self._direction:
+            self.hold_steps = min(MAX_HOLD_STEPS, 2 * self.hold_steps)
+        self._direction = direction
+        self._changed_at = step
+        self._costs.clear()  # costs measured at the old k say little of the new one
         self.every = new
         return new
 
