@@ -535,7 +535,7 @@ class StepMonitor:
         An exchange waits for its steps: with NCCL durations read from the flight recorder, a
         build without a poll (FrCadence spaces them out to keep the GIL budget) builds no step,
         and sending then would send an empty window; the next build with a poll, at most
-        comm_nccl.MAX_POLL_EVERY flushes later, builds them. Rank 0 keys exchanges by their
+        comm/nccl.py MAX_POLL_S later, builds them. Rank 0 keys exchanges by their
         last step, so a late row is still judged with its peers' (it waits Exchange.WAIT_S).
         More than MAX_EXCHANGES_DUE waiting (steps never built): the oldest goes as it is."""
         built = self._pending_first_step - 1

@@ -1,9 +1,9 @@
 """Which of a window's straggler candidates rank 0 names: only what costs the job, and only once
 it is more than one window's noise.
 
-classify (straggler.py) finds every rank that entered its collectives late, with what each
-costs. On a busy machine some rank is always a little late: on a balanced 2-rank soak of the
-main job, 79 of 2,240 windows named a rank for 0.5-1 ms/step, or every rank as comm-slow. So:
+classify (classify.py) finds every rank that entered its collectives late, with what each
+costs. On a busy machine some rank is always a little late (a balanced soak names a rank for
+0.5-1 ms/step in a few percent of its windows without this: docs/monitor.md). So:
 - a candidate is material when its share of the window's cost is at least Thresholds.min_cost_pct
   of the job's step (cost.material_ranks; the job-wide slowdown likewise, on its own cost);
 - a rank is named once it has been a material candidate in confirm_windows consecutive windows
