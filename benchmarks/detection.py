@@ -13,6 +13,9 @@ its DEFAULT monitor settings unless overridden) goes through these phases:
 - straggler: from step 140 to 190 (after the balanced ones) rank 1 sleeps STRAGGLER_FRAC (30%)
   longer each step; onset = seconds (and exchange windows) from its first slow step to rank 0's
   first `straggler` event naming rank 1; windows naming a rank outside those steps are counted;
+- frozen: at step 195 rank 2 stops itself (SIGSTOP: every thread of it, as a frozen host's are;
+  no post, no row) until rank 0 names it or FROZEN_WAIT_S pass, then the harness continues it;
+  latency = seconds from the stop to rank 0's `stall` event naming rank 2, against the limit;
 - hang: after step 200 (after the balanced ones) rank 1 blocks for good; latency = seconds from
   its last step to the first `stall` event naming rank 1 in any rank's log (one host: one clock).
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import sys
@@ -31,16 +35,18 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gloo_ranks import attach_rank, monitor_config, start_ranks  # noqa: E402  (benchmarks/, the script's own folder)
 
 WORLD = 3
-SHARED_AT, SINGLE_AT, HANG_AT = 40, 120, 200
+SHARED_AT, SINGLE_AT, FROZEN_AT, HANG_AT = 40, 120, 195, 200
 SINGLE_S = 5.0
 STRAGGLER_AT, STRAGGLER_TO, STRAGGLER_FRAC = 140, 190, 0.3
 STEP_S = 0.02
 HANG_WAIT_S = 40.0  # the harness gives up on naming after this long
+FROZEN_WAIT_S = 40.0  # ... and continues the frozen rank after this long
 
 
 def worker(log_dir: str, shared_s: float, overrides: str, balanced: int) -> None:
@@ -66,6 +72,11 @@ def worker(log_dir: str, shared_s: float, overrides: str, balanced: int) -> None
             marks["single"] = [time.time()]
             time.sleep(SINGLE_S)  # a garbage collection on one rank
             marks["single"].append(time.time())
+        elif step == FROZEN_AT and rank == 2:
+            marks["frozen"] = time.time()
+            Path(log_dir, f"marks{rank}.json").write_text(json.dumps(marks))
+            os.kill(os.getpid(), signal.SIGSTOP)  # every thread stops here, the monitor's too
+            marks["thawed"] = time.time()
         elif step == HANG_AT and rank == 1:
             marks["hang"] = time.time()
             Path(log_dir, f"marks{rank}.json").write_text(json.dumps(marks))
@@ -85,6 +96,27 @@ def _events(log_dir: Path) -> list[dict]:
     return out
 
 
+def _named_stalled(events: list[dict], rank: int, since: float) -> list[dict]:
+    return [e for e in events if e.get("type") == "stall" and e.get("rank") == rank
+            and e.get("phase") == "stalled" and e["t"] >= since]
+
+
+def _thaw_when_named(log_dir: Path, proc, named: Optional[float]) -> Optional[float]:
+    """Continue the frozen rank once rank 0 named it (or FROZEN_WAIT_S passed); the time it was
+    named, once known."""
+    path = log_dir / "marks2.json"
+    if named is not None or not path.exists():
+        return named
+    frozen = json.loads(path.read_text()).get("frozen")
+    if frozen is None:
+        return None
+    got = _named_stalled(_events(log_dir), 2, frozen)
+    if got or time.time() > frozen + FROZEN_WAIT_S:
+        proc.send_signal(signal.SIGCONT)
+        return min(e["t"] for e in got) if got else math.inf
+    return None
+
+
 def _alarms(events: list[dict], lo: float, hi: float) -> list[dict]:
     return [e for e in events if e.get("type") == "stall" and e.get("phase") == "stalled"
             and e.get("scope") != "job" and lo <= e["t"] <= hi]
@@ -98,8 +130,10 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
                                     str(balanced)], start_new_session=True)
         try:
             deadline = None
+            frozen_named = None
             while True:
                 time.sleep(0.2)
+                frozen_named = _thaw_when_named(log_dir, procs[2], frozen_named)
                 if any(p.poll() is not None for p in procs):
                     raise SystemExit("a rank exited: " + procs[[p.poll() is not None for p in procs].index(True)]
                                      .stderr.read().decode(errors="replace")[-2000:])
@@ -119,6 +153,9 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
         marks = {r: json.loads((log_dir / f"marks{r}.json").read_text()) for r in range(WORLD)}
         events = _events(log_dir)
     hang_t = marks[1]["hang"]
+    frozen_t = marks[2].get("frozen")
+    frozen = sorted(_named_stalled(events, 2, frozen_t), key=lambda e: e["t"]) if frozen_t else []
+    frozen_limit = frozen[0].get("threshold_s") if frozen else None
     named = sorted(e["t"] for e in events if e.get("type") == "stall" and e.get("rank") == 1
                    and e.get("phase") == "stalled" and e["t"] >= hang_t)
     shared_lo = min(m["shared"][0] for m in marks.values())
@@ -130,7 +167,8 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
                   and any(s.get("ranks") == [1] for s in e.get("stragglers") or [])), None)
     elsewhere = [e for e in judged if e.get("stragglers")
                  and balanced < e["steps"][1] and (e["steps"][1] < balanced + STRAGGLER_AT
-                                                   or e["steps"][0] >= balanced + STRAGGLER_TO)]
+                                                   or balanced + STRAGGLER_TO <= e["steps"][0]
+                                                   and e["steps"][1] < balanced + FROZEN_AT)]
     first = next((e for e in sorted(events, key=lambda e: e["t"]) if e.get("type") == "stall"
                   and e.get("rank") == 1 and e.get("phase") == "stalled" and e["t"] >= hang_t), None)
     balanced_windows = balanced // exchange_every
@@ -149,6 +187,11 @@ def run(shared_s: float, overrides: list[str], keep: str = "", balanced: int = 5
         "straggler_named_windows": None if onset is None else
         -(-(onset["steps"][1] - balanced - STRAGGLER_AT + 1) // (onset["steps"][1] - onset["steps"][0] + 1)),
         "straggler_events_elsewhere": len(elsewhere),
+        # the frozen rank: named after how long, by how (rank 0: "silent"), within its limit + 2 s
+        "frozen_named_s": None if not frozen else round(frozen[0]["t"] - frozen_t, 2),
+        "frozen_named_how": None if not frozen else frozen[0].get("how"),
+        "frozen_limit_s": frozen_limit,
+        "frozen_met": None if not frozen or frozen_limit is None else frozen[0]["t"] - frozen_t <= frozen_limit + 2.0,
         "world": WORLD, "overrides": overrides,
     }
 

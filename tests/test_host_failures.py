@@ -81,9 +81,9 @@ def test_a_frozen_host_is_named_stalled_with_its_host_and_resumed(hostbed, tmp_p
                  and e.get("source") == "monitor")
     for e in stalled:
         assert e["host"] == "host1" and e["node_rank"] == node1, e
-        # named within its limit of the freeze: the exchange in flight was sent at most one
-        # window (10 steps) before it; a look every limit/8, and room for a busy machine
-        assert e["t"] - frozen_at <= e["threshold_s"] + 5.0, (e, frozen_at)
+        # named within its limit of its last sign of life (its last row, sent before the freeze)
+        # + 2 s: the silence counts from the last row, not from when the others noticed they wait
+        assert e["t"] - frozen_at <= e["threshold_s"] + 2.0, (e, frozen_at)
     # resumed: by their rows (with host and node rank); their own posts may say it first
     resumed = wait_until(lambda: (lambda got: got if {e["rank"] for e in got if e.get("host") == "host1"} == {2, 3}
                                   else None)(named("resumed")() or []), 60, "rank 0 naming host1's ranks resumed")

@@ -28,9 +28,11 @@ and checks the exchange in flight once it is older than rank 0's stall threshold
 one `add`, and a `get` of its rows without deleting them only when some are missing). That
 `get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
 `delete_key` would wait on a missing key). A rank that says nothing at all while its peers wait
-in a collective (no stall post of its own, no row since the first peer posted such a stall, for
-rank 0's stall threshold) is named stalled with how "silent": a frozen or dead host's ranks, whose peers'
-posts only say that they wait (a synchronous job never reaches the next exchange to miss their rows).
+in a collective (a peer's stall post, or rank 0's own stall, inside one) is named stalled with how
+"silent" once it has neither posted nor sent a row for rank 0's stall threshold, counted from its
+last row (its last sign of life), after a grace of one hang-watch poll for the ranks waiting too to
+post: a frozen or dead host's ranks, whose peers' posts only say that they wait (a synchronous job
+never reaches the next exchange to miss their rows).
 
 Cost at W ranks, per exchange:
 - every rank, rank 0 included: 2 messages, ~300 bytes out, one round trip: the same at
@@ -239,7 +241,11 @@ class Exchange:
         self._posts_offset: Optional[int] = None  # bytes of "stalls" read (None: not yet looked)
         self._posts_seen = 0  # the posts count at the last read
         self._posts_sent = 0
-        self._heard: dict[int, float] = {}  # rank -> monotonic time of its last row
+        # rank -> when its last row seen was sent (rank 0's send time of that exchange: every rank
+        # sends a window's row at the same step, within the lateness it is judged for)
+        self._heard: dict[int, float] = {}
+        self._started = time.monotonic()  # a rank not heard from yet is silent from here
+        self._own_waiting_since: Optional[float] = None  # rank 0 itself stalled in a collective
         self._posted: set[int] = set()  # ranks whose last post says stalled (they are alive and said so)
         self._waiting_since: Optional[float] = None  # first post of a peer stalled in a collective
         # Costs per exchange, the last COSTS_KEPT (benchmarks/exchange_scale.py reads them):
@@ -412,10 +418,21 @@ class Exchange:
                     self._waiting_since = now
         return posts
 
-    def overdue(self, threshold_s: float) -> list[dict]:
+    def note_own_wait(self, in_collective: bool) -> None:
+        """Rank 0's peer watch: whether rank 0 itself is stalled inside a collective now (its own
+        hang watch's post), which is evidence, as a peer's post is, that the job waits for someone."""
+        with self._peer_lock:
+            if not in_collective:
+                self._own_waiting_since = None
+            elif self._own_waiting_since is None:
+                self._own_waiting_since = time.monotonic()
+
+    def overdue(self, threshold_s: float, grace_s: float = 0.0) -> list[dict]:
         """Rank 0's peer watch: `stall` event fields for the ranks that sent no row for longer
         than `threshold_s` (the exchange in flight is looked at once it is that old, once), and
-        for ranks so named whose rows came again (found by judge())."""
+        for ranks so named whose rows came again (found by judge()). `grace_s`: how long after
+        the first sign that ranks wait in a collective the ranks that said nothing are named
+        (the other waiting ranks post within one of their watch's polls)."""
         self.peer_threshold_s = threshold_s
         pending = self._pending
         if self.rank == 0 and pending is not None and self.transport is not None:
@@ -429,7 +446,7 @@ class Exchange:
                         rows = decode_rows(self.transport.peek(seq), self.slots, seq)
                 if rows is not None:  # else all came, or judge() took them meanwhile
                     self._rows_seen(rows, seq, sent, update=False)
-        self._name_silent(threshold_s)
+        self._name_silent(threshold_s, grace_s)
         out = []
         while self._peer_events:
             out.append(self._peer_events.popleft())
@@ -439,22 +456,28 @@ class Exchange:
                 f["node_rank"], f["host"] = where[f["rank"]]
         return out
 
-    def _name_silent(self, threshold_s: float) -> None:
-        """Name the ranks heard from neither by row nor by post since a peer posted that it waits
-        in a collective, once that is `threshold_s` ago (see the module docstring)."""
-        since = self._waiting_since
-        if self.rank != 0 or since is None or time.monotonic() - since <= threshold_s:
+    def _name_silent(self, threshold_s: float, grace_s: float) -> None:
+        """While some rank waits in a collective (a peer's post, or rank 0's own stall), name the
+        ranks that have neither posted nor sent a row for `threshold_s`: their silence counts from
+        their last row, their last sign of life, not from when the others noticed their own wait
+        (that named a frozen host at twice the limit). The ranks that wait too are given
+        `grace_s` after the first sign to post (see the module docstring)."""
+        waits = [t for t in (self._waiting_since, self._own_waiting_since) if t is not None]
+        now = time.monotonic()
+        if self.rank != 0 or not waits or now - min(waits) <= grace_s:
             return
         with self._peer_lock:
-            silent = [r for r in range(1, self.world_size)
-                      if r not in self._silent and r not in self._posted and self._heard.get(r, -math.inf) < since]
+            last = {r: self._heard.get(r, self._started) for r in range(1, self.world_size)
+                    if r not in self._silent and r not in self._posted}
+            silent = sorted(r for r, t in last.items() if now - t > threshold_s)
             if not silent:
                 return
             for r in silent:
-                self._missing_since.setdefault(r, since)
+                self._missing_since.setdefault(r, last[r])
             self._silent.update(silent)
             seq = self._pending[0] if self._pending else max(self._last_step.values(), default=0)
-            self._peer_events.extend(_peer_fields("stalled", silent, self._last_step, time.monotonic() - since,
+            quiet = now - max(last[r] for r in silent)  # the shortest silence among them
+            self._peer_events.extend(_peer_fields("stalled", silent, self._last_step, quiet,
                                                   threshold_s, seq, how="silent"))
 
     def _rows_seen(self, rows, seq: int, sent: Optional[float], update: bool = True) -> list[int]:
@@ -469,8 +492,10 @@ class Exchange:
         seen[ranks] = True
         missing = np.flatnonzero(~seen).tolist()
         with self._peer_lock:
+            heard = time.monotonic() if sent is None else sent
+            for r in ranks.tolist():  # alive when they sent it, final rows or a peek at the pending ones
+                self._heard[r] = max(self._heard.get(r, heard), heard)
             if update:
-                self._heard.update((r, time.monotonic()) for r in ranks.tolist())
                 self._last_step.update(zip(ranks.tolist(), rows[:, len(HEADER) + FIELDS.index("last_step")]
                                            .astype(int).tolist()))
             back = sorted(r for r in self._missing_since if seen[r])

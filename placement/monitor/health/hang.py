@@ -348,7 +348,10 @@ class PeerWatch:
             threshold = self.threshold_s()
             for fields in self.judge(ex.hang_posts(), ex.world_size):
                 self.write(fields)
-            for fields in ex.overdue(threshold):
+            own = self.own()
+            ex.note_own_wait(own is not None and own.get("phase", "stalled") == "stalled"
+                             and own.get("in_collective") is True)
+            for fields in ex.overdue(threshold, grace_s=self.poll_s):
                 self.write(fields)
         except Exception as e:
             if not self._failed:  # said once; the watch goes on (a store hiccup may pass)
