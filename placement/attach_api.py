@@ -56,6 +56,7 @@ from placement.monitor.probes.threads import RoleSampler, ThreadScan
 from placement.monitor.warn import WarnOnce
 from placement.monitor.watch import WatchedIterable
 from placement.plan.node import plan_for_node
+from placement.residence import planned_nodes
 from placement.plan.table import warnings_summary
 from placement.tune.tuner import Tuner
 
@@ -492,8 +493,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
             original = None
     ddp_timed = bool(model is not None and original is not None and cfg.monitor.comm_timing != "off"
                      and monitor_comm.install_ddp_hook(model, comm.clock, original, warn))
-    monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
-                          sampler=sampler, comm=comm, warn=warn, first_step=steps_before + 1)
+    exchange = None
     if dist is not None and world_size > 1:
         store = None
         try:
@@ -502,9 +502,13 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
             warn("exchange", f"no c10d store to exchange straggler figures through ({type(e).__name__}: {e}); "
                              "straggler naming is off")
         if store is not None:
-            monitor.exchange = Exchange(rank, world_size, store, warn, slots=cfg.monitor.exchange_every,
-                                        thresholds=Thresholds.from_monitor(cfg.monitor),
-                                        node_rank=identity.node_rank)
+            exchange = Exchange(rank, world_size, store, warn, slots=cfg.monitor.exchange_every,
+                                thresholds=Thresholds.from_monitor(cfg.monitor), node_rank=identity.node_rank)
+    # The NUMA node(s) the rank's memory is planned on: the residence watch looks where its pages are.
+    planned = () if session is None else planned_nodes(session.rank_plan.memory.mode, session.rank_plan.memory.nodes)
+    monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
+                          sampler=sampler, comm=comm, warn=warn, exchange=exchange, planned_nodes=planned,
+                          first_step=steps_before + 1)
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.

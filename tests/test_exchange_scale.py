@@ -5,7 +5,7 @@ import random
 
 import numpy as np
 
-from placement.monitor.crossrank.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, Verdict, judge_rows, straggler_event
+from placement.monitor.crossrank.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, WindowJudgement, judge_rows, straggler_event
 from placement.report.cluster import straggler_ranks
 from placement.monitor.stragglers.figures import RankFigures, Thresholds
 from placement.monitor.stragglers.classify import classify
@@ -40,7 +40,7 @@ def test_4096_ranks_name_the_worst_and_count_the_rest_by_kind():
     assert report.stragglers[0].kind == "data-slow" and report.stragglers[0].ranks == [4000]
     assert {s.ranks[0] for s in report.stragglers[1:]} < set(range(40, 48))
     expected = {k: sorted(r for r in range(world) if kind(r) == k) for k in ("cpu-slow", "data-slow", "compute-slow")}
-    event = straggler_event(Verdict(report, figures, nodes, world, []))
+    event = straggler_event(WindowJudgement(report, figures, nodes, world, []))
     assert straggler_ranks(event) == expected  # named + counted = every slow rank, by kind
     assert event["more"]["compute-slow"]["count"] == len(expected["compute-slow"])
     assert nodes == {4000: 500, **{r: 5 for s in report.stragglers[1:] for r in s.ranks}}

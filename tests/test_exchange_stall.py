@@ -302,6 +302,6 @@ def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_sto
 
 
 def _keep(reports: list, verdict) -> None:
-    """What rank 0's exchange judged (its Verdict), as the fields the tests read."""
+    """What rank 0's exchange judged (its WindowJudgement), as the fields the tests read."""
     if verdict is not None:
         reports.append({"missing": verdict.missing, "ranks_judged": verdict.ranks_judged})

@@ -47,15 +47,14 @@ import time
 from time import perf_counter_ns
 from typing import Callable, Optional
 
-from placement.bind import session as session_mod
-from placement.residence import planned_nodes
 from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.budget import ProbeBudget
 from placement.monitor.comm.base import CommStep, CommTiming
-from placement.monitor.crossrank.exchange import Exchange, Verdict, exchange_steps, straggler_event, straggler_lines
+from placement.monitor.crossrank.exchange import (Exchange, WindowJudgement, exchange_steps, straggler_event,
+                                                  straggler_lines)
 from placement.records.step import StepRecord
 from placement.monitor.health.residence import ResidenceWatch
 from placement.monitor.health.hang import PeerWatch, HangWatch, write_peer_hang
@@ -118,7 +117,7 @@ class HandOver:
 class StepMonitor:
     def __init__(self, cfg: PlacementConfig, events, *, rank: int, local_rank: int, world_size: int,
                  sampler: RoleSampler, comm: CommTiming, warn: WarnOnce,
-                 exchange: Optional[Exchange] = None, first_step: int = 1):
+                 exchange: Optional[Exchange] = None, planned_nodes: tuple[int, ...] = (), first_step: int = 1):
         self.cfg = cfg.monitor
         self._tune = cfg.tune
         self.events = events
@@ -183,14 +182,12 @@ class StepMonitor:
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
         self.hang = HangWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
-        self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (stall.py)
-        self.residence: Optional[ResidenceWatch] = None  # where the rank's pages are (residence_watch.py)
-        session = session_mod.current()
-        planned = () if session is None else planned_nodes(session.rank_plan.memory.mode,
-                                                           session.rank_plan.memory.nodes)
-        if planned and self.cfg.residence_every_s > 0:
-            self.residence = ResidenceWatch(planned, self.cfg.residence_every_s, self.cfg.residence_min_pct, events,
-                                            rank, lambda: self.last_batch)
+        self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (health/hang.py)
+        # where the rank's pages are against `planned_nodes` (health/residence.py)
+        self.residence: Optional[ResidenceWatch] = None
+        if planned_nodes and self.cfg.residence_every_s > 0:
+            self.residence = ResidenceWatch(tuple(planned_nodes), self.cfg.residence_every_s,
+                                            self.cfg.residence_min_pct, events, rank, lambda: self.last_batch)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -575,7 +572,7 @@ class StepMonitor:
             self._publish(ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True))
         self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
-    def _publish(self, verdict: Optional[Verdict]) -> None:
+    def _publish(self, verdict: Optional[WindowJudgement]) -> None:
         """Rank 0: one `straggler` event, and its log lines, per judged window that names someone
         (or starts a job-wide slowdown)."""
         if verdict is None or not (verdict.report.stragglers or verdict.report.job_wide):

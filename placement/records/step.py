@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.events import EventKind
+from placement.records.verdict import StepVerdict
 from placement.roles import ThreadRole
 
-VERDICTS = ("cpu-bound", "comm-bound", "data-bound", "balanced")
 _ROLE_NAMES = frozenset(r.value for r in ThreadRole)
 
 
@@ -89,7 +89,7 @@ class StepRecord:
     comm_count: int = 0
     # Keyed by role (a ThreadRole is also its name: rec.roles["main"] finds it); JSON keys are the names.
     roles: dict[ThreadRole, RoleSample] = field(default_factory=dict)
-    verdict: str = "balanced"
+    verdict: str = StepVerdict.BALANCED  # records/verdict.py; read back from a log, the plain word
     local_rank: int = 0
     # When this rank entered its first collective of the step (time.time()); tells the late
     # arriver from the ranks that waited for it.

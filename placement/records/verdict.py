@@ -11,15 +11,29 @@ from __future__ import annotations
 
 from typing import Optional
 
+from placement.vocab import Vocabulary
+
+
+class StepVerdict(Vocabulary):
+    """A step's verdict word, as the log writes it (a member is the `str` it prints)."""
+
+    CPU_BOUND = "cpu-bound"
+    COMM_BOUND = "comm-bound"
+    DATA_BOUND = "data-bound"
+    BALANCED = "balanced"
+
+
+VERDICTS = StepVerdict.values()  # in this order: the report's columns keep a verdict as its index
+
 
 def step_verdict(step_ms: float, data_ms: float, comm_ms: Optional[float], stall_ms: Optional[float],
-                 runq_wait_pct: float, comm_share_pct: float, data_share_pct: float) -> str:
+                 runq_wait_pct: float, comm_share_pct: float, data_share_pct: float) -> StepVerdict:
     if step_ms <= 0:
-        return "balanced"
-    best, best_ratio = "balanced", 1.0
-    for verdict, ms, pct in (("cpu-bound", stall_ms, runq_wait_pct),
-                             ("comm-bound", comm_ms, comm_share_pct),
-                             ("data-bound", data_ms, data_share_pct)):
+        return StepVerdict.BALANCED
+    best, best_ratio = StepVerdict.BALANCED, 1.0
+    for verdict, ms, pct in ((StepVerdict.CPU_BOUND, stall_ms, runq_wait_pct),
+                             (StepVerdict.COMM_BOUND, comm_ms, comm_share_pct),
+                             (StepVerdict.DATA_BOUND, data_ms, data_share_pct)):
         if ms is None or pct <= 0:
             continue
         ratio = (100.0 * ms / step_ms) / pct

@@ -42,7 +42,8 @@ from typing import Any, Optional
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
 from placement.records.digest import StepDigest
-from placement.records.step import VERDICTS, StepRecord
+from placement.records.step import StepRecord
+from placement.records.verdict import VERDICTS
 from placement.records.parts import split_step
 from placement.vocab import Vocabulary
 
@@ -94,7 +95,7 @@ class RunLog:
     comm_ms: Any
     stall_ms: Any
     enter_t: Any  # when the rank entered its first collective of the step
-    verdict: Any  # index into record.VERDICTS (-1: a verdict this version does not know)
+    verdict: Any  # index into records/verdict.py VERDICTS (-1: a verdict this version does not know)
     records: Optional[dict[int, list[StepRecord]]] = None  # rank -> records in step order
     node: dict[int, str] = field(default_factory=dict)  # every rank -> its node's label
     events: list[dict[str, Any]] = field(default_factory=list)  # everything but step records, by time

@@ -26,7 +26,7 @@ from typing import Optional, TextIO
 
 from placement.cpuset import format_cpulist
 from placement.records.parts import split_step
-from placement.records.step import VERDICTS
+from placement.records.verdict import VERDICTS
 from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
 from placement.report.logs import LogReadError, RunLog
 

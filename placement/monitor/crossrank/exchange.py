@@ -192,7 +192,7 @@ def decode_rows(raw: bytes, slots: int, seq: int):
 
 
 @dataclass(frozen=True)
-class Verdict:
+class WindowJudgement:
     """Rank 0's judgement of one exchange: what Exchange.collect (and submit, close) return."""
 
     report: StragglerReport
@@ -254,7 +254,7 @@ class Exchange:
         self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
-    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[Verdict]:
+    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[WindowJudgement]:
         """Send this rank's figures under the key of their last step (the same window on every
         rank: straggler.exchange_steps), rank 0 first finishing the previous exchange (waiting
         at most WAIT_S since it sent it, or `wait_s`): its verdict is returned."""
@@ -277,7 +277,7 @@ class Exchange:
             self._pending = (key, time.monotonic())
         return verdict
 
-    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> Optional[Verdict]:
+    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> Optional[WindowJudgement]:
         """Rank 0: judge the pending exchange once every rank has sent (with `block`, after at
         most WAIT_S, or `wait_s` from now, whoever has); its verdict, None when none was judged."""
         if self._pending is None or self.transport is None:
@@ -341,7 +341,7 @@ class Exchange:
             if self._late[seq] <= 0:
                 del self._late[seq]
 
-    def judge(self, got: Received, sent: Optional[float] = None) -> Verdict:
+    def judge(self, got: Received, sent: Optional[float] = None) -> WindowJudgement:
         candidates: list[StragglerReport] = []
 
         def name(report: StragglerReport) -> StragglerReport:
@@ -358,7 +358,7 @@ class Exchange:
                        f"({format_cpulist(missing)}); judged without them")
         if candidates:
             self.transfer_history = next_transfer_history(self.transfer_history, candidates[0])
-        return Verdict(report, figures, nodes, int(len(got.rows)), missing,
+        return WindowJudgement(report, figures, nodes, int(len(got.rows)), missing,
                        {r: w[1] for r, w in self.where(list(nodes)).items()})
 
     def where(self, ranks: list[int]) -> dict[int, tuple[Optional[int], str]]:
@@ -525,7 +525,7 @@ class Exchange:
     def enabled(self) -> bool:
         return self.transport is not None
 
-    def close(self, timeout_s: float = 2.0) -> Optional[Verdict]:
+    def close(self, timeout_s: float = 2.0) -> Optional[WindowJudgement]:
         """Rank 0: judge the exchange in flight if its rows come within `timeout_s` (its peers
         sent them a window ago; at exit some may be gone), and return its verdict. Nothing to
         tear down: the store belongs to the job."""
@@ -635,7 +635,7 @@ def compact(report: StragglerReport) -> StragglerReport:
     return dataclasses.replace(report, stragglers=singles[:NAMED], more=more, waiting=waiting)
 
 
-def straggler_event(v: Verdict) -> dict[str, Any]:
+def straggler_event(v: WindowJudgement) -> dict[str, Any]:
     """The fields of rank 0's `straggler` event for one window (figures of the ranks named)."""
     report, figures = v.report, v.figures
     steps = [f for f in figures if f.steps]

@@ -1,4 +1,8 @@
-"""CLASSIFY_DOC"""
+"""Which ranks hold the others back in one exchange window, and why: classify() over the window's
+per-rank figures (figures.py), with what each costs (cost.py); which of them are named is
+naming.py's. The method (arrival from durations each rank measures on its own clock, why a late
+rank is data-, cpu- or compute-slow, and comm-slow job-wide against the baseline) is figures.py's
+docstring; the comm baseline's history is kept here (next_transfer_history)."""
 from __future__ import annotations
 
 import math
@@ -6,7 +10,8 @@ import statistics
 from typing import Optional
 
 from placement.monitor.stragglers.cost import costs_ms, lateness_per_step, material_ranks, rank_steps, split_cost
-from placement.monitor.stragglers.figures import (JobWide, RankFigures, Straggler, StragglerReport, Thresholds, _mean, _round)
+from placement.monitor.stragglers.figures import (JobWide, RankFigures, Straggler, StragglerReport, Thresholds,
+                                                  _mean, _round)
 from placement.records.words import StragglerKind
 from placement.records.parts import StepPart
 
