@@ -8,7 +8,6 @@ Under torchrun `placement.attach` plans and binds the rank itself; under placeru
 automatic monitor's place (one monitor a process). At the last step each rank prints where each of
 its threads actually ran, read from /proc.
 """
-import argparse
 import os
 import sys
 
@@ -16,37 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler
 
 import placement
 from placement.bind.where import format_thread_placements, where_threads_run
-
-FEATURES = 64
-
-
-class SyntheticRegression(Dataset):
-    """y = x . w + noise, every sample made on demand from its index (the workers do real work)."""
-
-    def __init__(self, size: int):
-        self.size = size
-        self.w = torch.linspace(-1.0, 1.0, FEATURES)
-
-    def __len__(self):
-        return self.size
-
-    def __getitem__(self, i):
-        g = torch.Generator().manual_seed(i)
-        x = torch.randn(FEATURES, generator=g)
-        return x, (x @ self.w + 0.01 * torch.randn((), generator=g)).unsqueeze(0)
-
-
-def parse_args():
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=60, help="training steps (default: 60)")
-    p.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank (default: 2)")
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--steps-per-epoch", type=int, default=20, help="workers respawn every epoch (default: 20)")
-    return p.parse_args()
+# The same job as the main one: its data set and arguments (this script's folder is on sys.path).
+from train_ddp import FEATURES, SyntheticRegression, parse_args
 
 
 def report_where_threads_ran(handle, rank: int, world_size: int) -> None:
