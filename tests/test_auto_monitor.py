@@ -195,7 +195,8 @@ def test_an_unmodified_loop_names_a_rank_slowed_30_percent_with_its_cost(tmp_pat
     assert p.returncode == 0, p.stderr[-4000:]
     named = [s for e in _log(logs, 0) if e["type"] == "straggler" for s in e["stragglers"]]
     assert named and {r for s in named for r in s["ranks"]} == {1}, named[:3]
-    assert all(s["kind"] == "compute-slow" and s["cost_ms_per_step"] > 0 for s in named), named[:3]
+    # its extra busy loop is compute; on a busy host its runqueue wait may explain it instead
+    assert all(s["kind"] in ("compute-slow", "cpu-slow") and s["cost_ms_per_step"] > 0 for s in named), named[:3]
 
 
 @pytest.mark.slow
