@@ -1,36 +1,37 @@
 """The per-rank step monitor: the step hook on the training thread, and the monitor thread
 that turns its raw readings into records and delivers them.
 
-Cost design (the hook may take monitor.budget_pct of the step on the training thread:
-0.3% is 30 us of a 10 ms step; see benchmarks/monitor_overhead.py):
-- on_step(), training thread: a perf_counter stamp, the step's data wait and comm
-  counters, on probe steps the hot threads' kernel counters (main's thread clock and one
-  pread of its schedstat, one pread per nccl/pin_memory thread), and an append. Every
-  step is a probe step unless that costs more than the budget (budget.py). At the next
-  due step (a span reading, a flush or an exchange) the raw steps are handed over: a
-  deque append and one wake-up.
-- the monitor thread (`placement_mon`, role `other`, so never on a hot core): every
-  monitor.rescan_every steps the span reading of every thread and a refresh of the
-  thread list; every monitor.flush_every steps records are built, judged, handed to the
-  observers (the tuner), encoded and written in one batch, and the file flushed; as soon
-  as a window of an observer that judges whole windows (the tuner: add_observer's
-  window_end) is complete with its comm figures settled, its records are built and handed
-  over too, flush step or not (a tuner fed only at flush steps would learn of trouble, and
-  judge its move, windows late). Steps are built only once their comm figures are settled
-  (comm.settled_through: NCCL durations arrive after the step) or have waited
-  comm.settle_max_s; steps held so are built by the monitor thread as soon as they settle,
-  hand-over or not. Every monitor.exchange_every steps this rank's window figures go to rank 0 through the job's
-  c10d store (exchange.py), and rank 0 judges them there; the figures are of the same
-  absolute steps on every rank (crossrank/exchange.py exchange_steps); and, between hand-overs,
-  the stall watch (stall.py): a rank that completes no step for max(monitor.stall_factor x
-  its median step, monitor.stall_min_s) gets a `stall` event naming where its main thread is.
-Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
-them: probes.MainRead, threads.HotRead) addressed by step and ThreadRole.
-Nothing here synchronises a GPU. No figure is guessed: what a probe cannot read is None.
+What
+    on_step() / step_at(), training thread: a perf_counter stamp, the step's data wait and comm
+    counters, on probe steps the hot threads' kernel counters (main's thread clock and one pread
+    of its schedstat, one pread per nccl/pin_memory thread: probes/), and an append. At the next
+    due step (a span reading, a flush or an exchange) the raw steps are handed over: a deque
+    append and one wake-up.
+    The monitor thread (`placement_mon`, role `other`, so never on a hot core): every
+    monitor.rescan_every steps the span reading of every thread and a refresh of the thread
+    list; every monitor.flush_every steps records are built, judged (records/verdict.py), handed
+    to the observers (the tuner), encoded and written in one batch (sinks/); as soon as a window
+    of an observer that judges whole windows (add_observer's window_end) is complete with its
+    comm figures settled, its records are built and handed over too. Steps are built only once
+    their comm figures are settled (comm.settled_through: NCCL durations arrive after the step)
+    or have waited comm.settle_max_s. Every monitor.exchange_every steps this rank's window
+    figures go to rank 0 through the job's c10d store (crossrank/), for the same absolute steps
+    on every rank (exchange_steps); and, between hand-overs, the hang watch (health/hang.py): a
+    rank that completes no step for max(monitor.stall_factor x its median step,
+    monitor.stall_min_s) gets a `stall` event naming where its main thread is.
+    Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
+    them: probes.counters.MainRead, probes.threads.HotRead) addressed by step and ThreadRole.
 
-The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception
-in training code, interpreter exit) take it and finish that work on their own thread, so
-every measured step is written whichever thread gets there.
+Cost
+    The hook may take monitor.budget_pct of the step on the training thread (0.3% is 30 us of a
+    10 ms step; benchmarks/monitor_overhead.py): every step is a probe step unless that costs
+    more than the budget (probes/budget.py). Nothing here synchronises a GPU. No figure is
+    guessed: what a probe cannot read is None.
+
+Threads
+    The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception in
+    training code, interpreter exit) take it and finish that work on their own thread, so every
+    measured step is written whichever thread gets there (docs/design.md, threads and locks).
 """
 from __future__ import annotations
 

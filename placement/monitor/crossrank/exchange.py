@@ -1,58 +1,45 @@
-"""Every monitor.exchange_every steps each rank's window figures reach rank 0, which names the
-ranks that hold the others back and writes a `straggler` event.
+"""Every monitor.exchange_every steps each rank's window figures reach rank 0, which judges them
+(monitor/stragglers/) and writes a `straggler` event; and what rank 0 learns there of its peers'
+liveness, which its peer watch (monitor/health/hang.py PeerWatch) reads.
 
-Transport: the job's own c10d store (torch.distributed's default store, of which every rank
-already holds a client: torch elastic's agent store under torchrun/placerun, or the TCPStore
-of init_process_group). No process group is created, no port opened, no connection added.
-Exchange n (n: the last step of the window it carries, the same on every rank) lives under two
-keys of a PrefixStore "placement/exchange":
-- every rank, on its monitor thread: `append("<n>/rows", row)` (TCPStore answers no SET or
-  APPEND: the client sends and goes on) then `add("<n>/n", 1)` (one round trip);
-- rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (one
-  round trip each; at its next exchange it polls for up to WAIT_S, then judges whoever came),
-  then one `get("<n>/rows")` of all rows and two `delete_key`s, so the store holds at most the
-  keys of the exchanges in flight. `get` only follows a count that says the key exists: a store
-  op never waits on a missing key (it would hold the client's lock, torch's TCPStore
-  activeOpLock_, against the training thread's own store calls).
-A row is (2 + 11 + exchange_every) float64: n, node rank, straggler.FIELDS, and the
-per-step collective times. With exchange_every = 20: 264 bytes.
-Host names: each rank appends "<rank> <node rank> <hostname>" to "hosts" once, when its exchange
-starts (no answer awaited); rank 0 reads that key (it exists: rank 0 wrote its own line first)
-only when it names a rank whose host it does not know yet, so `straggler` events and the stalls
-rank 0 names carry the host beside the node rank.
+What
+    Exchange n (n: the last step of the window it carries, the same on every rank:
+    exchange_steps) lives under two keys of a PrefixStore "placement/exchange" in the job's own
+    c10d store:
+    - every rank, on its monitor thread: `append("<n>/rows", row)` then `add("<n>/n", 1)`;
+    - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (at
+      its next exchange it polls for up to WAIT_S, then judges whoever came), then one
+      `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges in flight.
+    A row is (2 + 11 + exchange_every) float64: n, node rank, stragglers.figures.FIELDS and the
+    per-step collective times (264 bytes at exchange_every = 20). Host names: each rank appends
+    "<rank> <node rank> <hostname>" to "hosts" once; rank 0 reads it only when it names a rank
+    whose host it does not know yet. Hung peers: a rank whose hang watch fires posts under
+    "stalls" (append + add, from a short-lived thread); rank 0's peer watch reads
+    `add("stalls/n", 0)` every stall_min_s / 8, `get`s "stalls" only when the count moved, and
+    peeks at the exchange in flight once it is older than rank 0's stall threshold (`overdue`).
+    A rank that says nothing while some rank waits in a collective (a peer's post, or rank 0's
+    own stall, inside one) is named stalled, how "silent", once it has neither posted nor sent a
+    row for the threshold, counted from its last row (its last sign of life), after one
+    hang-watch poll for the ranks waiting too to post: a frozen or dead host's ranks.
 
-Hung peers (stall.py has the design): a rank whose stall watch fires posts it under
-"stalls" (append + add, from a short-lived thread); rank 0's peer watch thread reads
-`add("stalls/n", 0)` every stall_min_s / 8 and `get`s "stalls" only when the count moved,
-and checks the exchange in flight once it is older than rank 0's stall threshold (`overdue`:
-one `add`, and a `get` of its rows without deleting them only when some are missing). That
-`get` and rank 0's `take` of the same rows are serialised by a lock (a `get` after the
-`delete_key` would wait on a missing key). A rank that says nothing at all while its peers wait
-in a collective (a peer's stall post, or rank 0's own stall, inside one) is named stalled with how
-"silent" once it has neither posted nor sent a row for rank 0's stall threshold, counted from its
-last row (its last sign of life), after a grace of one hang-watch poll for the ranks waiting too to
-post: a frozen or dead host's ranks, whose peers' posts only say that they wait (a synchronous job
-never reaches the next exchange to miss their rows).
+Why this way
+    The store is one every rank already holds a client of (torch elastic's agent store under
+    torchrun/placerun, or init_process_group's TCPStore): no process group, no port, no
+    connection added, O(W) for a result only rank 0 uses. TCPStore answers no SET or APPEND
+    (the client sends and goes on). A `get` only follows a count that says the key exists: a
+    store op never waits on a missing key, which would hold the client's lock (torch's TCPStore
+    activeOpLock_) against the training thread's own store calls; the watch's peek and rank 0's
+    `take` of the same rows are serialised by a lock for the same reason. Lateness compares
+    per-step comm durations within the window (stragglers/cost.py): no wall clocks, skew-free.
 
-Cost at W ranks, per exchange:
-- every rank, rank 0 included: 2 messages, ~300 bytes out, one round trip: the same at
-  16,384 ranks as at 2 (benchmarks/exchange_scale.py measures it per W);
-- rank 0: 1 message per poll, then one get of W x 272 bytes (4.3 MiB at 16,384) and the
-  judgement, linear in W, all on its monitor thread (placement_mon, never on a hot core);
-- the store server: 2W small requests, W x 272 bytes held until rank 0 takes them. A row that
-  comes after its exchange was judged makes its keys anew; rank 0 removes them for the next
-  LATE_SWEEPS exchanges (`_sweep_late`: one round trip per such exchange), so the store holds
-  only the exchanges in flight, late rows included.
-The old design (an all-gather on a side gloo group) connected a full mesh at attach (W-1
-sockets per rank) and moved W x row bytes to every rank: O(W^2) for a result only rank 0 uses.
-
-Judging at scale: up to TRIAGE_ABOVE ranks every rank's figures go to straggler.classify. Beyond,
-a vectorised pass over all rows finds the candidates (ranks entering their collectives later
-than half the lateness limit, the earliest arrivers, the fastest collective) and classify judges
-them against an even sample of the punctual ranks (their medians stand for all peers'); the
-event names the NAMED worst ranks in full and counts the rest by kind, with their ranks in list
-form ("3,17,200-207"). Lateness compares per-step comm durations within the window's steps,
-as cost.arrival_lateness_ms does (no wall clocks: skew-free).
+Cost (per exchange, W ranks; benchmarks/exchange_scale.py measures it)
+    - every rank: 2 messages, ~300 bytes out, one round trip, whatever W;
+    - rank 0: 1 message per poll, one get of W x 272 bytes and the judgement, linear in W, on its
+      monitor thread. Beyond TRIAGE_ABOVE ranks a vectorised pass finds the candidates and
+      classify judges them against an even sample of PEER_SAMPLE punctual ranks; the event names
+      the NAMED worst in full and counts the rest by kind ("3,17,200-207");
+    - the store server: 2W small requests, W x 272 bytes held until rank 0 takes them; a row that
+      comes after its exchange was judged makes its keys anew, swept for LATE_SWEEPS exchanges.
 """
 from __future__ import annotations
 
