@@ -63,8 +63,11 @@ class AutoMonitor:
         self.monitor = None
         self.finder = StepFinder(self._end_step)
         self.fetches = 0  # batches the main thread fetched before the monitor started
+        # The rank's main thread: the hooks act only there. In a forked child (a DataLoader
+        # worker) no thread is it, so the hooks return at once there, with no getpid() call per step.
         self._main = threading.main_thread().ident
         self._pid = os.getpid()
+        os.register_at_fork(after_in_child=self._forget_main)
         self._ddp: Optional[weakref.ref] = None
         self._undo: list = []  # callables that take the hooks out again
 
@@ -109,7 +112,7 @@ class AutoMonitor:
 
         @functools.wraps(next_original)
         def __next__(it):
-            if auto.state is AutoState.GAVE_WAY or threading.get_ident() != auto._main or os.getpid() != auto._pid:
+            if auto.state is AutoState.GAVE_WAY or threading.get_ident() != auto._main:
                 return next_original(it)
             first = it._num_yielded == 0  # dataloader.py:723 counts the batches handed out
             t0 = perf_counter_ns()
@@ -125,7 +128,7 @@ class AutoMonitor:
         def __iter__(loader):
             t0 = perf_counter_ns()  # a DataLoader starts its workers here: data wait too
             it = iter_original(loader)
-            if auto.state is AutoState.RUNNING and threading.get_ident() == auto._main and os.getpid() == auto._pid:
+            if auto.state is AutoState.RUNNING and threading.get_ident() == auto._main:
                 auto._waited(t0)
             return it
 
@@ -140,7 +143,7 @@ class AutoMonitor:
         @functools.wraps(original)
         def __init__(ddp, *args, **kwargs):
             original(ddp, *args, **kwargs)
-            if threading.get_ident() == auto._main and os.getpid() == auto._pid:
+            if threading.get_ident() == auto._main:
                 auto._ddp = weakref.ref(ddp)
 
         self._patch(cls, "__init__", original, __init__)
@@ -156,9 +159,12 @@ class AutoMonitor:
             undo()
         self._undo.clear()
 
+    def _forget_main(self) -> None:
+        self._main = None
+
     # ---- events ----------------------------------------------------------------------------
     def _fire(self, key: int, outer: bool) -> None:
-        if threading.get_ident() != self._main or os.getpid() != self._pid:
+        if threading.get_ident() != self._main:
             return
         if self.state is AutoState.RUNNING:
             self.finder.fire(key, outer)
