@@ -2,7 +2,7 @@
 
 PLACEMENT_TEST_CLOCK_OFFSET_S (tests only) shifts it by that many seconds, standing in for
 a host whose clock is off (NTP skew between nodes): no cross-rank figure may change with it
-(straggler.py measures lateness from durations). Read once, at import.
+(stragglers/figures.py measures lateness from durations). Read once, at import.
 """
 from __future__ import annotations
 

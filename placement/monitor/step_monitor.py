@@ -174,7 +174,7 @@ class StepMonitor:
         # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
         self._exchanged_step = self.step - self.step % self.cfg.exchange_every
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
-        # Where built records go, in this order (sinks.py).
+        # Where built records go, in this order (sinks/).
         self._observers = ObserverSink(warn)
         self._exchange_window = ExchangeWindow(rank, lambda: self.exchange is not None and self.exchange.enabled)
         self.sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._exchange_window,
@@ -350,7 +350,7 @@ class StepMonitor:
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
-                # outside any collective with peers to judge it: hung, or a job-wide pause (stall.py)
+                # outside any collective with peers to judge it: hung, or a job-wide pause (health/hang.py)
                 hold = inside is False and self.exchange is not None and self.exchange.enabled
                 post = self.hang.report(stalled, self.events, self.rank, inside,
                                          self.comm.null_why if inside is None else None, hold=hold)

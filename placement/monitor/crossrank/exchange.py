@@ -215,7 +215,7 @@ class Exchange:
             warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
                              "straggler naming is off")
             self.transport = None
-        # Rank 0's peer watch (stall.PeerWatch, its own thread) against the monitor thread:
+        # Rank 0's peer watch (health/hang.py PeerWatch, its own thread) against the monitor thread:
         self._take_lock = threading.Lock()  # take() vs the watch's peek() of the same rows
         self._peer_lock = threading.Lock()  # the state below: judge() vs the watch's overdue()
         self._last_step: dict[int, int] = {}  # rank -> last step of its last row judged
@@ -243,7 +243,7 @@ class Exchange:
 
     def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[WindowJudgement]:
         """Send this rank's figures under the key of their last step (the same window on every
-        rank: straggler.exchange_steps), rank 0 first finishing the previous exchange (waiting
+        rank: exchange_steps), rank 0 first finishing the previous exchange (waiting
         at most WAIT_S since it sent it, or `wait_s`): its verdict is returned."""
         if self.transport is None:
             return None
@@ -359,7 +359,7 @@ class Exchange:
                 self._warn("exchange-hosts", f"ranks' host names could not be read from the c10d store ({first_line(e)})")
         return {r: self._hosts[r] for r in ranks if r in self._hosts}
 
-    # ---- stalled peers (rank 0's peer watch thread; stall.py) ----------------------------
+    # ---- stalled peers (rank 0's peer watch thread; health/hang.py) ----------------------------
     def post_hang(self, fields: dict) -> None:
         """A rank (not 0) posts its stall or resume for rank 0, from a short-lived thread: a
         store op may wait on the client's lock, held by a training thread blocked in a store
@@ -549,7 +549,7 @@ def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited
 
 
 def _lateness(rows, slots: int):
-    """Per-rank lateness (ms), vectorised as cost.arrival_lateness_ms: per step, the most
+    """Per-rank lateness (ms), vectorised as stragglers/cost.py arrival_lateness_ms: per step, the most
     comm time of any rank minus its own (durations on each rank's own clock: no skew), median
     over the steps every rank measured. None when not comparable."""
     import numpy as np

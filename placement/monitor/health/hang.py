@@ -12,7 +12,7 @@ loading) and checkpoint steps are slow; the floor keeps them from being called h
 factor scales the watch to the job (a 5 s step is not stalled after 6 s).
 
 Rank 0 names stalled PEERS too, in its own log (`stall` events with `rank` the peer and
-`reported_by` 0), through the job's c10d store the exchange already uses (exchange.py), two ways:
+`reported_by` 0), through the job's c10d store the exchange already uses (crossrank/exchange.py), two ways:
 - `how: "posted"`: a rank whose watch fires (or that resumes) also posts the event's fields
   (last step, stalled_s, threshold, main thread {tid, state, wchan, its POSTED_FRAMES innermost
   Python frames}; under 1 KB) to the store: `append("stalls", line)` + `add("stalls/n", 1)`, from a
@@ -43,7 +43,7 @@ call (`in_collective`, from the comm clock: calls entered and not done). When on
 the others wait for it inside the next collective; the hung rank is the one outside any (in
 the hang test, all share the last step, and only this tells them apart). It is known where
 collective calls block until done (gloo, the DDP hook's futures); NCCL calls return at
-enqueue, so there the flight recorder answers (comm_nccl.NcclFlightRecorderComm.in_collective:
+enqueue, so there the flight recorder answers (comm/nccl.py NcclFlightRecorderComm.in_collective:
 an entry enqueued and not completed, one dump at the stall); null where neither can tell (NCCL
 timed another way, comm timing off, a world of one).
 """

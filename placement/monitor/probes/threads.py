@@ -1,4 +1,4 @@
-"""Per-role figures of one rank's threads, in the sampling tiers of record.py.
+"""Per-role figures of one rank's threads, in the sampling tiers of records/step.py.
 
 Every probe step (on the training thread, so kept to raw reads; every step unless the
 monitor's budget says otherwise, see budget.py): the on-CPU time and runqueue wait of

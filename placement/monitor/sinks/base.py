@@ -1,7 +1,7 @@
 """Where built step records go: one interface (RecordSink), one class per output. The monitor
 thread builds a batch of records (StepMonitor._finalize) and hands it to each sink in order:
 the rank's JSONL log, the observers (the tuner), the window the next exchange sends, the
-one-line summary, the digests of the log (digest.py), TensorBoard. A sink that fails is said once and does not stop the others.
+one-line summary, the digests of the log (records/digest.py), TensorBoard. A sink that fails is said once and does not stop the others.
 """
 from __future__ import annotations
 
@@ -115,7 +115,7 @@ class SummarySink:
 
 class DigestSink:
     """A `digest` event every `every` records (monitor.digest_every; 0: none), and one for the
-    records left at close: what `placement report` reads of a long job (digest.py)."""
+    records left at close: what `placement report` reads of a long job (records/digest.py)."""
 
     name = "digest"
 
@@ -141,7 +141,7 @@ class DigestSink:
 
 
 class TensorBoardSink:
-    """TensorBoard scalars, one point per batch (tensorboard_sink.py)."""
+    """TensorBoard scalars, one point per batch (tensorboard.py)."""
 
     name = "tensorboard"
 
