@@ -69,10 +69,8 @@ def thread_cpus(pid: int) -> list[str]:
     return lines
 
 
-def main():
-    args = parse_args()
-    dist.init_process_group("gloo")
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def build_job(args, rank: int, world_size: int):
+    """The DDP model, its optimizer, the sampler and the DataLoader (workers respawn every epoch)."""
     torch.manual_seed(0)
     model = DistributedDataParallel(nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256),
                                                   nn.ReLU(), nn.Linear(256, 1)))
@@ -81,6 +79,14 @@ def main():
     sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
     loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
                         persistent_workers=False)
+    return model, optimizer, sampler, loader
+
+
+def main():
+    args = parse_args()
+    dist.init_process_group("gloo")
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    model, optimizer, sampler, loader = build_job(args, rank, world_size)
     step, epoch, loss = 0, 0, torch.tensor(0.0)
     while step < args.steps:
         sampler.set_epoch(epoch)

@@ -14,13 +14,11 @@ import sys
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
 
 import placement
 from placement.bind.where import format_thread_placements, where_threads_run
-# The same job as the main one: its data set and arguments (this script's folder is on sys.path).
-from train_ddp import FEATURES, SyntheticRegression, parse_args
+# The same job as the main one: its model, data and arguments (this script's folder is on sys.path).
+from train_ddp import build_job, parse_args
 
 
 def report_where_threads_ran(handle, rank: int, world_size: int) -> None:
@@ -47,14 +45,7 @@ def main():
     args = parse_args()
     dist.init_process_group("gloo")
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    torch.manual_seed(0)
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(FEATURES, 256), nn.ReLU(), nn.Linear(256, 256),
-                                                  nn.ReLU(), nn.Linear(256, 1)))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    dataset = SyntheticRegression(args.batch_size * args.steps_per_epoch * world_size)
-    sampler = DistributedSampler(dataset, num_replicas=world_size, rank=rank)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, num_workers=args.workers,
-                        persistent_workers=False)
+    model, optimizer, sampler, loader = build_job(args, rank, world_size)
     handle = placement.attach(model, optimizer)  # under placerun: the Session stage 1 made
     step, epoch, loss = 0, 0, torch.tensor(0.0)
     while step < args.steps:

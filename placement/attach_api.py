@@ -67,11 +67,6 @@ BINDING_KEYS = ("policy", "memory", "reserved_cpus", "smt", "prefer_fast_cores",
                 "dataloader_workers", "nccl_topo_file")
 
 _current_handle: Optional["Handle"] = None
-_user_attached = False  # the program (or a framework callback) called attach(): the automatic monitor gives way
-
-
-def user_attached() -> bool:
-    return _user_attached
 
 
 # ---- configuration ---------------------------------------------------------------------
@@ -364,8 +359,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
     store). Errors of configuration, planning or an unwritable log directory raise a
     PlacementError with one line; nothing after that raises into training code.
     """
-    global _current_handle, _user_attached
-    _user_attached = True
+    global _current_handle
     steps_before = 0
     previous = _current_handle
     if previous is not None and not previous.closed:

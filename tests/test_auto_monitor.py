@@ -25,7 +25,7 @@ def _run(events: str) -> list:
     GradScaler's (outer) fire; the monitor begins at the first fire. Returns the events at which
     a step ended ('fire' or 'fetch'), in order."""
     ends: list = []
-    finder = StepFinder(lambda stamp: ends.append("fire" if stamp is None else "fetch"))
+    finder = StepFinder(lambda: ends.append("fire"), lambda stamp: ends.append("fetch"))
     begun = seen_fetch = False
     for i, ev in enumerate(events.replace(" ", "")):
         if ev in "Ff":
@@ -46,14 +46,14 @@ def test_one_optimizer_one_step_per_fire():
 
 def test_two_optimizers_an_iteration_are_one_step_ending_at_the_second():
     ends = []
-    finder = StepFinder(lambda stamp: ends.append(stamp))
+    finder = StepFinder(lambda: ends.append("fire"), lambda stamp: ends.append("fetch"))
     finder.begin("d", seen_fetch=True)
     finder.fire("g")
     finder.fetched(1)
     finder.fire("d")
     assert ends == []  # the first of two fires does not end the step
     finder.fire("g")
-    assert ends == [None] and finder.fires_per_step == 2
+    assert ends == ["fire"] and finder.fires_per_step == 2
 
 
 def test_chained_optimizers_and_containers_count_once():

@@ -61,7 +61,7 @@ class AutoMonitor:
         self.state = AutoState.WAITING
         self.handle = None
         self.monitor = None
-        self.finder = StepFinder(self._end_step)
+        self.finder: Optional[StepFinder] = None  # made when the monitor starts (adopt)
         self.fetches = 0  # batches the main thread fetched before the monitor started
         # The rank's main thread: the hooks act only there. In a forked child (a DataLoader
         # worker) no thread is it, so the hooks return at once there, with no getpid() call per step.
@@ -112,7 +112,7 @@ class AutoMonitor:
 
         @functools.wraps(next_original)
         def __next__(it):
-            if auto.state is AutoState.GAVE_WAY or threading.get_ident() != auto._main:
+            if threading.get_ident() != auto._main:  # (after give_way the class has its own again)
                 return next_original(it)
             first = it._num_yielded == 0  # dataloader.py:723 counts the batches handed out
             t0 = perf_counter_ns()
@@ -185,19 +185,10 @@ class AutoMonitor:
         if self.state is AutoState.RUNNING and monitor is not None:
             monitor.data_ns += perf_counter_ns() - t0
 
-    def _end_step(self, stamp_ns: Optional[int]) -> None:
-        if stamp_ns is None:
-            self.monitor.on_step()
-        else:
-            self.monitor.step_at(stamp_ns, perf_counter_ns())
-
     # ---- lifecycle -------------------------------------------------------------------------
     def _start(self, key: int, outer: bool) -> None:
         from placement import attach_api
 
-        if attach_api.user_attached():
-            self.give_way()
-            return
         try:
             handle = attach_api.attach_automatic(model=None if self._ddp is None else self._ddp(),
                                                  megatron_iteration=megatron_iteration())
@@ -215,8 +206,11 @@ class AutoMonitor:
 
     def adopt(self, handle, key: int, outer: bool = False) -> None:
         """Mark `handle`'s monitor's steps from now on; step 1 begins at the fire of `key`."""
-        self.handle, self.monitor = handle, handle.monitor
+        monitor = handle.monitor
+        self.handle, self.monitor = handle, monitor
         handle.on_close = self._handle_closed
+        # A fire ends a step now (the monitor's own hook, no frame between); a fetch at its start.
+        self.finder = StepFinder(monitor.on_step, lambda start_ns: monitor.step_at(start_ns, perf_counter_ns()))
         self.state = AutoState.RUNNING
         self.finder.begin(key, outer, seen_fetch=self.fetches > 0)
 

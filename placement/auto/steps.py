@@ -33,14 +33,15 @@ from typing import Callable, Hashable, Optional
 
 
 class StepFinder:
-    """Fed fire() and fetched() on the rank's main thread; calls end(stamp_ns) at each boundary
-    (stamp: None = now, at the fire; a fetch's start when a fetch ends the step)."""
+    """Fed fire() and fetched() on the rank's main thread; at each boundary calls end_now() (a
+    fire ends the step, now) or end_at(start_ns) (a fetch that started then ends it)."""
 
-    __slots__ = ("_end", "fires_per_step", "fetches_per_step", "_fires", "_fetches", "_ended_by_fire",
+    __slots__ = ("_end_now", "_end_at", "fires_per_step", "fetches_per_step", "_fires", "_fetches", "_ended_by_fire",
                  "_extra", "_seen_fetch", "_lead", "_lead_outer", "_after_first")
 
-    def __init__(self, end: Callable[[Optional[int]], None]):
-        self._end = end
+    def __init__(self, end_now: Callable[[], None], end_at: Callable[[int], None]):
+        self._end_now = end_now
+        self._end_at = end_at
         self.fires_per_step = 0  # f, learned; 0 = not yet known
         self.fetches_per_step = 0  # k, learned from a step that fired; 0 = not yet known
         self._fires = 0  # fires since the last boundary
@@ -84,8 +85,7 @@ class StepFinder:
         after_first, self._after_first = self._after_first, first
         if self._ended_by_fire:
             # The first fetch after the step ended at its fire: fires since then were the step's own.
-            if self._extra or not self.fires_per_step:
-                self.fires_per_step = max(self.fires_per_step, self._fires_at_end() + self._extra)
+            self.fires_per_step = (self.fires_per_step or 1) + self._extra
             self._ended_by_fire, self._extra = False, 0
             self._fetches = 1
             return
@@ -100,17 +100,14 @@ class StepFinder:
             return
         self._fetches += 1
 
-    def _fires_at_end(self) -> int:
-        return self.fires_per_step or 1
-
     def _boundary_fire(self) -> None:
         if self._seen_fetch and self._fetches:
             self.fetches_per_step = self._fetches
         self._fires, self._fetches = 0, 0
         self._ended_by_fire, self._extra = True, 0
-        self._end(None)
+        self._end_now()
 
     def _boundary_fetch(self, start_ns: int) -> None:
         self._fires, self._fetches = 0, 1
         self._ended_by_fire, self._extra = False, 0
-        self._end(start_ns)
+        self._end_at(start_ns)
