@@ -13,10 +13,10 @@ its DEFAULT monitor settings unless overridden) goes through these phases:
 - straggler: from step 140 to 190 (after the balanced ones) rank 1 sleeps STRAGGLER_FRAC (30%)
   longer each step; onset = seconds (and exchange windows) from its first slow step to rank 0's
   first `straggler` event naming rank 1; windows naming a rank outside those steps are counted;
-- frozen: at step 195 rank 2 stops itself (SIGSTOP: every thread of it, as a frozen host's are;
+- frozen: at step 250 rank 2 stops itself (SIGSTOP: every thread of it, as a frozen host's are;
   no post, no row) until rank 0 names it or FROZEN_WAIT_S pass, then the harness continues it;
   latency = seconds from the stop to rank 0's `stall` event naming rank 2, against the limit;
-- hang: after step 200 (after the balanced ones) rank 1 blocks for good; latency = seconds from
+- hang: after step 300 (after the balanced ones) rank 1 blocks for good; latency = seconds from
   its last step to the first `stall` event naming rank 1 in any rank's log (one host: one clock).
 
     python benchmarks/detection.py [--quick] [placement.monitor.KEY=VALUE ...]
@@ -41,7 +41,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from gloo_ranks import attach_rank, monitor_config, start_ranks  # noqa: E402  (benchmarks/, the script's own folder)
 
 WORLD = 3
-SHARED_AT, SINGLE_AT, FROZEN_AT, HANG_AT = 40, 120, 195, 200
+# The frozen rank stops 60 steps after the straggler's: its windows are judged by then (rank 0
+# waits up to Exchange.WAIT_S for a frozen rank's row, which would date the straggler's event late).
+SHARED_AT, SINGLE_AT, FROZEN_AT, HANG_AT = 40, 120, 250, 300
 SINGLE_S = 5.0
 STRAGGLER_AT, STRAGGLER_TO, STRAGGLER_FRAC = 140, 190, 0.3
 STEP_S = 0.02
