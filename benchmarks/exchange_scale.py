@@ -45,7 +45,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from placement.monitor.crossrank.exchange import HEADER, Exchange, encode_row, straggler_event  # noqa: E402
+from placement.monitor.crossrank.exchange import HEADER, Exchange, encode_row  # noqa: E402
+from placement.monitor.health.peers import PeerLiveness  # noqa: E402
+from placement.monitor.stragglers.event import straggler_event  # noqa: E402
 from placement.monitor.stragglers.figures import FIELDS, RankFigures  # noqa: E402
 
 SLOTS = 20  # monitor.exchange_every's default
@@ -69,7 +71,7 @@ def figures(rank: int, seq: int, kind: str = "") -> RankFigures:
     return RankFigures(rank=rank, steps=SLOTS, first_step=(seq - 1) * SLOTS + 1, last_step=seq * SLOTS,
                        step_ms=100.0 + rng.random(), data_ms=0.5 + (25.0 if kind == "data-slow" else 0.0),
                        comm_ms=sum(comm) / SLOTS,
-                       main_runq_ms=0.1 + (20.0 if kind == "cpu-slow" else 0.0), nccl_runq_ms=0.05,
+                       cpu_stall_ms=0.1 + (20.0 if kind == "cpu-slow" else 0.0), nccl_runq_ms=0.05,
                        main_cpu_ms=75.0, main_mhz=None, comm_steps=comm)
 
 
@@ -88,7 +90,8 @@ def _rank(rank: int, world: int, port: int, exchanges: int, out, master: str = "
     os.environ.update(MASTER_ADDR=master, MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=120))
     reports = []
-    ex = Exchange(rank, world, default_store(), _Warn(), slots=SLOTS, node_rank=rank // 8)
+    ex = Exchange(rank, world, default_store(), _Warn(), slots=SLOTS, node_rank=rank // 8,
+                  liveness=PeerLiveness(world) if rank == 0 else None)
     dist.barrier()
     for seq in range(1, exchanges + 1):
         time.sleep(0.02)  # the steps of a window
@@ -199,7 +202,7 @@ def judging_side(world: int, exchanges: int, senders: Senders) -> dict:
     server = dist.TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=60))
     events = []
     warn = _Warn()
-    ex = Exchange(0, world, server, warn, slots=SLOTS)
+    ex = Exchange(0, world, server, warn, slots=SLOTS, liveness=PeerLiveness(world))
     send_us = []
     for seq in range(1, exchanges + 1):
         send_us.extend(senders.send(port, world, seq))

@@ -50,6 +50,7 @@ from placement.monitor import exitflush
 from placement.monitor.comm import timing as monitor_comm
 from placement.monitor.comm.groups import default_backend
 from placement.monitor.crossrank.exchange import Exchange, default_store
+from placement.monitor.health.peers import PeerLiveness
 from placement.monitor.step_monitor import StepMonitor
 from placement.monitor.stragglers.figures import Thresholds
 from placement.monitor.probes.threads import RoleSampler, ThreadScan
@@ -497,7 +498,8 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
                              "straggler naming is off")
         if store is not None:
             exchange = Exchange(rank, world_size, store, warn, slots=cfg.monitor.exchange_every,
-                                thresholds=Thresholds.from_monitor(cfg.monitor), node_rank=identity.node_rank)
+                                thresholds=Thresholds.from_monitor(cfg.monitor), node_rank=identity.node_rank,
+                                liveness=PeerLiveness(world_size) if rank == 0 else None)
     # The NUMA node(s) the rank's memory is planned on: the residence watch looks where its pages are.
     planned = () if session is None else planned_nodes(session.rank_plan.memory.mode, session.rank_plan.memory.nodes)
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,

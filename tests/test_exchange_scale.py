@@ -5,7 +5,8 @@ import random
 
 import numpy as np
 
-from placement.monitor.crossrank.exchange import NAMED, TRIAGE_ABOVE, decode_rows, encode_row, WindowJudgement, judge_rows, straggler_event
+from placement.monitor.crossrank.exchange import decode_rows, encode_row, split_rows
+from placement.monitor.stragglers.event import NAMED, TRIAGE_ABOVE, WindowJudgement, judge_rows, straggler_event
 from placement.report.cluster import straggler_ranks
 from placement.monitor.stragglers.figures import RankFigures, Thresholds
 from placement.monitor.stragglers.classify import classify
@@ -34,7 +35,7 @@ def test_4096_ranks_name_the_worst_and_count_the_rest_by_kind():
     raw += encode_row(2, 0, figs(5), SLOTS)  # a stale row of the previous exchange is dropped
     rows = decode_rows(raw, SLOTS, 3)
     assert rows.shape[0] == world and world > TRIAGE_ABOVE
-    figures, report, nodes = judge_rows(rows, SLOTS, world, None, Thresholds())
+    figures, report, nodes = judge_rows(*split_rows(rows), SLOTS, None, Thresholds())
     assert len(figures) < world // 4  # candidates and a sample, not every rank
     assert len(report.stragglers) == NAMED
     assert report.stragglers[0].kind == "data-slow" and report.stragglers[0].ranks == [4000]

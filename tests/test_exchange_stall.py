@@ -209,7 +209,7 @@ def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_p
     NAMED_PEERS lowest last steps one event each, groups the rest; the report reads them all."""
     from placement.cli import main as cli
     from placement.events import EventLog
-    from placement.monitor.health.hang import NAMED_PEERS, peer_events, write_peer_hang
+    from placement.monitor.health.peers import NAMED_PEERS, peer_events, write_peer_hang
 
     def post(rank, last_step, wchan):
         return {"phase": "stalled", "rank": rank, "last_step": last_step, "stalled_s": 31.0, "threshold_s": 30.0,
@@ -242,6 +242,7 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     import torch.distributed as dist
 
     from placement.monitor.crossrank.exchange import Exchange, StoreTransport, encode_row
+    from placement.monitor.health.peers import PeerLiveness, PeerWatch
     from placement.monitor.stragglers.figures import RankFigures
 
     def figs(rank, last):
@@ -250,16 +251,18 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
 
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     reports = []
-    ex = Exchange(0, 2, store, lambda key, msg: None, slots=EVERY)
+    written = []
+    ex = Exchange(0, 2, store, lambda key, msg: None, slots=EVERY, liveness=PeerLiveness(2))
     ex.WAIT_S = 1.0
-    ex.peer_threshold_s = 0.5  # rank 0's stall limit (the peer watch sets it)
+    watch = PeerWatch(ex, lambda: 0.5, written.append, poll_s=1.0)  # rank 0's hang limit: 0.5 s
+    watch.poll()  # its first look sets the limit the exchange's judgement names by
     _keep(reports, ex.submit(figs(0, 10)))
     t0 = time.monotonic()
     _keep(reports, ex.submit(figs(0, 20)))  # judges exchange 10 first: waits WAIT_S for rank 1
     waited_first = time.monotonic() - t0
     assert reports[-1]["missing"] == [1]
-    named = ex.overdue(0.5)
-    assert [(f["phase"], f["rank"], f["how"]) for f in named] == [("stalled", 1, "rows stopped")]
+    watch.poll()
+    assert [(f["phase"], f["rank"], f["how"]) for f in written] == [("stalled", 1, "rows stopped")]
     t0 = time.monotonic()
     _keep(reports, ex.submit(figs(0, 30)))  # judges exchange 20: rank 1 is named, not waited for
     waited_named = time.monotonic() - t0
@@ -268,7 +271,9 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     StoreTransport(store, 1, 2).send(30, encode_row(30, 0, figs(1, 30), EVERY))  # rank 1 is back
     _keep(reports, ex.collect(block=True))
     assert reports[-1]["missing"] == [] and reports[-1]["ranks_judged"] == 2
-    assert [(f["phase"], f["rank"]) for f in ex.overdue(0.5)] == [("resumed", 1)]
+    written.clear()
+    watch.poll()
+    assert [(f["phase"], f["rank"]) for f in written] == [("resumed", 1)]
 
 
 def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_store():

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import placement
-from placement.monitor.health.hang import peer_event, write_peer_hang
+from placement.monitor.health.peers import peer_event, write_peer_hang
 from placement.cli import main as cli
 from placement.events import EventLog
 from placement.records.step import RoleSample, StepRecord

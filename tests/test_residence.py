@@ -300,26 +300,26 @@ def _post(rank, inside, phase="stalled"):
 
 
 def test_every_rank_pausing_together_is_one_job_event_and_a_rank_others_wait_for_is_named():
-    from placement.monitor.health.hang import PeerWatch
+    from placement.monitor.health.peers import PeerWatch
 
     now = [0.0]
     own = [None]
     w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, own=lambda: own[0], clock=lambda: now[0])
-    assert w.judge([_post(1, False)], 3) == []  # held: hung, or a shared pause?
+    assert w.hang_events([_post(1, False)], 3) == []  # held: hung, or a shared pause?
     own[0] = _post(0, False)
-    out = w.judge([_post(2, False)], 3)
+    out = w.hang_events([_post(2, False)], 3)
     assert len(out) == 1 and out[0]["scope"] == "job" and "not a hung rank" in out[0]["message"], out
     own[0] = None
-    out = w.judge([_post(1, False, "resumed"), _post(2, False, "resumed")], 3)
+    out = w.hang_events([_post(1, False, "resumed"), _post(2, False, "resumed")], 3)
     assert [f["phase"] for f in out] == ["resumed"] and out[0]["scope"] == "job", out
 
     # A hang: rank 1 outside, its peers inside a collective waiting for it: rank 1 named at once.
     w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, own=lambda: _post(0, True), clock=lambda: now[0])
-    out = w.judge([_post(1, False), _post(2, True)], 3)
+    out = w.hang_events([_post(1, False), _post(2, True)], 3)
     named = [f for f in out if f.get("rank") == 1]
     assert len(named) == 1 and named[0]["in_collective"] is False and "scope" not in named[0], out
     # Alone outside with nobody waiting (no collective per step): named after HOLD_POLLS polls.
     w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, clock=lambda: now[0])
-    assert w.judge([_post(1, False)], 3) == []
+    assert w.hang_events([_post(1, False)], 3) == []
     now[0] += 3.5
-    assert [f["rank"] for f in w.judge([], 3)] == [1]
+    assert [f["rank"] for f in w.hang_events([], 3)] == [1]

@@ -15,7 +15,7 @@ def fig(rank, *, step=20.0, data=0.0, comm=2.0, runq=0.1, nccl_runq=None, mhz=No
     """A rank's figures over steps 21..20+steps; `comm` ms in collectives every step: a rank
     that arrives L ms late waits L ms less in them than its peers."""
     return RankFigures(rank=rank, steps=steps, first_step=21, last_step=20 + steps, step_ms=step, data_ms=data,
-                       comm_ms=comm, main_runq_ms=runq, nccl_runq_ms=nccl_runq,
+                       comm_ms=comm, cpu_stall_ms=runq, nccl_runq_ms=nccl_runq,
                        main_cpu_ms=step - (comm or 0.0) - data, main_mhz=mhz, comm_steps=(comm,) * steps)
 
 
@@ -112,7 +112,7 @@ def test_window_figures_from_step_records():
                        comm_enter_t=T + s + 0.004) for s in (1, 2, 3)]
     f = figures_from_records(1, recs, 1, 3)
     assert (f.rank, f.steps, f.first_step, f.last_step) == (1, 3, 1, 3)
-    assert f.step_ms == 12.0 and f.main_runq_ms == 2.0 and f.nccl_runq_ms is None and f.main_mhz is None
+    assert f.step_ms == 12.0 and f.cpu_stall_ms == 2.0 and f.nccl_runq_ms is None and f.main_mhz is None
     assert f.comm_steps == (2.0, 2.0, 2.0)
     # the window is the steps asked for: a step without a record is unknown, others are ignored
     f = figures_from_records(1, recs, 2, 5)
@@ -167,7 +167,7 @@ def steps_fig(rank, comm_steps, *, step=20.0, data=0.0, runq=0.1):
     """A rank whose comm time at step 21 + i is comm_steps[i]."""
     n = len(comm_steps)
     return RankFigures(rank=rank, steps=n, first_step=21, last_step=20 + n, step_ms=step, data_ms=data,
-                       comm_ms=sum(comm_steps) / n, main_runq_ms=runq, nccl_runq_ms=None, main_cpu_ms=None,
+                       comm_ms=sum(comm_steps) / n, cpu_stall_ms=runq, nccl_runq_ms=None, main_cpu_ms=None,
                        main_mhz=None, comm_steps=tuple(comm_steps))
 
 

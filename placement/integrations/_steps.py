@@ -5,7 +5,7 @@ framework's own hooks, close at the end.
 The frameworks fetch the next batch themselves, between the end of one step (with its logging,
 saving and evaluation) and the hook that starts the next: the callback marks the first and adds
 the time up to the second to the step's data wait, the counter a watched iterator adds to
-(placement.monitor.watch.DataWaitSink). Steps end where the optimizer steps (its post-step hook,
+(placement.monitor.watch.DataWaitCounter). Steps end where the optimizer steps (its post-step hook,
 as attach() installs it): with gradient accumulation a record is an optimizer step, not a batch.
 Environment a callback sets for attach() (Lightning's LOCAL_WORLD_SIZE) is put back at close: the
 process outlives the fit (a second fit, a test run, the user's own code after it).

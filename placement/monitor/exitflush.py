@@ -28,6 +28,36 @@ _deferred: Optional[tuple[int, object]] = None
 _owner_pid = 0  # a process forked from the rank (a DataLoader worker) inherits the handlers
 
 
+class FlushGate:
+    """Whether an exit path (SIGTERM, atexit, the excepthook) may write a monitor's records now,
+    or must leave it to the end of the step or the lock hold it interrupted: the handler runs on
+    the interrupted thread, which must never wait on itself."""
+
+    __slots__ = ("in_step", "holder", "deferred")
+
+    def __init__(self) -> None:
+        self.in_step = False  # the training thread is inside the step hook
+        self.holder: Optional[int] = None  # the thread holding the monitor's lock
+        self.deferred = False  # a flush waits for the step's end or the lock's release
+
+    def defer(self, log_held: bool) -> bool:
+        """True (and the flush deferred) when the calling thread is inside a step, holds the
+        monitor's lock, or (`log_held`) holds the event log's."""
+        if self.in_step or self.holder == threading.get_ident() or log_held:
+            self.deferred = True
+            return True
+        return False
+
+    def due(self) -> bool:
+        """A deferred flush may run now, on this thread (the main thread, out of the step and
+        the lock); it is taken: the caller runs it, then resume_deferred()."""
+        if self.deferred and not self.in_step and self.holder is None \
+                and threading.current_thread() is threading.main_thread():
+            self.deferred = False
+            return True
+        return False
+
+
 def register(monitor) -> bool:
     """Flush `monitor` at exit. Returns whether SIGTERM is covered (only the main thread can
     install a signal handler)."""

@@ -54,11 +54,12 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.budget import ProbeBudget
 from placement.monitor.comm.base import CommStep, CommTiming
-from placement.monitor.crossrank.exchange import (Exchange, WindowJudgement, exchange_steps, straggler_event,
-                                                  straggler_lines)
+from placement.monitor.crossrank.exchange import Exchange, exchange_steps
+from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
 from placement.records.step import StepRecord
 from placement.monitor.health.residence import ResidenceWatch
-from placement.monitor.health.hang import PeerWatch, HangWatch, write_peer_hang
+from placement.monitor.health.hang import HangWatch
+from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
 from placement.records.summary import stall_ms
@@ -149,21 +150,18 @@ class StepMonitor:
                              _next_multiple(self.step, self.cfg.exchange_every))
         self.self_ns = 0  # time spent inside the hook on the training thread
         self.steps_timed = 0
-        self._busy = False
-        self._flush_requested = False
+        self._gate = exitflush.FlushGate()  # an exit path's flush, now or at the step's end
 
         # -- hand-over --------------------------------------------------------------------
         # HandOver items; deque appends and pops are atomic, and only the holder of _lock pops.
         self._handed: collections.deque = collections.deque()
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
-        self._holder: Optional[int] = None  # thread ident holding _lock
         self._thread: Optional[threading.Thread] = None
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
         self._pending_first_step = first_step  # step number of _pending[0]
-        self._comm_held = False  # pending steps wait for their comm figures (comm.settled_through)
         # Step boundaries are perf_counter_ns stamps; their wall time is derived when records
         # are built, from an anchor pair re-taken then (one clock read per step, not two).
         self._anchor = (time.perf_counter_ns(), wall_clock())
@@ -183,7 +181,7 @@ class StepMonitor:
         if self.cfg.tensorboard:
             self.sinks.append(TensorBoardSink(self.cfg.log_dir, rank, warn))
         self.hang = HangWatch(self.cfg.stall_factor, self.cfg.stall_min_s, self.cfg.stall_pause_s)
-        self._peers: Optional[PeerWatch] = None  # rank 0: peers' stalls (health/hang.py)
+        self._peers: Optional[PeerWatch] = None  # rank 0: its peers' liveness (health/peers.py)
         # where the rank's pages are against `planned_nodes` (health/residence.py)
         self.residence: Optional[ResidenceWatch] = None
         if planned_nodes and self.cfg.residence_every_s > 0:
@@ -237,7 +235,8 @@ class StepMonitor:
         what its own cost is counted from. Never raises."""
         if self.closed:
             return
-        self._busy = True
+        gate = self._gate
+        gate.in_step = True
         try:
             # Right after a training step every code path runs cold (caches and TLB hold the
             # step's data): this path is a few lines, and the system calls only on probe steps.
@@ -257,11 +256,10 @@ class StepMonitor:
         except Exception as e:
             self.warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
-            self._busy = False
+            gate.in_step = False
             self.self_ns += perf_counter_ns() - h0
             self.steps_timed += 1
-            if self._flush_requested:
-                self._flush_requested = False
+            if gate.deferred and gate.due():
                 self.emergency_flush("deferred")
                 exitflush.resume_deferred()
 
@@ -325,7 +323,7 @@ class StepMonitor:
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
-            elif self._comm_held or self.comm.poll_interval_s() != math.inf:
+            elif self._pending or self.comm.poll_interval_s() != math.inf:  # steps held for their comm figures
                 with self._holding():
                     self._build_held()
 
@@ -350,7 +348,7 @@ class StepMonitor:
             if stalled is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
-                # outside any collective with peers to judge it: hung, or a job-wide pause (health/hang.py)
+                # outside any collective with peers to judge it: hung, or a job-wide pause (health/peers.py)
                 hold = inside is False and self.exchange is not None and self.exchange.enabled
                 post = self.hang.report(stalled, self.events, self.rank, inside,
                                          self.comm.null_why if inside is None else None, hold=hold)
@@ -379,14 +377,13 @@ class StepMonitor:
         if not self._lock.acquire(timeout=timeout):
             yield False
             return
-        self._holder = threading.get_ident()
+        self._gate.holder = threading.get_ident()
         try:
             yield True
         finally:
-            self._holder = None
+            self._gate.holder = None
             self._lock.release()
-            if self._flush_requested and not self._busy and threading.current_thread() is threading.main_thread():
-                self._flush_requested = False
+            if self._gate.due():
                 self.emergency_flush("deferred")
                 exitflush.resume_deferred()
 
@@ -458,7 +455,6 @@ class StepMonitor:
         comm.poll_if_due(final)
         raw = self._pending
         if not raw:
-            self._comm_held = False
             return
         cut = len(raw)
         if not final:
@@ -469,7 +465,6 @@ class StepMonitor:
                 cut = bisect.bisect_right([r.end_ns for r in raw], through_ns)
             while cut > 0 and raw[cut - 1].main is None:
                 cut -= 1
-        self._comm_held = cut < len(raw) and not final
         if cut <= 0:
             return
         ready, self._pending = raw[:cut], raw[cut:]
@@ -606,10 +601,8 @@ class StepMonitor:
     def emergency_flush(self, reason: str) -> bool:
         """Write every measured step now (exit, SIGTERM, exception). False when mid-step:
         then it happens at the end of that step."""
-        if self._busy or self._holder == threading.get_ident() or self.events.held_here():
-            # interrupted mid-step, mid-batch or mid-write of the event log: never wait on ourselves
-            self._flush_requested = True
-            return False
+        if self._gate.defer(self.events.held_here()):
+            return False  # interrupted mid-step, mid-batch or mid-write of the event log
         if self.closed:
             return True
         try:

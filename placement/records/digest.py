@@ -1,16 +1,18 @@
 """A rank's step records in digests: what `placement report` reads of a long job.
 
-Every monitor.digest_every steps the monitor writes one `digest` record beside the step lines:
-the steps it covers, their count, the sums of step time and of its parts (parts.py), the
-verdicts counted, and a histogram of step times on log-spaced bins HIST_RATIO wide. Digests
-merge exactly (sums, counts, bins add), so a rank's, a node's or the job's p50/p99 over any
-number of them is within a bin (1%) of the steps' own, and the parts' shares are the same
-sums the step lines give.
+What
+    Every monitor.digest_every steps the monitor writes one `digest` record beside the step
+    lines: the steps it covers, their count, the sums of step time and of its parts (parts.py),
+    the verdicts counted, and a histogram of step times on log-spaced bins HIST_RATIO wide.
+    Digests merge exactly (sums, counts, bins add), so a rank's, a node's or the job's p50/p99
+    over any number of them is within a bin (1%) of the steps' own, and the parts' shares are
+    the same sums the step lines give.
 
-Why: a week at 1 step/s is 604,800 step lines per rank, 619 M on 1,024 ranks (251 GB as
-written). Parsing them is ~160k lines/s per 2 cores here (benchmarks/report_scale.py), over an
-hour; the digests of the same week are 605 per rank, and the report finds them without parsing
-a step line (report/logs.py). Step lines stay whole for --plot, --trace and a short run.
+Why
+    A week at 1 step/s is 604,800 step lines per rank, 619 M on 1,024 ranks: too many to parse
+    for a report (their size and the time to parse them: docs/monitor.md, A long job: digests).
+    The digests of the same week are 605 per rank, and the report finds them without parsing a
+    step line (report/logs.py). Step lines stay whole for --plot, --trace and a short run.
 """
 from __future__ import annotations
 

@@ -1,15 +1,19 @@
-"""The parts of a step, disjoint and adding up to it: the one definition the records' verdicts,
-the periodic summary, `placement report` (table, plot, heatmap, trace, --compare) and the
-straggler causes use.
+"""The parts of a step, disjoint and adding up to it: the one definition the records' verdicts, the
+periodic summary, `placement report` (table, plot, heatmap, trace, --compare) and the straggler causes use.
 
-A step's time is its data wait (blocked on the next batch), then its comm wait (in collectives),
-then its CPU stall (the main thread's runqueue wait: runnable, waiting for a CPU), then compute,
-the rest. Blocked on data or on a collective the main thread sleeps, so its runqueue wait falls in
-the time it would compute: the parts do not overlap. Each is clamped to what the earlier ones
-left, so a counter read every k steps (a per-step mean over steps of different lengths) never
-makes a short step's parts add to more than the step. The NCCL threads' runqueue wait is not a
-part of its own: they wait while the collectives run, inside comm wait (the straggler classifier
-reads it as evidence that a rank's collectives are starved, straggler.py).
+What
+    A step's time is its data wait (blocked on the next batch), then its comm wait (in
+    collectives), then its CPU stall (the main thread's runqueue wait: runnable, waiting for a
+    CPU), then compute, the rest.
+
+Why they do not overlap
+    Blocked on data or on a collective the main thread sleeps, so its runqueue wait falls in the
+    time it would compute: the parts do not overlap. Each is clamped to what the earlier ones
+    left, so a counter read every k steps (a per-step mean over steps of different lengths)
+    never makes a short step's parts add to more than the step. The NCCL threads' runqueue wait
+    is not a part of its own: they wait while the collectives run, inside comm wait (the
+    straggler classifier reads it as evidence that a rank's collectives are starved,
+    monitor/stragglers/classify.py).
 """
 from __future__ import annotations
 

@@ -1,15 +1,18 @@
 """One per-step, per-rank record of the monitor (JSONL line with "type": "step").
 
-Figures a probe could not read are None (and warned about once), never guessed.
+What
+    Figures a probe could not read are None (and warned about once), never guessed.
 
-Sampling tiers (what keeps the monitor inside its cost budget): every step, the hot roles
-(`main`, `backward`, `nccl`, `pin_memory`) get cpu_ms and runq_ms (per-step means over `probe_steps`
-steps when the monitor's budget has their counters read every k-th step). Their other counters (nivcsw,
-minflt, migrations, cpus, mhz), and every figure of `dataloader` and `other`, are read
-every monitor.rescan_every steps and appear in that step's record as per-step means over
-the `span_steps` steps since the previous reading (None on the steps between; `dataloader`
-and `other` are absent from `roles` there). cpus/mhz of the hot roles on the steps between
-are the last reading's.
+Sampling tiers
+    What keeps the monitor inside its cost budget:
+    - every step, the hot roles (`main`, `backward`, `nccl`, `pin_memory`) get cpu_ms and
+      runq_ms (per-step means over `probe_steps` steps when the monitor's budget has their
+      counters read every k-th step);
+    - their other counters (nivcsw, minflt, migrations, cpus, mhz), and every figure of
+      `dataloader` and `other`, are read every monitor.rescan_every steps and appear in that
+      step's record as per-step means over the `span_steps` steps since the previous reading
+      (None on the steps between; `dataloader` and `other` are absent from `roles` there).
+      cpus/mhz of the hot roles on the steps between are the last reading's.
 """
 from __future__ import annotations
 

@@ -1,35 +1,41 @@
 """Reading torch's flight recorder: the ring of recent collectives that ProcessGroupNCCL
 fills, read incrementally, without losing entries and counting what the ring overwrote.
 
-Which recorder (torch 2.13, include/torch/csrc/distributed/c10d/):
-- FlightRecorder<EventType> is a per-EventType singleton (FlightRecorder.hpp:97-104).
-  ProcessGroupNCCL records into FlightRecorder<at::cuda::CUDAEvent> (ProcessGroupNCCL.cpp:
-  `using FlightRecorderCUDA = FlightRecorder<at::cuda::CUDAEvent>`), dumped by
-  dump_nccl_trace_json (ProcessGroupNCCL.hpp:1516, Python `_dump_nccl_trace_json`, and the
-  control-plane handler "dump_nccl_trace_json" registered in FlightRecorderCuda.cpp). Both
-  exist only in CUDA builds (USE_C10D_NCCL).
-- dump_fr_trace_json (FlightRecorder.hpp:329, Python `_dump_fr_trace_json`, handler
-  "fr_trace_json") dumps FlightRecorder<c10::Event>: gloo and CPU work. Reading it on a
-  CUDA build finds no NCCL entry. Newer upstream merges the two; then only the generic
-  one exists and holds the `nccl:` entries, so it is the fallback (and is probed once when
-  the NCCL one shows no NCCL entry).
-- ring size: TORCH_FR_BUFFER_SIZE, else TORCH_NCCL_TRACE_BUFFER_SIZE, default 2000; 0 turns
-  recording off (FlightRecorder.hpp:110-111); read once, when the singleton is made.
+Upstream
+    torch 2.13, include/torch/csrc/distributed/c10d/. Which recorder:
+    - FlightRecorder<EventType> is a per-EventType singleton (FlightRecorder.hpp:97-104).
+      ProcessGroupNCCL records into FlightRecorder<at::cuda::CUDAEvent> (ProcessGroupNCCL.cpp:
+      `using FlightRecorderCUDA = FlightRecorder<at::cuda::CUDAEvent>`), dumped by
+      dump_nccl_trace_json (ProcessGroupNCCL.hpp:1516, Python `_dump_nccl_trace_json`, and the
+      control-plane handler "dump_nccl_trace_json" registered in FlightRecorderCuda.cpp). Both
+      exist only in CUDA builds (USE_C10D_NCCL).
+    - dump_fr_trace_json (FlightRecorder.hpp:329, Python `_dump_fr_trace_json`, handler
+      "fr_trace_json") dumps FlightRecorder<c10::Event>: gloo and CPU work. Reading it on a
+      CUDA build finds no NCCL entry. Newer upstream merges the two; then only the generic
+      one exists and holds the `nccl:` entries, so it is the fallback (and is probed once when
+      the NCCL one shows no NCCL entry).
+    - ring size: TORCH_FR_BUFFER_SIZE, else TORCH_NCCL_TRACE_BUFFER_SIZE, default 2000; 0 turns
+      recording off (FlightRecorder.hpp:110-111); read once, when the singleton is made.
 
-The JSON an entry becomes (FlightRecorderDetail.hpp:506-597, nlohmann::json, keys sorted):
-`record_id` ascending in ring order (dump_entries, :205-231, oldest first), `profiling_name`
-("nccl:all_reduce"), `time_created_ns` from c10::getTime() = CLOCK_REALTIME (:117,
-c10/util/ApproximateClock.h:66), the CPU enqueue time; `duration_ms` only when computed
-(:537-539): retire_id computes it from the start and end CUDA events (:289-316), and a
-start event exists only with timing on (TORCH_NCCL_ENABLE_TIMING, ProcessGroupNCCL.hpp:
-88-94); `state` completed / started / scheduled (:567-573); `time_discovered_*_ns` 0 when
-unknown (:574-581; None in the pickle dump, :427-436); `retired` once the watchdog let go of it.
+    The JSON an entry becomes (FlightRecorderDetail.hpp:506-597, nlohmann::json, keys sorted):
+    `record_id` ascending in ring order (dump_entries, :205-231, oldest first), `profiling_name`
+    ("nccl:all_reduce"), `time_created_ns` from c10::getTime() = CLOCK_REALTIME (:117,
+    c10/util/ApproximateClock.h:66), the CPU enqueue time; `duration_ms` only when computed
+    (:537-539): retire_id computes it from the start and end CUDA events (:289-316), and a
+    start event exists only with timing on (TORCH_NCCL_ENABLE_TIMING, ProcessGroupNCCL.hpp:
+    88-94); `state` completed / started / scheduled (:567-573); `time_discovered_*_ns` 0 when
+    unknown (:574-581; None in the pickle dump, :427-436); `retired` once the watchdog let go of it.
 
-Cost: formatting the dump is ~15 us per entry on our VM and the Python binding holds the
-GIL for all of it (main stalls ~30 ms per 2000-entry dump). torch's control-plane worker
-server runs the same dump on its own C++ thread with the GIL released (measured by
-benchmarks/comm_flight_recorder.py), so it is the route used when torch has it; the GIL is
-then held only to take the answer, find where the new entries start and parse those.
+Why the worker server
+    Formatting the dump costs per entry, and the Python binding holds the GIL for all of it, so
+    the main thread stalls for the whole dump (figures: docs/monitor.md, Step records and comm
+    timing). torch's control-plane worker server runs the same dump on its own C++ thread with
+    the GIL released (measured by benchmarks/comm_flight_recorder.py), so it is the route used
+    when torch has it.
+
+Cost
+    Through the worker server the GIL is held only to take the answer, find where the new
+    entries start and parse those.
 """
 from __future__ import annotations
 
@@ -40,7 +46,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Union
+from typing import Callable, Optional, Union
 
 DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCCL.cpp)
 

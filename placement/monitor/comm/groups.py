@@ -1,17 +1,22 @@
 """Which backend each process group really runs, from its backend config, never from the
 string the user passed to init_process_group.
 
-torch 2.13 (torch/distributed/distributed_c10d.py):
-- `get_backend(group)` returns that string as given: "undefined" when init_process_group()
-  was called without one, "cpu:gloo,cuda:nccl" or "cuda:nccl" literally (Backend.__new__
-  keeps unknown names, line 330), so comparing it with "nccl" misses NCCL groups.
-- `get_backend_config(group)` (line 1451) returns str(BackendConfig), "device:backend" pairs
-  (BackendConfig.__repr__, line 483): "undefined" becomes the accelerator's default
-  (BackendConfig.__init__, line 419: "cuda:nccl" on a GPU host, "cpu:gloo" here), "nccl"
-  becomes "cuda:nccl", "gloo" "cpu:gloo,cuda:gloo".
-- a group with NCCL in its map gets NCCL as its default backend (lines 2073-2087), so
-  `pg._register_on_completion_hook` (ProcessGroup.hpp:983, getDefaultBackend()) reaches
-  ProcessGroupNCCL.
+Why
+    `get_backend(group)` gives that string back as given, so comparing it with "nccl" misses
+    NCCL groups; the backend config names the backend of each device (below).
+
+Upstream
+    torch 2.13 (torch/distributed/distributed_c10d.py):
+    - `get_backend(group)` returns that string as given: "undefined" when init_process_group()
+      was called without one, "cpu:gloo,cuda:nccl" or "cuda:nccl" literally (Backend.__new__
+      keeps unknown names, line 330), so comparing it with "nccl" misses NCCL groups.
+    - `get_backend_config(group)` (line 1451) returns str(BackendConfig), "device:backend" pairs
+      (BackendConfig.__repr__, line 483): "undefined" becomes the accelerator's default
+      (BackendConfig.__init__, line 419: "cuda:nccl" on a GPU host, "cpu:gloo" here), "nccl"
+      becomes "cuda:nccl", "gloo" "cpu:gloo,cuda:gloo".
+    - a group with NCCL in its map gets NCCL as its default backend (lines 2073-2087), so
+      `pg._register_on_completion_hook` (ProcessGroup.hpp:983, getDefaultBackend()) reaches
+      ProcessGroupNCCL.
 """
 from __future__ import annotations
 

@@ -1,32 +1,42 @@
 """NCCL communication time from PyTorch's own per-collective records.
 
-NCCL calls return at enqueue, so their wall time says nothing; durations come from
-ProcessGroupNCCL itself, by one of two routes (torch >= 2.11, checked by reading 2.11 (docs/torch211.md); sources cited in
-placement/monitor/comm/flight_recorder.py and below):
+What
+    Durations come from ProcessGroupNCCL itself, by one of two routes:
+    - flight recorder (monitor.comm_timing=auto or flight_recorder): the recorder ProcessGroupNCCL
+      really fills, read incrementally on the monitor thread every monitor.flush_every steps (or
+      every k-th time when that costs more than monitor.budget_pct of the steps in between; see
+      FrCadence), through torch's control-plane worker server (its C++ thread formats the dump
+      without the GIL). A collective's `duration_ms` exists only when collective timing is on
+      (TORCH_NCCL_ENABLE_TIMING=1, which makes ProcessGroupNCCL record a start CUDA event per
+      collective on the NCCL stream, ProcessGroupNCCL.hpp:88-94); without it comm_ms stays null
+      and one warning says what to set.
+    - completion hook (monitor.comm_timing=hook): `pg._register_on_completion_hook` on each NCCL
+      group. ProcessGroupNCCL::registerOnCompletionHook refuses unless timing is on, so placement
+      turns it on per group (`_enable_collectives_timing`: the start CUDA event per collective);
+      the hook cannot be removed and runs on ProcessGroupNCCL's `pt_nccl_runhook` thread
+      (ProcessGroupNCCL::runHookLoop). WorkInfo (Work.hpp:167-184) carries `time_started` as a
+      std::chrono::steady_clock time_point, which pybind11 hands over as a datetime.timedelta
+      since the steady clock's epoch (pybind11/chrono.h:219; older torch used system_clock, a
+      datetime), converted here to wall time; `active_duration` (start to end event) as a
+      timedelta.
 
-- flight recorder (monitor.comm_timing=auto or flight_recorder): the recorder ProcessGroupNCCL
-  really fills, read incrementally on the monitor thread every monitor.flush_every steps (or
-  every k-th time when that costs more than monitor.budget_pct of the steps in between; see
-  FrCadence), through torch's control-plane worker server (its C++ thread formats the dump
-  without the GIL). Adds no CUDA event and no hook; the worker server is one C++ thread. A collective's
-  `duration_ms` exists only when collective timing is on (TORCH_NCCL_ENABLE_TIMING=1, which
-  makes ProcessGroupNCCL record a start CUDA event per collective on the NCCL stream,
-  ProcessGroupNCCL.hpp:88-94); without it comm_ms stays null and one warning says what to set.
-- completion hook (monitor.comm_timing=hook): `pg._register_on_completion_hook` on each NCCL
-  group. ProcessGroupNCCL::registerOnCompletionHook refuses unless timing is on, so placement
-  turns it on per group (`_enable_collectives_timing`: the start CUDA event per collective);
-  the hook cannot be removed and runs on ProcessGroupNCCL's `pt_nccl_runhook` thread
-  (ProcessGroupNCCL::runHookLoop), which takes the GIL once per collective to call Python.
-  WorkInfo (Work.hpp:167-184) carries `time_started` as a std::chrono::steady_clock
-  time_point, which pybind11 hands over as a datetime.timedelta since the steady clock's
-  epoch (pybind11/chrono.h:219; older torch used system_clock, a datetime), converted here
-  to wall time; `active_duration` (start to end event) as a timedelta.
+    Both attribute a collective to the step whose wall-time span holds its CPU enqueue
+    (FR time_created_ns, CLOCK_REALTIME; WorkNCCL::workStartTime_, set when the work is made).
+    A step's comm_ms is the sum of its collectives' GPU durations (collectives of different
+    groups overlapping on different streams each count). A step none of whose collectives has a
+    duration is null, never 0.
 
-Both attribute a collective to the step whose wall-time span holds its CPU enqueue
-(FR time_created_ns, CLOCK_REALTIME; WorkNCCL::workStartTime_, set when the work is made).
-A step's comm_ms is the sum of its collectives' GPU durations (collectives of different
-groups overlapping on different streams each count). A step none of whose collectives has a
-duration is null, never 0.
+Why
+    NCCL calls return at enqueue, so their wall time says nothing.
+
+Upstream
+    torch >= 2.11, checked by reading 2.11 (docs/torch211.md); sources cited above and in
+    placement/monitor/comm/flight_recorder.py.
+
+Cost
+    - flight recorder: adds no CUDA event and no hook; the worker server is one C++ thread.
+    - completion hook: the start CUDA event per collective, and the `pt_nccl_runhook` thread
+      takes the GIL once per collective to call Python.
 """
 from __future__ import annotations
 

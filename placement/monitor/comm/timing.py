@@ -1,17 +1,22 @@
 """Communication time of one rank per step, behind one interface (CommTiming).
 
-- gloo (and any backend whose calls block until done): the wall time of the collective
-  calls. DDP runs its bucket all-reduces in the C++ reducer, so a DDP comm hook times
-  each one from the hook call to its future's completion; collectives called from Python
-  (torch.distributed.all_reduce, ...: Megatron's grad buffers, user code) are wrapped.
-  comm_ms is the union of those intervals within the step (buckets overlap).
-- NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
-  durations come from PyTorch's own per-collective records (placement.monitor.comm.nccl).
-  The DDP comm hook stays: it gives the bucket all-reduces' counts and entry times, at the
-  price of a Python call (a GIL hold on the autograd thread) and a `fut.then` future per bucket.
+What
+    - gloo (and any backend whose calls block until done): the wall time of the collective
+      calls. DDP runs its bucket all-reduces in the C++ reducer, so a DDP comm hook times
+      each one from the hook call to its future's completion; collectives called from Python
+      (torch.distributed.all_reduce, ...: Megatron's grad buffers, user code) are wrapped.
+      comm_ms is the union of those intervals within the step (buckets overlap).
+    - NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
+      durations come from PyTorch's own per-collective records (placement.monitor.comm.nccl).
+      The DDP comm hook stays: it gives the bucket all-reduces' counts and entry times.
 
-The interface, the per-step figure and the collective wrappers every source shares live in
-placement.monitor.comm.base; make_comm_timing() here chooses the source.
+    The interface, the per-step figure and the collective wrappers every source shares live in
+    placement.monitor.comm.base; make_comm_timing() here chooses the source.
+
+Cost
+    The DDP comm hook costs a Python call (a GIL hold on the autograd thread) and a `fut.then`
+    future per bucket; on NCCL that is the price of the bucket all-reduces' counts and entry
+    times.
 """
 from __future__ import annotations
 

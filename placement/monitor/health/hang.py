@@ -1,51 +1,34 @@
-"""Hang and stall detection: a rank that completes no step for max(monitor.stall_factor x
-its median step, monitor.stall_min_s) is named by itself, on its monitor thread (which
-does not need the training thread, nor any peer), in a `stall` event: its last step, how
-long since, and where its main thread is: its kernel wait channel and state from /proc
-(`futex_do_wait` / S: waiting on a lock or a collective's future; `R`: spinning in
-Python or in a kernel; `D`: in uninterruptible I/O) and its Python stack, dumped by
-faulthandler (which reads other threads' frames without their cooperation, as a
-watchdog must). One event when the stall is seen, one when steps resume.
+"""A rank's own hang: a rank that completes no step for its hang limit names itself in a
+`stall` event (log word unchanged), and posts it for rank 0 (health/peers.py reads the posts).
 
-Why a median step and a floor: the first steps of a job (compilation, NCCL set-up, data
-loading) and checkpoint steps are slow; the floor keeps them from being called hangs, the
-factor scales the watch to the job (a 5 s step is not stalled after 6 s).
+What
+    The limit is max(monitor.stall_factor x its median step, monitor.stall_min_s). The
+    monitor thread (which needs neither the training thread nor any peer) checks it every
+    poll_s = stall_min_s / 8 and, once past it, writes one event: the last step, how long
+    since, and where the main thread is: its kernel state and wait channel from /proc
+    (`futex_do_wait` / S: a lock or a collective's future; R: spinning in Python or a kernel;
+    D: uninterruptible I/O) and its Python stack, dumped by faulthandler (which reads other
+    threads' frames without their cooperation, as a watchdog must). One event when the hang is
+    seen, one when steps resume. A rank of many stopped outside any collective holds its own
+    event until pause_s (it is the hung rank, or every rank paused together: rank 0 tells
+    which) and posts at once.
 
-Rank 0 names stalled PEERS too, in its own log (`stall` events with `rank` the peer and
-`reported_by` 0), through the job's c10d store the exchange already uses (crossrank/exchange.py), two ways:
-- `how: "posted"`: a rank whose watch fires (or that resumes) also posts the event's fields
-  (last step, stalled_s, threshold, main thread {tid, state, wchan, its POSTED_FRAMES innermost
-  Python frames}; under 1 KB) to the store: `append("stalls", line)` + `add("stalls/n", 1)`, from a
-  short-lived thread (a store op can wait on the client's lock, held by a training thread
-  blocked in a store call of its own: the monitor thread must not wait with it). Rank 0's
-  peer watch thread (`PeerWatch`, rank 0 only) reads `add("stalls/n", 0)` every
-  poll_s / 2 (= stall_min_s / 8): one round trip, ~50 bytes; only when the count moved it `get`s
-  "stalls" (it exists: the count follows the append on the poster's one connection) and
-  writes the new posts. A peer's stall is in rank 0's log within stall_min_s + 2.5 polls of
-  its last step (~1.6 x stall_min_s), whether rank 0 still steps or hangs in the collective
-  that waits for that peer.
-- `how: "rows stopped"`: a rank whose process froze or whose store connection broke posts
-  nothing. Rank 0 sent its row of exchange n at time T; a rank whose row of n is not in the
-  store at T + rank 0's own stall threshold is named with the last step of its last row
-  (one `add` and, only then, one `get` of that exchange's rows, once per exchange), and
-  named resumed when its rows come again. This needs rank 0 to reach exchange n, i.e. to
-  keep stepping (a job without a collective per step, or a rank that stopped after rank 0's
-  exchange); in a synchronous job the posted path names the peer.
-Cost when nothing stalls: rank 0, one `add` per stall_min_s / 8 on its peer watch thread; the other
-ranks, nothing. When one rank hangs, every rank waits for it in the next collective and posts:
-W posts (< 1 KB each: 10 MB at 16,384 ranks, read in one `get` per look), of which rank 0 names
-NAMED_PEERS one event each (the likely cause first: `holds_first`) and groups the rest by (last
-step, in a collective or not, state, wait channel, innermost frame), one event per group with its
-ranks in list form (`peer_events`). Likewise for ranks whose rows stopped.
+    Who holds whom: every event and post says whether the rank stopped inside a collective
+    call (`in_collective`, from the comm clock: calls entered and not done). When one rank
+    hangs, the others wait for it inside the next collective; the hung rank is the one outside
+    any. Collective calls block until done on gloo and in the DDP hook's futures; NCCL calls
+    return at enqueue, so there the flight recorder answers (comm/nccl.py
+    NcclFlightRecorderComm.in_collective: an entry enqueued and not completed); null where
+    neither can tell (NCCL timed another way, comm timing off, a world of one).
 
-Who holds whom: every stall event and post says whether the rank stopped inside a collective
-call (`in_collective`, from the comm clock: calls entered and not done). When one rank hangs,
-the others wait for it inside the next collective; the hung rank is the one outside any (in
-the hang test, all share the last step, and only this tells them apart). It is known where
-collective calls block until done (gloo, the DDP hook's futures); NCCL calls return at
-enqueue, so there the flight recorder answers (comm/nccl.py NcclFlightRecorderComm.in_collective:
-an entry enqueued and not completed, one dump at the stall); null where neither can tell (NCCL
-timed another way, comm timing off, a world of one).
+Why a median step and a floor
+    The first steps of a job (compilation, NCCL set-up, data loading) and checkpoint steps are
+    slow; the floor keeps them from being called hangs, the factor scales the watch to the job
+    (a 5 s step is not hung after 6 s).
+
+Cost
+    A comparison per poll on the monitor thread; at a hang, one /proc read and one faulthandler
+    dump (STACK_MAX bytes kept), and one post of under 1 KB (POSTED_FRAMES frames).
 """
 from __future__ import annotations
 
@@ -55,19 +38,16 @@ import json
 import logging
 import math
 import os
-import time
 import socket
 import statistics
 import tempfile
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from placement import _procfs
-from placement.records.words import cause_first, collective_words
-from placement.cpuset import format_cpulist
+from placement.records.words import collective_words
 from placement.events import EventKind
-from placement.roles import name_this_thread
 
 log = logging.getLogger("placement")
 
@@ -75,7 +55,6 @@ STEP_TIMES_KEPT = 200  # step times the median is taken over (the most recent)
 STACK_MAX = 64 * 1024  # bytes of faulthandler output kept
 POSTS_MAX = 100  # stall posts one rank makes to the store (a flapping rank must not fill it)
 POSTED_FRAMES = 6  # innermost Python frames a post carries (the whole stack is in the rank's own log)
-NAMED_PEERS = 8  # peers rank 0 names in one event each; more at once share one event
 
 
 @dataclass(frozen=True)
@@ -217,12 +196,6 @@ class HangWatch:
         return {"phase": "resumed", "rank": rank, "last_step": s.last_step, "resumed_step": step}
 
 
-def holds_first(post: dict[str, Any]) -> tuple:
-    """cause_first of a post."""
-    rank = post.get("rank")
-    return cause_first(post.get("in_collective"), post.get("last_step"), rank if isinstance(rank, int) else 0)
-
-
 def post_line(fields: dict[str, Any]) -> bytes:
     """One stall post as it goes to the store: a JSON line."""
     return (json.dumps(fields, separators=(",", ":"), default=str) + "\n").encode()
@@ -242,183 +215,6 @@ def read_posts(raw: bytes, offset: int) -> tuple[list[dict], int]:
             if isinstance(d, dict) and isinstance(d.get("rank"), int):
                 out.append(d)
     return out, max(end, offset)
-
-
-def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dict[str, Any]:
-    """Rank 0's `stall` event fields for a peer's post (reported_by 0, how "posted")."""
-    rank = post["rank"]
-    fields = {k: post[k] for k in ("phase", "rank", "host", "last_step", "stalled_s", "threshold_s",
-                                   "in_collective", "main", "python", "resumed_step") if k in post}
-    fields.update(reported_by=0, how="posted")
-    if post.get("phase") == "resumed":
-        fields["message"] = (f"rank {rank} resumed (its post, read by rank 0): step {post.get('resumed_step')} "
-                             f"completed after the stall at step {post.get('last_step')}")
-        return fields
-    main = post.get("main") if isinstance(post.get("main"), dict) else {}
-    fields["message"] = (f"rank {rank} stalled (its post, read by rank 0): no step completed for "
-                         f"{post.get('stalled_s')} s after step {post.get('last_step')}; main thread "
-                         f"{main.get('state') or '?'} waiting in {main.get('wchan') or '?'}"
-                         + (f", Python at {post['python']}" if post.get("python") else "")
-                         + collective_words(post.get("in_collective")))
-    return fields
-
-
-def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Rank 0's events for the posts read in one look. A rank that hangs holds every other rank
-    up in the next collective, so at 16,384 ranks one hang is 16,384 posts: up to NAMED_PEERS
-    stalls (`holds_first`: outside any collective, then the lowest last step) are named one
-    event each, the rest in one event per (last step, in a collective, state, wait channel,
-    innermost frame) with their ranks in list form; resumes likewise."""
-    out = []
-    for phase in ("stalled", "resumed"):
-        these = sorted((p for p in posts if p.get("phase", "stalled") == phase), key=holds_first)
-        out.extend(peer_event(p) for p in these[:NAMED_PEERS])
-        groups: dict[tuple, list[dict]] = {}
-        for p in these[NAMED_PEERS:]:
-            main = p.get("main") if isinstance(p.get("main"), dict) else {}
-            stack = main.get("stack") or []
-            key = (p.get("last_step"), p.get("in_collective"), main.get("state"), main.get("wchan"),
-                   stack[0] if stack else None)
-            groups.setdefault(key, []).append(p)
-        for (last_step, inside, state, wchan, frame), group in groups.items():
-            ranks = format_cpulist([p["rank"] for p in group])
-            fields = {"phase": phase, "ranks": ranks, "count": len(group), "last_step": last_step,
-                      "reported_by": 0, "how": "posted"}
-            if phase == "stalled":
-                fields["in_collective"] = inside
-                fields["main"] = {"state": state, "wchan": wchan, "stack": [frame] if frame else []}
-                fields["message"] = (f"{len(group)} more ranks stalled after step {last_step} (their posts, read "
-                                     f"by rank 0), main thread {state or '?'} waiting in {wchan or '?'}"
-                                     + (f", Python at {frame}" if frame else "") + collective_words(inside)
-                                     + f": ranks {ranks}")
-            else:
-                fields["message"] = f"{len(group)} more ranks resumed (their posts, read by rank 0): ranks {ranks}"
-            out.append(fields)
-    return out
-
-
-def write_peer_hang(events, fields: dict[str, Any]) -> None:
-    """Rank 0 writes (and flushes) one `stall` event about a peer, and says it in the log."""
-    log.warning("placement: %s", fields.get("message", fields))
-    events.event(EventKind.STALL, **fields)
-    events.flush()
-
-
-class PeerWatch:
-    """Rank 0's watch over its peers (see the module docstring): a daemon thread
-    `placement_peers` that every poll_s / 2 reads the peers' stall posts and the exchange's overdue
-    rows, and hands rank 0's `stall` events (as fields) to `write`."""
-
-    def __init__(self, exchange, threshold_s: Callable[[], float], write: Callable[[dict], None],
-                 poll_s: float, own: Callable[[], Optional[dict]] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.exchange = exchange
-        self.threshold_s = threshold_s
-        self.write = write
-        self.poll_s = poll_s
-        self.own = own  # rank 0's own current stall post (it posts nothing to the store)
-        self.clock = clock
-        self._stalled: dict[int, dict] = {}  # peers' stall posts not followed by a resume
-        self._held: dict[int, tuple[dict, float]] = {}  # stalled outside any collective, not judged yet
-        self._job_paused: Optional[dict] = None  # the job-wide pause reported and not over
-        self._own_seen: Optional[dict] = None
-        self._stop = threading.Event()
-        self._failed = False
-        self._thread = threading.Thread(target=self._run, name="placement_peers", daemon=True)
-
-    def start(self) -> "PeerWatch":
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def _run(self) -> None:
-        name_this_thread(b"placement_peers")
-        while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
-            if not self.poll():
-                return
-
-    def poll(self) -> bool:
-        """One look (False: the exchange is off, the watch ends)."""
-        ex = self.exchange
-        if not ex.enabled:
-            return False
-        try:
-            threshold = self.threshold_s()
-            for fields in self.judge(ex.hang_posts(), ex.world_size):
-                self.write(fields)
-            own = self.own()
-            ex.note_own_wait(own is not None and own.get("phase", "stalled") == "stalled"
-                             and own.get("in_collective") is True)
-            for fields in ex.overdue(threshold, grace_s=self.poll_s):
-                self.write(fields)
-        except Exception as e:
-            if not self._failed:  # said once; the watch goes on (a store hiccup may pass)
-                self._failed = True
-                log.warning("placement: rank 0's watch over its peers' stalls failed (%s: %s); it goes on",
-                            type(e).__name__, str(e).splitlines()[0] if str(e) else "")
-        return True
-
-
-    def judge(self, posts: list[dict], world_size: int) -> list[dict]:
-        """Rank 0's events for the posts read in one look, and for those held before.
-
-        A rank stalled inside a collective waits for a peer: named at once (peer_events). One
-        stalled outside any collective is held until it is told apart: some rank waits inside a
-        collective -> it holds them: named (the hung rank); every rank of the job stopped,
-        none inside a collective -> a job-wide pause (a checkpoint, an evaluation), one event
-        for the job and none per rank; neither within HOLD_POLLS watch polls -> named as it
-        posted (a job without a collective per step)."""
-        now = self.clock()
-        out_now: list[dict] = []
-        resumed: list[dict] = []
-        for p in posts:
-            rank = p["rank"]
-            if p.get("phase", "stalled") == "stalled":
-                self._stalled[rank] = p
-                if p.get("in_collective") is True:
-                    out_now.append(p)
-                else:
-                    self._held[rank] = (p, now)
-            else:
-                self._stalled.pop(rank, None)
-                if self._held.pop(rank, None) is None and self._job_paused is None:
-                    resumed.append(p)  # a held stall that resumes was never named: nor is its resume
-        own = self.own()
-        if own is not None and own is not self._own_seen and own.get("in_collective") is not True:
-            self._held[own["rank"]] = (own, now)  # rank 0 itself stopped outside any collective
-        self._own_seen = own
-        stalled = dict(self._stalled)
-        if own is not None:
-            stalled[own["rank"]] = own
-        out: list[dict] = []
-        if self._job_paused is not None and len(stalled) < world_size:
-            out.append(self._job_event("resumed", self._job_paused, world_size))
-            self._job_paused = None
-        if self._held:
-            waiting = any(p.get("in_collective") is True for p in stalled.values())
-            if waiting or min(t for _, t in self._held.values()) < now - HOLD_POLLS * self.poll_s:
-                out_now.extend(p for p, _ in self._held.values())
-                self._held.clear()
-            elif len(stalled) >= world_size and self._job_paused is None:
-                self._job_paused = min(stalled.values(), key=lambda p: p.get("last_step") or 0)
-                out.append(self._job_event("stalled", self._job_paused, world_size))
-                self._held.clear()
-        return out + peer_events(out_now + resumed)
-
-    @staticmethod
-    def _job_event(phase: str, first: dict, world_size: int) -> dict:
-        if phase == "stalled":
-            msg = (f"every rank ({world_size}) stopped stepping together after step {first.get('last_step')}, "
-                   "none inside a collective: a job-wide pause (a checkpoint, an evaluation), not a hung rank")
-        else:
-            msg = f"the job-wide pause after step {first.get('last_step')} is over: ranks step again"
-        return {"phase": phase, "scope": "job", "ranks": f"0-{world_size - 1}", "count": world_size,
-                "last_step": first.get("last_step"), "reported_by": 0, "how": "posted", "message": msg}
-
-
-HOLD_POLLS = 3  # watch polls rank 0 holds a stall outside any collective before naming it as posted
 
 
 def main_thread_where() -> MainWhere:

@@ -1,26 +1,28 @@
 """Kernel counters of one thread, read through kept file descriptors with os.pread.
 
-One plain function per fact. Files (fields numbered as in proc(5)):
-- /proc/<pid>/task/<tid>/schedstat: 1 = on-CPU ns, 2 = runqueue wait ns
-- /proc/<pid>/task/<tid>/stat: 10 = minor faults, 39 = CPU it last ran on
-- /proc/<pid>/task/<tid>/status: nonvoluntary_ctxt_switches
-The calling thread's own faults and involuntary switches come cheaper from
-getrusage(RUSAGE_THREAD), and its CPU from sched_getcpu(3) (see MainThreadProbe).
+What
+    One plain function per fact. Files (fields numbered as in proc(5)):
+    - /proc/<pid>/task/<tid>/schedstat: 1 = on-CPU ns, 2 = runqueue wait ns
+    - /proc/<pid>/task/<tid>/stat: 10 = minor faults, 39 = CPU it last ran on
+    - /proc/<pid>/task/<tid>/status: nonvoluntary_ctxt_switches
+    The calling thread's own faults and involuntary switches come cheaper from
+    getrusage(RUSAGE_THREAD), and its CPU from sched_getcpu(3) (see MainThreadProbe).
 
-Every read here is a syscall, and the first syscall after a training step is the
-expensive one (measured on the 2-vCPU dev VM: ~20 us for a pread of schedstat right
-after a step vs ~2 us for the next; caches and TLB are cold), so the per-step path
-makes as few as it can: benchmarks/monitor_overhead.py prints these costs.
+    The files are parsed by placement._procfs (one parser per file, bounded reads). A thread
+    that exits makes its reads fail with ESRCH/ENOENT: _procfs.ThreadGone, not an error.
 
-On-CPU time of a thread of this process comes from its CPU clock (clock_gettime on the
-thread's clockid), not schedstat field 1: the kernel folds a *running* thread's time into
-schedstat only at the next tick or switch, so a read while it runs is up to a tick
-(4 ms at HZ=250) stale, more than a whole step's worth of error. The thread clock is the
-same accounting (sum_exec_runtime) brought up to date. Threads of other processes
-(DataLoader workers) use schedstat field 1, read over spans of many steps.
+Upstream
+    The kernel folds a *running* thread's time into schedstat only at the next tick or switch,
+    so a read while it runs is up to a tick (4 ms at HZ=250) stale, more than a whole step's
+    worth of error. So on-CPU time of a thread of this process comes from its CPU clock
+    (clock_gettime on the thread's clockid), not schedstat field 1: the thread clock is the
+    same accounting (sum_exec_runtime) brought up to date. Threads of other processes
+    (DataLoader workers) use schedstat field 1, read over spans of many steps.
 
-The files are parsed by placement._procfs (one parser per file, bounded reads). A thread that
-exits makes its reads fail with ESRCH/ENOENT: _procfs.ThreadGone, not an error.
+Cost
+    Every read here is a syscall, and the first syscall after a training step is the expensive
+    one (caches and TLB are cold; figures: docs/monitor.md, Monitor cost), so the per-step path
+    makes as few as it can: benchmarks/monitor_overhead.py prints these costs.
 """
 from __future__ import annotations
 

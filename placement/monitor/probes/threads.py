@@ -1,21 +1,26 @@
 """Per-role figures of one rank's threads, in the sampling tiers of records/step.py.
 
-Every probe step (on the training thread, so kept to raw reads; every step unless the
-monitor's budget says otherwise, see budget.py): the on-CPU time and runqueue wait of
-`main`, `backward` (torch's pt_autograd_<device>, which runs the GPU backward work), `nccl` and
-`pin_memory` threads.
-The deltas and RoleSamples are made later, on the monitor thread (`samples`).
-Every span (monitor.rescan_every steps, on the monitor thread): everything else, as
-per-step means over the span: the hot roles' faults, involuntary switches, migrations,
-CPUs and MHz; all figures of `dataloader` and `other`.
-Which threads exist, and their roles, is looked at every span (ThreadScan): the binder's
-rescan (Binder.current_threads), or scan_threads without a binder, whenever a cheap look says
-the threads or children changed.
+What
+    - every probe step (every step unless the monitor's budget says otherwise, see budget.py):
+      the on-CPU time and runqueue wait of `main`, `backward` (torch's pt_autograd_<device>,
+      which runs the GPU backward work), `nccl` and `pin_memory` threads, read on the training
+      thread. The deltas and RoleSamples are made later, on the monitor thread (`samples`).
+    - every span (monitor.rescan_every steps, on the monitor thread): everything else, as
+      per-step means over the span: the hot roles' faults, involuntary switches, migrations,
+      CPUs and MHz; all figures of `dataloader` and `other`.
+    Which threads exist, and their roles, is looked at every span (ThreadScan): the binder's
+    rescan (Binder.current_threads), or scan_threads without a binder, whenever a cheap look
+    says the threads or children changed.
 
-Two threads use a sampler: the training thread calls `main.step_read` and `read_hot`,
-the monitor thread everything else. The hot probes' table is swapped and their file
-descriptors closed under `_hot_lock`, which read_hot holds while it reads, so a read
-never lands on a descriptor the kernel has already given to another file.
+Why the lock
+    Two threads use a sampler: the training thread calls `main.step_read` and `read_hot`,
+    the monitor thread everything else. The hot probes' table is swapped and their file
+    descriptors closed under `_hot_lock`, which read_hot holds while it reads, so a read
+    never lands on a descriptor the kernel has already given to another file.
+
+Cost
+    A probe step is on the training thread, so it is kept to raw reads; everything else is
+    done on the monitor thread.
 """
 from __future__ import annotations
 

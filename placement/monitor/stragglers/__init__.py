@@ -2,7 +2,8 @@
 
 figures.py: the window row each rank sends (RankFigures), the thresholds, the report types;
 cost.py: lateness step by step and what a late rank costs; classify.py: the kinds (data-, cpu-,
-compute-slow, comm-slow job-wide); naming.py: which candidates are named, and when (precision).
+compute-slow, comm-slow job-wide); naming.py: which candidates are named, and when (precision);
+event.py: a window's rows judged at any scale, and the `straggler` event and lines that say it.
 No store, no thread, no clock: crossrank/ feeds the windows in and writes the events out."""
 from placement.monitor.stragglers.classify import classify
 from placement.monitor.stragglers.figures import RankFigures, StragglerReport, Thresholds

@@ -5,13 +5,11 @@ rank is data-, cpu- or compute-slow, and comm-slow job-wide against the baseline
 docstring; the comm baseline's history is kept here (next_transfer_history)."""
 from __future__ import annotations
 
-import math
 import statistics
 from typing import Optional
 
 from placement.monitor.stragglers.cost import costs_ms, lateness_per_step, material_ranks, rank_steps, split_cost
-from placement.monitor.stragglers.figures import (JobWide, RankFigures, Straggler, StragglerReport, Thresholds,
-                                                  _mean, _round)
+from placement.monitor.stragglers.figures import JobWide, RankFigures, Straggler, StragglerReport, Thresholds
 from placement.records.words import StragglerKind
 from placement.records.parts import StepPart
 
@@ -77,13 +75,13 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th, ranked)
     # the punctual peers' medians, once (at scale a window has hundreds of candidates)
     peer_data = _median([p.data_ms for p in punctual])
-    peer_stall = _median([p.stall_ms() for p in punctual])
+    peer_stall = _median([p.cpu_stall_ms for p in punctual])
     peer_nccl = _median([p.nccl_runq_ms for p in punctual])
     peer_mhz = _median([p.main_mhz for p in punctual])
     for r in sorted(late, key=lambda r: -lateness[r.rank]):
         lat = lateness[r.rank]
         data_x = r.data_ms - (peer_data or 0.0)
-        stall_x = None if r.stall_ms() is None else r.stall_ms() - (peer_stall or 0.0)
+        stall_x = None if r.cpu_stall_ms is None else r.cpu_stall_ms - (peer_stall or 0.0)
         nccl_x = None if r.nccl_runq_ms is None else r.nccl_runq_ms - (peer_nccl or 0.0)
         slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
         arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
@@ -92,7 +90,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(peer_data)} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
-            why = (f"{arrives}; its main thread waits {r.stall_ms():.1f} ms/step in the runqueue (CPU stall) "
+            why = (f"{arrives}; its main thread waits {r.cpu_stall_ms:.1f} ms/step in the runqueue (CPU stall) "
                    f"vs {_fmt(peer_stall)} on peers")
         elif nccl_x is not None and nccl_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
@@ -104,7 +102,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
         else:
             kind = StragglerKind.COMPUTE_SLOW
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
-                   f"({_fmt(r.stall_ms())} ms) explains it")
+                   f"({_fmt(r.cpu_stall_ms)} ms) explains it")
         cost = own[r.rank]
         late_at = [v > limit for v in per_step[r.rank]]  # the bar its median passed, step by step
         by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)

@@ -1,17 +1,21 @@
 """Lateness step by step, and what a late rank costs the job: pure functions over the per-rank
-figures of one exchange window (monitor/stragglers/figures.py's RankFigures), for the classifier
-(classify.py) and the naming (naming.py); records/words.py's `cost_words` says a cost in the log and
-the report.
+figures of one exchange window (monitor/stragglers/figures.py's RankFigures).
 
-What a straggler costs (`costs_ms`): per step, the job moves at the pace of its latest rank, so
-had rank r been at the median lateness of its peers, that step would have been shorter by r's
-lateness minus that of the next-latest rank (which then sets the pace), or minus the median,
-whichever is larger; 0 when r was not the latest. Its cost is the mean of that over the window's
-steps (a mean, not a median: a rank latest in half the steps costs half), so fixing one of two
-equally slow ranks is worth nothing, and the report also gives the cost of all late ranks
-together (their lateness removed at once). The cost is split by cause from the rank's excess
-over its punctual peers: CPU stall (runqueue wait), data wait, and the rest compute. Which
-candidates are named, and when, is monitor/stragglers/naming.py's (precision), not this pure function's.
+What
+    What a straggler costs (`costs_ms`): per step, the job moves at the pace of its latest rank,
+    so had rank r been at the median lateness of its peers, that step would have been shorter by
+    r's lateness minus that of the next-latest rank (which then sets the pace), or minus the
+    median, whichever is larger; 0 when r was not the latest. Its cost is the mean of that over
+    the window's steps (a mean, not a median: a rank latest in half the steps costs half), so
+    fixing one of two equally slow ranks is worth nothing, and the report also gives the cost of
+    all late ranks together (their lateness removed at once). The cost is split by cause from the
+    rank's excess over its punctual peers: CPU stall (runqueue wait), data wait, and the rest
+    compute.
+
+Who uses it
+    The classifier (classify.py) and the naming (naming.py); records/words.py's `cost_words` says
+    a cost in the log and the report. Which candidates are named, and when, is
+    monitor/stragglers/naming.py's (precision), not this pure function's.
 """
 from __future__ import annotations
 

@@ -1,49 +1,51 @@
 """Which ranks hold the others back, and why: a pure function over per-rank figures.
 
-Collectives make every rank wait for the last one to arrive, so a slow rank shows up
-in its peers' comm time, not its own. Arrival tells them apart (C4's receiver-driven
-analysis): a rank that enters its collectives well after the earliest one is late; the
-others waited. The late rank's own breakdown, against its punctual peers, then says why:
-- data-slow: its extra data wait accounts for a good share of the lateness
-- cpu-slow: its extra main/NCCL runqueue wait does, or its main thread runs on a
-  clearly slower core
-- compute-slow: neither (more work, a slower GPU, thermal throttling...)
-When every rank arrives together but the collective itself takes much longer than it
-used to (the baseline), the verdict is comm-slow: the link or network.
+What
+    Collectives make every rank wait for the last one to arrive, so a slow rank shows up
+    in its peers' comm time, not its own. Arrival tells them apart (C4's receiver-driven
+    analysis): a rank that enters its collectives well after the earliest one is late; the
+    others waited. The late rank's own breakdown, against its punctual peers, then says why:
+    - data-slow: its extra data wait accounts for a good share of the lateness
+    - cpu-slow: its extra main/NCCL runqueue wait does, or its main thread runs on a
+      clearly slower core
+    - compute-slow: neither (more work, a slower GPU, thermal throttling...)
+    When every rank arrives together but the collective itself takes much longer than its
+    baseline, the verdict is comm-slow: the link or network.
 
-How lateness is measured, so that no clock skew can fake it: from durations each rank
-measures on its own clock, never by comparing wall clocks of different hosts (NTP keeps
-them 1-10 ms apart, as much as the lateness we look for). A collective ends at the same
-moment on every rank (none can finish before the last one's data is in), so a rank that
-entered L ms after the earliest spends L ms less inside it: per step, a rank's lateness
-is the most comm time of any rank minus its own (summed over the step's collectives,
-hence "ms/step"), and its figure is the median over the steps (one GC pause is not a
-straggler). Chosen over estimating per-host clock offsets from the collectives' common
-end because the durations exist on every backend with no extra moment to record (on
-NCCL the CPU never sees a collective end; PyTorch's records give its GPU duration, which
-includes the wait for a late peer), need no estimation window, and are exact whatever
-the offsets and their drift. Figures are compared step by step: every rank sends the same
-absolute steps (RankFigures.first_step .. last_step, crossrank.exchange.exchange_steps),
-whatever its probe cadence.
+    What a straggler costs, and how lateness is measured step by step: monitor/stragglers/cost.py.
 
-What a straggler costs, and how lateness is measured step by step: monitor/stragglers/cost.py.
+How lateness is measured
+    So that no clock skew can fake it: from durations each rank measures on its own clock,
+    never by comparing wall clocks of different hosts (NTP keeps them 1-10 ms apart, as much as
+    the lateness we look for). A collective ends at the same moment on every rank (none can
+    finish before the last one's data is in), so a rank that entered L ms after the earliest
+    spends L ms less inside it: per step, a rank's lateness is the most comm time of any rank
+    minus its own (summed over the step's collectives, hence "ms/step"), and its figure is the
+    median over the steps (one GC pause is not a straggler). Figures are compared step by step:
+    every rank sends the same absolute steps (RankFigures.first_step .. last_step,
+    crossrank.exchange.exchange_steps), whatever its probe cadence.
+
+Why this way
+    Chosen over estimating per-host clock offsets from the collectives' common end because the
+    durations exist on every backend with no extra moment to record (on NCCL the CPU never sees
+    a collective end; PyTorch's records give its GPU duration, which includes the wait for a
+    late peer), need no estimation window, and are exact whatever the offsets and their drift.
 """
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from placement.records.parts import StepPart, record_parts
-from placement.records.words import KINDS, StragglerKind  # noqa: F401  (the kinds, here with the figures that carry them)
+from placement.records.words import StragglerKind
 
 
 
 
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
 FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
-          "main_runq_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
+          "cpu_stall_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
 
 
 @dataclass
@@ -59,7 +61,7 @@ class RankFigures:
     step_ms: float
     data_ms: float
     comm_ms: Optional[float]
-    main_runq_ms: Optional[float]
+    cpu_stall_ms: Optional[float]  # the main thread's CPU-stall part of a step (records/parts.py)
     nccl_runq_ms: Optional[float]
     main_cpu_ms: Optional[float]
     main_mhz: Optional[float]
@@ -88,16 +90,12 @@ class RankFigures:
         vals["comm_steps"] = tuple(comm[:span])
         return cls(**vals)
 
-    def stall_ms(self) -> Optional[float]:
-        """Its CPU stall per step: the step part of that name (records/parts.py)."""
-        return self.main_runq_ms
-
     def threads_stall_ms(self) -> Optional[float]:
-        """Runqueue wait per step of its main and NCCL threads together: the collectives of a
+        """Runqueue wait per step of its main (its CPU stall) and NCCL threads together: the collectives of a
         rank whose comm threads cannot run are slow for every rank (_cpu_starved)."""
-        if self.main_runq_ms is None and self.nccl_runq_ms is None:
+        if self.cpu_stall_ms is None and self.nccl_runq_ms is None:
             return None
-        return (self.main_runq_ms or 0.0) + (self.nccl_runq_ms or 0.0)
+        return (self.cpu_stall_ms or 0.0) + (self.nccl_runq_ms or 0.0)
 
 
 @dataclass
@@ -172,7 +170,7 @@ class StragglerReport:
     stragglers: list[Straggler] = field(default_factory=list)
     waiting: list[int] = field(default_factory=list)  # ranks whose comm time grew waiting for them
     transfer_ms: Optional[float] = None  # comm time of the rank that waited least: the collective itself
-    # At scale (exchange.compact): stragglers beyond the worst few, counted by kind:
+    # At scale (stragglers/event.py compact): stragglers beyond the worst few, counted by kind:
     # kind -> {"count": n, "ranks": "3,17,200-207"}.
     more: dict = field(default_factory=dict)
     step_ms: Optional[float] = None  # the job's step as measured (median over ranks of their mean)
@@ -233,7 +231,7 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         data_ms=_mean(r.data_ms for r in records) or 0.0,
         comm_ms=_mean(r.comm_ms for r in records),
         comm_steps=tuple(comm_of.get(s) for s in range(first_step, last_step + 1)),
-        main_runq_ms=_mean(record_parts(r).cpu_stall_ms for r in records),  # the CPU stall part
+        cpu_stall_ms=_mean(record_parts(r).cpu_stall_ms for r in records),
         nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
         main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
         main_mhz=_mean(role(r, "main", "mhz") for r in records))

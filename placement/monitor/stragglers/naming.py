@@ -1,24 +1,29 @@
 """Which of a window's straggler candidates rank 0 names: only what costs the job, and only once
 it is more than one window's noise.
 
-classify (classify.py) finds every rank that entered its collectives late, with what each
-costs. On a busy machine some rank is always a little late (a balanced soak names a rank for
-0.5-1 ms/step in a few percent of its windows without this: docs/monitor.md). So:
-- a candidate is material when its share of the window's cost is at least Thresholds.min_cost_pct
-  of the job's step (cost.material_ranks; the job-wide slowdown likewise, on its own cost);
-- a rank is named once it has been a material candidate in confirm_windows consecutive windows
-  and late at steady_pct of their steps (from its first late step: a slowdown may start inside a
-  window), or, late at fewer, in persist_windows consecutive windows; then in every window after
-  that for as long as it stays material: a rank that is named keeps being named only while it
-  costs, and one window's noise names nobody. Steadiness is what tells a slow rank from ranks
-  taking turns: on that soak a candidate was late at 50-85% of its window's steps, in runs of up
-  to 10 windows (persist_windows is twice that), while a rank 5% slower (benchmarks/precision.py)
-  is late at 95-100% (docs/monitor.md, measured);
-- a slowdown every rank shares is reported once per episode (its first confirmed window), as
-  the job's with its cause, not as every rank named.
-The cost of what is named is recomputed for the ranks named (a candidate held back is not in it).
-The windows that confirmed a rank are not lost: the event that names it says from which step
-it has been a material candidate (`since_step`).
+What
+    classify (classify.py) finds every rank that entered its collectives late, with what each
+    costs. Of those:
+    - a candidate is material when its share of the window's cost is at least
+      Thresholds.min_cost_pct of the job's step (cost.material_ranks; the job-wide slowdown
+      likewise, on its own cost);
+    - a rank is named once it has been a material candidate in confirm_windows consecutive
+      windows and late at steady_pct of their steps (from its first late step: a slowdown may
+      start inside a window), or, late at fewer, in persist_windows consecutive windows; then in
+      every window after that for as long as it stays material: a rank that is named keeps being
+      named only while it costs, and one window's noise names nobody;
+    - a slowdown every rank shares is reported once per episode (its first confirmed window), as
+      the job's with its cause, not as every rank named.
+    The cost of what is named is recomputed for the ranks named (a candidate held back is not in
+    it). The windows that confirmed a rank are not lost: the event that names it says from which
+    step it has been a material candidate (`since_step`).
+
+Why
+    On a busy machine some rank is always a little late, and a balanced job without these rules
+    gets a rank named in some of its windows (docs/monitor.md, Stragglers: what they cost).
+    Steadiness is what tells a slow rank from ranks taking turns: a slow rank is late at nearly
+    every step of its windows, ranks taking turns at fewer, in short runs of windows that
+    persist_windows outlasts (measured: docs/monitor.md, Stragglers: what they cost).
 """
 from __future__ import annotations
 
