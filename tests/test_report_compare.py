@@ -41,7 +41,9 @@ def test_a_slower_run_is_beyond_the_noise_and_a_run_against_itself_is_not(runs, 
     out = capsys.readouterr().out
     line = next(l for l in out.splitlines() if l.startswith("median step"))
     change = float(line.split("median step ")[1].split("%")[0])
-    assert 40.0 < change < 200.0, line  # 2 ms of sleep more on a step of ~2.x ms
+    # 2 ms of sleep more on a step of ~2.x ms: +90% on a quiet machine; a busy one wakes the
+    # sleeps late and makes it more (no upper bound: it measures the host, not the report)
+    assert change > 40.0, line
     assert "beyond the runs' noise" in line and "10 vs 10" in line, line
     assert cli(["report", "--compare", str(runs / "fast"), str(runs / "fast")]) == 0
     line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("median step"))

@@ -50,6 +50,10 @@ class AutoState(enum.Enum):
     CLOSED = "closed"  # closed at exit (or the monitor could not start)
 
 
+# The hooks run right after a step, when every code path is cold: the state is compared by
+# identity with these, not looked up on the enum class each time (benchmarks/hook_profile.py).
+_RUNNING, _WAITING = AutoState.RUNNING, AutoState.WAITING
+
 NO_STEP_LINE = ("no optimizer step ran, so this run has no step records (placerun finds a step where a "
                 "torch.optim optimizer steps: docs/monitor.md); a loop without one can mark its steps with "
                 "placement.attach() and handle.step()")
@@ -128,7 +132,7 @@ class AutoMonitor:
         def __iter__(loader):
             t0 = perf_counter_ns()  # a DataLoader starts its workers here: data wait too
             it = iter_original(loader)
-            if auto.state is AutoState.RUNNING and threading.get_ident() == auto._main:
+            if auto.state is _RUNNING and threading.get_ident() == auto._main:
                 auto._waited(t0)
             return it
 
@@ -166,14 +170,15 @@ class AutoMonitor:
     def _fire(self, key: int, outer: bool) -> None:
         if threading.get_ident() != self._main:
             return
-        if self.state is AutoState.RUNNING:
+        state = self.state
+        if state is _RUNNING:
             self.finder.fire(key, outer)
-        elif self.state is AutoState.WAITING:
+        elif state is _WAITING:
             self._start(key, outer)
 
     def _fetched(self, t0: int, first: bool, batch) -> None:
         monitor = self.monitor
-        if self.state is not AutoState.RUNNING or monitor is None:
+        if self.state is not _RUNNING or monitor is None:
             self.fetches += 1
             return
         self.finder.fetched(t0, first)  # may end the step at t0: the wait below is the next step's
@@ -182,7 +187,7 @@ class AutoMonitor:
 
     def _waited(self, t0: int) -> None:
         monitor = self.monitor
-        if self.state is AutoState.RUNNING and monitor is not None:
+        if self.state is _RUNNING and monitor is not None:
             monitor.data_ns += perf_counter_ns() - t0
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -210,7 +215,7 @@ class AutoMonitor:
         self.handle, self.monitor = handle, monitor
         handle.on_close = self._handle_closed
         # A fire ends a step now (the monitor's own hook, no frame between); a fetch at its start.
-        self.finder = StepFinder(monitor.on_step, lambda start_ns: monitor.step_at(start_ns, perf_counter_ns()))
+        self.finder = StepFinder(monitor.on_step, lambda start_ns: monitor.on_step(at=start_ns))
         self.state = AutoState.RUNNING
         self.finder.begin(key, outer, seen_fetch=self.fetches > 0)
 

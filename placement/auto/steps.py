@@ -74,9 +74,17 @@ class StepFinder:
         if self._ended_by_fire:
             self._extra += 1
             return
-        self._fires += 1
-        if self.fires_per_step and self._fires >= self.fires_per_step:
-            self._boundary_fire()
+        fires = self._fires + 1
+        if self.fires_per_step and fires >= self.fires_per_step:
+            # _boundary_fire, inline: this is the path of every step of a loop with a fetch
+            # (one frame less on the training thread right after its optimizer step)
+            if self._fetches:
+                self.fetches_per_step = self._fetches
+            self._fires, self._fetches = 0, 0
+            self._ended_by_fire, self._extra = True, 0
+            self._end_now()
+            return
+        self._fires = fires
 
     def fetched(self, start_ns: int, first: bool = False) -> None:
         """A fetch on the main thread returned a batch; it started at start_ns; `first`: the

@@ -2,7 +2,7 @@
 that turns its raw readings into records and delivers them.
 
 What
-    on_step() / step_at(), training thread: a perf_counter stamp, the step's data wait and comm
+    on_step(), training thread: a perf_counter stamp, the step's data wait and comm
     counters, on probe steps the hot threads' kernel counters (main's thread clock and one pread
     of its schedstat, one pread per nccl/pin_memory thread: probes/), and an append. At the next
     due step (a span reading, a flush or an exchange) the raw steps are handed over: a deque
@@ -93,6 +93,9 @@ class MonitorState(enum.Enum):
     CLOSED = "closed"  # every record written, the end event out
 
 
+_STOPPING, _CLOSED = MonitorState.STOPPING, MonitorState.CLOSED  # compared by identity in the step hook
+
+
 @dataclasses.dataclass(slots=True)
 class RawStep:
     """One step as the hook measured it (its number is its place in the hand-over)."""
@@ -110,7 +113,7 @@ class HandOver:
     """What the training thread hands to the monitor thread at a due step."""
 
     last_step: int  # the step number of raw[-1]
-    raw: list[RawStep]
+    raw: list[tuple]  # RawStep's fields, one tuple per step
     span: bool  # a span reading is due at last_step
     hook_ns: int  # time spent in the hook so far
     hook_steps: int  # steps the hook timed so far
@@ -142,7 +145,7 @@ class StepMonitor:
         self.step = first_step - 1
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
         self.last_batch = None  # the last batch handle.watch() handed out (the residence watch reads it)
-        self._raw: list[RawStep] = []  # steps measured since the last hand-over
+        self._raw: list[tuple] = []  # steps measured since the last hand-over (RawStep's fields)
         self._probe_in = 1  # steps until the next probe step
         self._span_due = self.step + self.cfg.rescan_every
         # The next step with work for the monitor thread: one comparison per step.
@@ -223,32 +226,32 @@ class StepMonitor:
             self._thread.start()
 
     # ---- fed by the training loop --------------------------------------------------------
-    def on_step(self, _optimizer=None, _args=None, _kwargs=None) -> None:
-        """Mark the end of one training step, now. Never raises. Registered as the optimizer's
-        post-step hook itself."""
-        t0 = perf_counter_ns()
-        self.step_at(t0, t0)
-
-    def step_at(self, t0: int, h0: int) -> None:
-        """Mark the end of one training step at perf_counter_ns `t0` (the automatic monitor ends a
-        step at the start of a fetch it has just seen return); `h0`: when the hook was entered,
-        what its own cost is counted from. Never raises."""
-        if self.closed:
+    def on_step(self, _optimizer=None, _args=None, _kwargs=None, at: Optional[int] = None) -> None:
+        """Mark the end of one training step, now, or at perf_counter_ns `at` (the automatic
+        monitor ends a step at the start of a fetch it has just seen return). Never raises.
+        Registered as the optimizer's post-step hook itself: one frame, its own cost counted
+        from its first line."""
+        h0 = perf_counter_ns()
+        t0 = h0 if at is None else at
+        # Right after a training step every code path runs cold (caches and TLB hold the step's
+        # data): each call, property or object built here costs microseconds (benchmarks/
+        # hook_profile.py), so the state is compared by identity, a step is a tuple (RawStep's
+        # fields, made a RawStep on the monitor thread), and the system calls are on probe steps only.
+        state = self.state
+        if state is _STOPPING or state is _CLOSED:
             return
         gate = self._gate
         gate.in_step = True
         try:
-            # Right after a training step every code path runs cold (caches and TLB hold the
-            # step's data): this path is a few lines, and the system calls only on probe steps.
             step = self.step + 1
             self._probe_in -= 1
             if self._probe_in <= 0 or step >= self._next_due:  # a hand-over step is a probe step
                 self._probe_in = self.budget.every
                 sampler = self.sampler
-                self._raw.append(RawStep(t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
-                                         sampler.read_hot() if sampler.has_hot else ()))
+                self._raw.append((t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
+                                  sampler.read_hot() if sampler.has_hot else ()))
             else:
-                self._raw.append(RawStep(t0, self.data_ns, self.comm.take_step(), None, None))
+                self._raw.append((t0, self.data_ns, self.comm.take_step(), None, None))
             self.data_ns = 0
             self.step = step
             if step >= self._next_due:
@@ -402,7 +405,7 @@ class StepMonitor:
 
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
-        step, raw = item.last_step, item.raw
+        step, raw = item.last_step, [RawStep(*t) for t in item.raw]
         if item.span:
             raw[-1].span = self.sampler.read_span(step - self._last_span_step)
             self._last_span_step = step
@@ -588,7 +591,7 @@ class StepMonitor:
                                        "steps it had not built are not written")
                 return False
             self._drain(exchange=exchange)
-            raw, self._raw = self._raw, []
+            raw, self._raw = [RawStep(*t) for t in self._raw], []
             if raw and raw[-1].main is None:
                 # Steps since the last probe step: read the counters now, so that they have
                 # their figures (the reading includes the moments since the last step ended).
