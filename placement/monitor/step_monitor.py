@@ -343,18 +343,18 @@ class StepMonitor:
 
     def _watch_hang(self) -> None:
         """Between hand-overs: has the training thread completed a step lately? (Read without
-        _lock: a stalled main thread may hold it.)"""
+        _lock: a hung main thread may hold it.)"""
         try:
             now = perf_counter_ns()
-            stalled = self.hang.check(self.step, now)
+            hung = self.hang.check(self.step, now)
             post = None
-            if stalled is not None:
+            if hung is not None:
                 # in a collective or not: what tells the hung rank from the peers it holds (none alone)
                 inside = self.comm.in_collective() if self.world_size > 1 else None
                 # outside any collective with peers to judge it: hung, or a job-wide pause (health/peers.py)
                 hold = inside is False and self.exchange is not None and self.exchange.enabled
-                post = self.hang.report(stalled, self.events, self.rank, inside,
-                                         self.comm.null_why if inside is None else None, hold=hold)
+                post = self.hang.report(hung, self.events, self.rank, inside,
+                                        self.comm.null_why if inside is None else None, hold=hold)
             elif self.hang.write_held(self.events, self.rank, now):
                 pass
             elif self.hang.resumed is not None:

@@ -53,7 +53,7 @@ log = logging.getLogger("placement")
 
 STEP_TIMES_KEPT = 200  # step times the median is taken over (the most recent)
 STACK_MAX = 64 * 1024  # bytes of faulthandler output kept
-POSTS_MAX = 100  # stall posts one rank makes to the store (a flapping rank must not fill it)
+POSTS_MAX = 100  # hang posts one rank makes to the store (a flapping rank must not fill it)
 POSTED_FRAMES = 6  # innermost Python frames a post carries (the whole stack is in the rank's own log)
 
 
@@ -84,15 +84,15 @@ class HangWatch:
     def __init__(self, factor: float, min_s: float, pause_s: float = math.inf):
         self.factor = factor
         self.min_s = min_s
-        self.pause_s = pause_s  # a stall outside any collective in a job of many ranks is written after this
+        self.pause_s = pause_s  # a hang outside any collective in a job of many ranks is written after this
         self.poll_s = max(0.05, min_s / 8)  # the watch looks this often: named within min_s + 1 poll
-        self.unwritten: Optional[tuple[str, dict]] = None  # a stall posted, its own event held (held_until)
+        self.unwritten: Optional[tuple[str, dict]] = None  # a hang posted, its own event held (held_until)
         self.held_until_s = math.inf
-        self.post: Optional[dict[str, Any]] = None  # what the current stall posted (rank 0's peer watch reads it)
+        self.post: Optional[dict[str, Any]] = None  # what the current hang posted (rank 0's peer watch reads it)
         self._times: collections.deque[float] = collections.deque(maxlen=STEP_TIMES_KEPT)
         self._step = 0
         self._since_ns: Optional[int] = None
-        self.stalled: Optional[Hung] = None  # the stall reported and not yet over
+        self.hung: Optional[Hung] = None  # the hang reported and not yet over
         self.resumed: Optional[int] = None  # the step it resumed at, not yet reported
 
     def step_times(self, step_ms: Iterable[float]) -> None:
@@ -107,22 +107,22 @@ class HangWatch:
         return self.min_s if median is None else max(self.factor * median / 1e3, self.min_s)
 
     def check(self, step: int, now_ns: int) -> Optional[Hung]:
-        """A new stall (once per stall), else None."""
+        """A new hang (once per hang), else None."""
         if self._since_ns is None or step != self._step:
-            if self.stalled is not None and self._since_ns is not None:
+            if self.hung is not None and self._since_ns is not None:
                 self.resumed = step
                 self.post = None
             self.progress(step, now_ns)
             return None
-        if self.stalled is not None:
+        if self.hung is not None:
             return None
         waited = (now_ns - self._since_ns) / 1e9
         threshold = self.threshold_s()
         if waited <= threshold:
             return None
         median = statistics.median(self._times) if self._times else None
-        self.stalled = Hung(step, waited, threshold, median)
-        return self.stalled
+        self.hung = Hung(step, waited, threshold, median)
+        return self.hung
 
     def report(self, s: Hung, events, rank: int, in_collective: Optional[bool] = None,
                in_collective_null: Optional[str] = None, *, hold: bool = False) -> dict[str, Any]:
@@ -133,7 +133,7 @@ class HangWatch:
         `hold`: a rank of many stopped outside any collective: it is the hung rank (its peers wait
         for it inside one: rank 0 names it from the posts) or every rank paused together (a
         checkpoint: a job-wide pause, not a fault); so the post goes now and its own event is
-        written only once the stall outlasts pause_s (write_held)."""
+        written only once the hang outlasts pause_s (write_held)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
         msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
@@ -171,22 +171,22 @@ class HangWatch:
         events.flush()  # a hung job may be killed next: the event must be on disk now
 
     def write_held(self, events, rank: int, now_ns: int) -> bool:
-        """Write a held stall event once the stall has lasted held_until_s (True when written)."""
-        if self.unwritten is None or self.stalled is None or self._since_ns is None \
+        """Write a held `stall` event once the hang has lasted held_until_s (True when written)."""
+        if self.unwritten is None or self.hung is None or self._since_ns is None \
                 or (now_ns - self._since_ns) / 1e9 <= self.held_until_s:
             return False
         msg, fields = self.unwritten
         waited = (now_ns - self._since_ns) / 1e9
         fields["stalled_s"] = round(waited, 3)
-        msg = msg.replace(f"for {self.stalled.stalled_s:.1f} s", f"for {waited:.1f} s", 1)
+        msg = msg.replace(f"for {self.hung.stalled_s:.1f} s", f"for {waited:.1f} s", 1)
         fields["message"] = msg
         self._write(events, rank, msg, fields)
         return True
 
     def report_resumed(self, events, rank: int) -> dict[str, Any]:
-        """The `resumed` event (only when the stall's own event was written) and its post."""
-        s, step = self.stalled, self.resumed
-        self.stalled = self.resumed = self.post = None
+        """The `resumed` event (only when the hang's own event was written) and its post."""
+        s, step = self.hung, self.resumed
+        self.hung = self.resumed = self.post = None
         written, self.unwritten = self.unwritten is None, None
         if written:
             msg = f"rank {rank} resumed: step {step} completed after the stall at step {s.last_step}"
@@ -197,7 +197,7 @@ class HangWatch:
 
 
 def post_line(fields: dict[str, Any]) -> bytes:
-    """One stall post as it goes to the store: a JSON line."""
+    """One hang post as it goes to the store: a JSON line."""
     return (json.dumps(fields, separators=(",", ":"), default=str) + "\n").encode()
 
 
