@@ -306,11 +306,9 @@ class Exchange:
         figure_rows, node_of = split_rows(got.rows)
         figures, report, nodes = judge_rows(figure_rows, node_of, self.slots,
                                             comm_baseline(self.transfer_history, self._th), self._th, name)
-        ranks, last_steps = row_ranks(got.rows, self.world_size)
+        ranks, last_steps, missing = row_ranks(got.rows, self.world_size)
         if self.liveness is not None:
-            missing = self.liveness.rows_seen(got.seq, ranks, last_steps, sent)
-        else:
-            missing = sorted(set(range(self.world_size)) - set(ranks))
+            self.liveness.rows_seen(got.seq, ranks, last_steps, missing, sent)
         if missing:
             self._warn(f"exchange-missing:{format_cpulist(missing)}",  # once per set of ranks missing
                        f"exchange of steps to {got.seq}: {len(missing)} rank(s) sent nothing in time "
@@ -364,9 +362,10 @@ class Exchange:
         self._posts_offset, self._posts_seen = offset, n
         return [] if first_look else posts
 
-    def peek_overdue(self, threshold_s: float) -> Optional[tuple[int, float, list[int]]]:
-        """Rank 0: (seq, time sent, ranks whose rows came) of the exchange in flight once it is
-        older than `threshold_s` and still short of rows (once per exchange), else None."""
+    def peek_overdue(self, threshold_s: float) -> Optional[tuple[int, float, list[int], list[int]]]:
+        """Rank 0: (seq, time sent, ranks whose rows came, ranks whose rows did not) of the
+        exchange in flight once it is older than `threshold_s` and still short of rows (once per
+        exchange), else None."""
         pending = self._pending
         if self.rank != 0 or pending is None or self.transport is None:
             return None
@@ -378,7 +377,8 @@ class Exchange:
             if self._pending is None or self._pending[0] != seq or self.transport.arrived(seq) >= self.world_size:
                 return None  # all came, or judge() took them meanwhile
             rows = decode_rows(self.transport.peek(seq), self.slots, seq)
-        return seq, sent, row_ranks(rows, self.world_size)[0]
+        ranks, _, missing = row_ranks(rows, self.world_size)
+        return seq, sent, ranks, missing
 
     @property
     def pending_seq(self) -> Optional[int]:
@@ -407,8 +407,14 @@ def split_rows(rows):
     return rows[:, len(HEADER):], node_of
 
 
-def row_ranks(rows, world_size: int) -> tuple[list[int], list[int]]:
-    """(ranks, the last step of each one's row) of decoded exchange rows, ranks outside the job dropped."""
+def row_ranks(rows, world_size: int) -> tuple[list[int], list[int], list[int]]:
+    """(ranks, the last step of each one's row, the job's ranks with no row) of decoded exchange
+    rows, ranks outside the job dropped (numpy: rank 0 does this for every rank at every exchange)."""
+    import numpy as np
+
     ranks = rows[:, len(HEADER) + FIELDS.index("rank")].astype(int)
     keep = (ranks >= 0) & (ranks < world_size)
-    return ranks[keep].tolist(), rows[keep, len(HEADER) + FIELDS.index("last_step")].astype(int).tolist()
+    seen = np.zeros(world_size, dtype=bool)
+    seen[ranks[keep]] = True
+    return (ranks[keep].tolist(), rows[keep, len(HEADER) + FIELDS.index("last_step")].astype(int).tolist(),
+            np.flatnonzero(~seen).tolist())

@@ -81,21 +81,20 @@ class PeerLiveness:
         """How many ranks are named hung for their silence (the exchange does not wait for them)."""
         return len(self._silent)
 
-    def rows_seen(self, seq: int, ranks: list[int], last_steps: Optional[list[int]],
-                  sent: Optional[float]) -> list[int]:
-        """Exchange `seq` (sent by rank 0 at `sent`) holds rows of `ranks`: they were alive then.
-        `last_steps`: their rows' last steps, when these are the exchange's final rows (None for a
-        peek at an exchange in flight). Ranks missing since more than threshold_s are named,
-        named ones that came back resumed. Returns the ranks missing."""
-        seen = set(ranks)
-        missing = [r for r in range(self.world_size) if r not in seen]
+    def rows_seen(self, seq: int, ranks: list[int], last_steps: Optional[list[int]], missing: list[int],
+                  sent: Optional[float]) -> None:
+        """Exchange `seq` (sent by rank 0 at `sent`) holds rows of `ranks`, none of `missing`:
+        those were alive then. `last_steps`: their rows' last steps, when these are the exchange's
+        final rows (None for a peek at an exchange in flight). Ranks missing since more than
+        threshold_s are named, named ones that came back resumed."""
+        gone = set(missing)
         with self._lock:
             heard = self._clock() if sent is None else sent
             for r in ranks:
                 self._heard[r] = max(self._heard.get(r, heard), heard)
             if last_steps is not None:
                 self._last_step.update(zip(ranks, last_steps))
-            back = sorted(r for r in self._missing_since if r in seen)
+            back = sorted(r for r in self._missing_since if r not in gone)
             for r in back:
                 del self._missing_since[r]
             if sent is not None:
@@ -112,7 +111,6 @@ class PeerLiveness:
                 self._events.extend(_peer_fields("stalled", named, self._last_step, waited, threshold, seq))
             if resumed:
                 self._events.extend(_peer_fields("resumed", resumed, self._last_step, None, None, seq))
-        return missing
 
     def posts_read(self, posts: list[dict]) -> None:
         """Peers' posts just read: who said it hangs, and since when some rank waits in a collective."""
@@ -298,8 +296,8 @@ class PeerWatch:
         ex, live = self.exchange, self.exchange.liveness
         peek = ex.peek_overdue(threshold_s)
         if peek is not None:
-            seq, sent, ranks = peek
-            live.rows_seen(seq, ranks, None, sent)
+            seq, sent, ranks, missing = peek
+            live.rows_seen(seq, ranks, None, missing, sent)
         live.name_silent(threshold_s, self.poll_s, ex.pending_seq)
         out = live.take_events()
         where = ex.where([f["rank"] for f in out if "rank" in f]) if out else {}
