@@ -131,3 +131,41 @@ class StepRecord:
         kw["roles"] = {ThreadRole(r): RoleSample.from_dict(s) for r, s in (d.get("roles") or {}).items()
                        if r in _ROLE_NAMES}
         return cls(**kw)
+
+
+# ---- reading a step line back (the report) --------------------------------------------------
+_I64 = 1 << 63
+
+
+def is_number(v: Any, optional: bool = False) -> bool:
+    """A finite float or an int64, as json.loads gives them (a bool is not a number)."""
+    if v is None:
+        return optional
+    kind = type(v)
+    return (kind is float and v - v == 0.0) or (kind is int and -_I64 <= v < _I64)
+
+
+def is_integer(v: Any) -> bool:
+    return type(v) is int and -_I64 <= v < _I64
+
+
+def valid_step(d: dict) -> bool:
+    """A step line as json.loads gave it has the types StepRecord.to_json writes, as far as the
+    report reads them (report/logs.py skips and counts a line that does not): every top-level
+    field, and of the roles (a dict of dicts, so StepRecord.from_dict(d) cannot fail) the
+    runqueue wait of main (its CPU stall) and NCCL. The roles' other figures are carried as
+    written: no view reads them, and checking them on every line would cost a fifth of the
+    reading."""
+    get = d.get
+    roles = get("roles", {})
+    if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
+            and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
+            and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
+            and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
+            and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
+        return False
+    for sample in roles.values():
+        if type(sample) is not dict:
+            return False
+    return is_number(roles.get("main", {}).get("runq_ms"), optional=True) and \
+        is_number(roles.get("nccl", {}).get("runq_ms"), optional=True)

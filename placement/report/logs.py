@@ -42,7 +42,7 @@ from typing import Any, Optional
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
 from placement.records.digest import StepDigest
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, is_integer, is_number, valid_step
 from placement.records.verdict import VERDICTS
 from placement.records.parts import split_step
 from placement.vocab import Vocabulary
@@ -209,44 +209,9 @@ def expand(paths: list[str]) -> list[str]:
     return [f for f in dict.fromkeys(out) if not (f.endswith(".jsonl.gz") and f[:-3] in listed)]
 
 
-_I64 = 1 << 63
-
-
-def is_number(v: Any, optional: bool = False) -> bool:
-    """A finite float or an int64, as json.loads gives them (a bool is not a number)."""
-    if v is None:
-        return optional
-    kind = type(v)
-    return (kind is float and v - v == 0.0) or (kind is int and -_I64 <= v < _I64)
-
-
-def is_integer(v: Any) -> bool:
-    return type(v) is int and -_I64 <= v < _I64
-
-
 def _runq(roles: dict, name: str) -> Optional[float]:
     sample = roles.get(name)
     return None if sample is None else sample.get("runq_ms")
-
-
-def valid_step(d: dict) -> bool:
-    """The fields of a step line that the report reads have the type the monitor writes
-    (record.StepRecord.to_json): every top-level field, and of the roles (a dict of dicts, so
-    StepRecord.from_dict(d) cannot fail) the runqueue wait of main and NCCL, CPU stall. The
-    roles' other figures are carried as written: no view reads them, and checking them on
-    every line would cost a fifth of the reading."""
-    get = d.get
-    roles = get("roles", {})
-    if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
-            and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
-            and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
-            and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
-            and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
-        return False
-    for sample in roles.values():
-        if type(sample) is not dict:
-            return False
-    return is_number(_runq(roles, "main"), optional=True) and is_number(_runq(roles, "nccl"), optional=True)
 
 
 def valid_event(d: dict) -> bool:
