@@ -149,6 +149,12 @@ def is_integer(v: Any) -> bool:
     return type(v) is int and -_I64 <= v < _I64
 
 
+def role_runq(roles: dict, name: str) -> Optional[float]:
+    """A role's runqueue wait in a step line's `roles` (main's is the step's CPU stall)."""
+    sample = roles.get(name)
+    return None if sample is None else sample.get("runq_ms")
+
+
 def valid_step(d: dict) -> bool:
     """A step line as json.loads gave it has the types StepRecord.to_json writes, as far as the
     report reads them (report/logs.py skips and counts a line that does not): every top-level
@@ -167,5 +173,4 @@ def valid_step(d: dict) -> bool:
     for sample in roles.values():
         if type(sample) is not dict:
             return False
-    return is_number(roles.get("main", {}).get("runq_ms"), optional=True) and \
-        is_number(roles.get("nccl", {}).get("runq_ms"), optional=True)
+    return is_number(role_runq(roles, "main"), optional=True) and is_number(role_runq(roles, "nccl"), optional=True)

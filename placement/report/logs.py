@@ -42,7 +42,7 @@ from typing import Any, Optional
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
 from placement.records.digest import StepDigest
-from placement.records.step import StepRecord, is_integer, is_number, valid_step
+from placement.records.step import StepRecord, is_integer, is_number, role_runq, valid_step
 from placement.records.verdict import VERDICTS
 from placement.records.parts import split_step
 from placement.vocab import Vocabulary
@@ -209,11 +209,6 @@ def expand(paths: list[str]) -> list[str]:
     return [f for f in dict.fromkeys(out) if not (f.endswith(".jsonl.gz") and f[:-3] in listed)]
 
 
-def _runq(roles: dict, name: str) -> Optional[float]:
-    sample = roles.get(name)
-    return None if sample is None else sample.get("runq_ms")
-
-
 def valid_event(d: dict) -> bool:
     """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
     if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))) \
@@ -267,7 +262,7 @@ class _Columns:
         self.step_ms.append(d["step_ms"])
         # data, comm and CPU stall as the parts of the step (records/parts.py), split here once for
         # every view; NaN where the line did not say
-        parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), _runq(roles, "main"))
+        parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), role_runq(roles, "main"))
         self.data_ms.append(_NAN if d.get("data_ms") is None else parts.data_ms)
         self.comm_ms.append(_NAN if d.get("comm_ms") is None else parts.comm_ms)
         self.stall_ms.append(_or_nan(parts.cpu_stall_ms))

@@ -45,7 +45,7 @@ import struct
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Optional
 
 from placement.cpuset import format_cpulist
@@ -93,7 +93,6 @@ class Received:
     rows: Any  # numpy float64, one row per rank that sent in time
     world_size: int
     take_ms: float  # store time on rank 0: polls, get, deletes
-    missing: list[int] = field(default_factory=list)
 
 
 class StoreTransport:
