@@ -5,10 +5,11 @@ What
     The same ~10 ms CPU training loop as benchmarks/monitor_overhead.py (one intra-op thread,
     batches through handle.watch()), with placement.attach() and handle.step():
     - timed: every step's handle.step() call, timed by the loop around it, and sorted by what
-      the hook did at that step: `plain` (a stamp and the comm count), `probe` (the main and hot
-      threads' counters read: the kernel's schedstat), `handover` (a probe step that also hands
-      the batch to the monitor thread). Per kind: how many, median and mean us; and the
-      monitor's own figure (StepMonitor.self_ns / steps_timed, what its budget judges by).
+      the hook did at that step: `plain` (a stamp and the comm count), `handover` (a step that
+      also hands the batch to the monitor thread). Per kind: how many, median and mean us; the
+      monitor's own figure (StepMonitor.self_ns / steps_timed, what its budget judges by); and
+      the monitor thread's CPU per step (its thread clock), of which reading the counters
+      (probes/sampled.py).
     - profiled: the loop again in a child process under `py-spy record --rate 5000 --format raw`
       (not in the timed run: py-spy pauses the process to sample it). Of the samples inside
       StepMonitor.on_step, the share of each of its lines and of each callee (top entries);
@@ -21,8 +22,9 @@ Cost
 
     python benchmarks/hook_profile.py [--quick]
 
-Last line: {"inside_on_step_us": ..., "plain_us": ..., "probe_us": ..., "handover_us": ...,
-"probe_every": ..., "hook_top": [[share_pct, "where"], ...], "monitor_top": [...]}
+Last line: {"inside_on_step_us": ..., "plain_us": ..., "handover_us": ..., "probe_every": ...,
+"monitor_thread_us_per_step": ..., "readings_us_per_step": ..., "hook_top": [[share_pct, "where"],
+...], "monitor_top": [...]}
 """
 from __future__ import annotations
 
@@ -78,20 +80,30 @@ def job(steps: int, timed: bool):
         opt.step()
         if i == warm:
             ns0, steps0 = mon.self_ns, mon.steps_timed
+            thread_ns0, read_ns0 = thread_ns(mon), mon._sampled.cost_ns
         if not timed:
             h.step()
             continue
-        kind = "handover" if mon.step + 1 >= mon._next_due else "probe" if mon._probe_in <= 1 else "plain"
+        kind = "handover" if mon.step + 1 >= mon._next_due else "plain"
         t0 = pc()
         h.step()
         t1 = pc()
         if i > warm:
             by_kind[kind].append((t1 - t0) / 1e3)
-    inside = (mon.self_ns - ns0) / max(1, mon.steps_timed - steps0) / 1e3
+    counted = max(1, mon.steps_timed - steps0)
+    inside = (mon.self_ns - ns0) / counted / 1e3
+    by_kind["monitor_thread"] = [(thread_ns(mon) - thread_ns0) / counted / 1e3]
+    by_kind["readings"] = [(mon._sampled.cost_ns - read_ns0) / counted / 1e3]
     every = mon.budget.every
     h.close()
     shutil.rmtree(log_dir, ignore_errors=True)
     return inside, every, by_kind
+
+
+def thread_ns(mon) -> int:
+    """The monitor thread's CPU time so far (its thread clock)."""
+    from placement.monitor.probes.counters import thread_cpu_clock
+    return time.clock_gettime_ns(thread_cpu_clock(mon._thread.native_id))
 
 
 def profile(steps: int) -> tuple[list, list, str]:
@@ -161,7 +173,7 @@ def main(argv=None) -> int:
     print(f"steps {steps}, probe every {every}; the monitor's own figure: {inside:.1f} us per step inside on_step")
     print(f"  {'kind':10s} {'steps':>6s} {'median us':>10s} {'mean us':>9s}")
     out: dict = {"inside_on_step_us": round(inside, 2)}
-    for kind in ("plain", "probe", "handover"):
+    for kind in ("plain", "handover"):
         v = by_kind.get(kind, [])
         med = round(statistics.median(v), 2) if v else None
         mean = round(statistics.mean(v), 2) if v else None
@@ -169,6 +181,10 @@ def main(argv=None) -> int:
         out[f"{kind}_us"] = med
         out[f"{kind}_mean_us"] = mean
     out["probe_every"] = every
+    out["monitor_thread_us_per_step"] = round(by_kind["monitor_thread"][0], 2)
+    out["readings_us_per_step"] = round(by_kind["readings"][0], 2)
+    print(f"the monitor thread: {out['monitor_thread_us_per_step']} us of CPU per step, "
+          f"{out['readings_us_per_step']} of them reading the counters")
     hook, mon, why = profile(steps)
     if why:
         print(f"profile: null ({why})")

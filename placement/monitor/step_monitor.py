@@ -3,13 +3,13 @@ that turns its raw readings into records and delivers them.
 
 What
     on_step(), training thread: a perf_counter stamp, the step's data wait and comm
-    counters, on probe steps the hot threads' kernel counters (main's thread clock and one pread
-    of its schedstat, one pread per nccl/pin_memory thread: probes/), and an append. At the next
-    due step (a span reading, a flush or an exchange) the raw steps are handed over: a deque
-    append and one wake-up.
-    The monitor thread (`placement_mon`, role `other`, so never on a hot core): every
-    monitor.rescan_every steps the span reading of every thread and a refresh of the thread
-    list; every monitor.flush_every steps records are built, judged (records/verdict.py), handed
+    counters, and an append; no system call. At the next due step (a span reading, a flush or
+    an exchange) the raw steps are handed over: a deque append and one wake-up.
+    The monitor thread (`placement_mon`, role `other`, so never on a hot core): every few steps
+    (the budget's cadence) and at each hand-over, the hot threads' kernel counters (main's
+    thread clock and schedstat, one pread per backward/nccl/pin_memory thread), each reading
+    tagged with the last step ended (probes/sampled.py); every monitor.rescan_every steps the
+    span reading of every thread and a refresh of the thread list; every monitor.flush_every steps records are built, judged (records/verdict.py), handed
     to the observers (the tuner), encoded and written in one batch (sinks/); as soon as a window
     of an observer that judges whole windows (add_observer's window_end) is complete with its
     comm figures settled, its records are built and handed over too. Steps are built only once
@@ -23,10 +23,11 @@ What
     them: probes.counters.MainRead, probes.threads.HotRead) addressed by step and ThreadRole.
 
 Cost
-    The hook may take monitor.budget_pct of the step on the training thread (0.3% is 30 us of a
-    10 ms step; benchmarks/monitor_overhead.py): every step is a probe step unless that costs
-    more than the budget (probes/budget.py). Nothing here synchronises a GPU. No figure is
-    guessed: what a probe cannot read is None.
+    The hook and the counter readings together may take monitor.budget_pct of the step (0.3% is
+    30 us of a 10 ms step; benchmarks/monitor_overhead.py, hook_profile.py): the counters are
+    read every step unless that costs more (probes/budget.py). budget_pct = 0 reads them in the
+    hook itself, at every step, exact at each step boundary whatever it costs. Nothing here
+    synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 Threads
     The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception in
@@ -64,6 +65,7 @@ from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
 from placement.records.summary import stall_ms
 from placement.monitor.probes.counters import MainRead
+from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
@@ -103,7 +105,7 @@ class RawStep:
     end_ns: int  # perf_counter_ns at the end of the step
     data_ns: int  # time blocked waiting for data
     comm: CommStep
-    main: Optional[MainRead]  # main's counters; None on the steps between probe steps
+    main: Optional[MainRead]  # main's counters; None on the steps between readings
     hot: Optional[tuple[HotRead, ...]]  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
 
@@ -134,6 +136,9 @@ class StepMonitor:
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
+        # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
+        # a step (probes/sampled.py), or with budget_pct = 0 by the hook itself at every step.
+        self._sampled: Optional[SampledReads] = None
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
@@ -146,7 +151,6 @@ class StepMonitor:
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
         self.last_batch = None  # the last batch handle.watch() handed out (the residence watch reads it)
         self._raw: list[tuple] = []  # steps measured since the last hand-over (RawStep's fields)
-        self._probe_in = 1  # steps until the next probe step
         self._span_due = self.step + self.cfg.rescan_every
         # The next step with work for the monitor thread: one comparison per step.
         self._next_due = min(self._span_due, _next_multiple(self.step, self.cfg.flush_every),
@@ -171,7 +175,9 @@ class StepMonitor:
         self._t_last = self._anchor[0]
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
-        self._hook_seen = (0, 0)  # (hook ns, hook steps) at the last budget judgement
+        self._hook_seen = (0, 0, 0)  # (hook ns, hook steps, reading ns) at the last budget judgement
+        if self.cfg.budget_pct > 0:
+            self._sampled = SampledReads(sampler, lambda: self.step)
         # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
         self._exchanged_step = self.step - self.step % self.cfg.exchange_every
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
@@ -236,7 +242,8 @@ class StepMonitor:
         # Right after a training step every code path runs cold (caches and TLB hold the step's
         # data): each call, property or object built here costs microseconds (benchmarks/
         # hook_profile.py), so the state is compared by identity, a step is a tuple (RawStep's
-        # fields, made a RawStep on the monitor thread), and the system calls are on probe steps only.
+        # fields, made a RawStep on the monitor thread), and the kernel counters are read by the
+        # monitor thread (probes/sampled.py), here only when the budget is 0 (exact at every step).
         state = self.state
         if state is _STOPPING or state is _CLOSED:
             return
@@ -244,9 +251,7 @@ class StepMonitor:
         gate.in_step = True
         try:
             step = self.step + 1
-            self._probe_in -= 1
-            if self._probe_in <= 0 or step >= self._next_due:  # a hand-over step is a probe step
-                self._probe_in = self.budget.every
+            if self._sampled is None:
                 sampler = self.sampler
                 self._raw.append((t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
                                   sampler.read_hot() if sampler.has_hot else ()))
@@ -278,14 +283,16 @@ class StepMonitor:
                              _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
                              else NEVER, self._window_due(step) if self._window_ends else NEVER)
         self._start_thread()
-        self._wake.put(None)
+        self._wake.put(step)
         if len(self._handed) > MAX_BACKLOG:
             with self._holding():
+                if self._sampled is not None:  # the monitor thread is starved of the GIL: read here
+                    self._sampled.take(at_most=step)
                 self._drain(exchange=True)
 
     def _window_due(self, step: int) -> int:
         """The next step after `step` that ends an observer's window: a hand-over there (a
-        probe step, where records can be cut) builds the window as soon as its comm figures
+        step whose counters are read then, where records can be cut) builds the window as soon as its comm figures
         are settled, and the monitor thread builds it on its own when they settle later.
         Windows are predicted on the observer's current grid; one it moves (a tuner action
         re-starts it) is caught at the next hand-over."""
@@ -308,19 +315,34 @@ class StepMonitor:
     # ---- the monitor thread ----------------------------------------------------------------
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
+        sampled = self._sampled
+        # A comm source read by polling (NCCL's flight recorder) is polled on its own cadence,
+        # hand-over or not (a ring of thousands of collectives per step wraps long before a
+        # flush step), and steps held for their comm figures are built as soon as they settle
+        # (a 500 ms step's next flush is 10 s away): the watch, at most hang.poll_s apart.
+        # Between watches the thread wakes only to read the counters.
+        watched = time.monotonic()  # the last watch
         while True:
-            # A comm source read by polling (NCCL's flight recorder) is polled on its own
-            # cadence, hand-over or not (a ring of thousands of collectives per step wraps
-            # long before a flush step), and steps held for their comm figures are built as
-            # soon as they settle (a 500 ms step's next flush is 10 s away).
-            wait_s = min(self.hang.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
+            next_watch = watched + min(self.hang.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
+            wait_s = max(0.0, next_watch - time.monotonic())
+            if sampled is not None:
+                wait_s = min(wait_s, sampled.wait_s())
             try:
-                self._wake.get(timeout=wait_s)
+                handed = self._wake.get(timeout=wait_s)  # a hand-over's last step (None: close)
                 woken = True
             except queue.Empty:
-                woken = False
+                handed, woken = None, False
             if self.state is not MonitorState.RUNNING:
                 return
+            if sampled is not None:  # at a hand-over at once: its last step is then read near its end
+                try:
+                    sampled.take(due_only=not woken, at_most=handed)
+                except Exception as e:
+                    self.warn(f"probe:{type(e).__name__}", f"counter reading failed ({type(e).__name__}: "
+                                                           f"{first_line(e)}); the figures it misses are spread over the next")
+                if not woken and time.monotonic() < next_watch:
+                    continue  # woken only to read
+            watched = time.monotonic()
             self._watch_hang()
             self._watch_residence()
             if woken:
@@ -426,25 +448,34 @@ class StepMonitor:
             self._publish(ex.collect())
 
     def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int, step: int) -> None:
-        """Read the kernel counters every k-th step when every step costs more than the budget."""
-        ns0, steps0 = self._hook_seen
-        self._hook_seen = (hook_ns, hook_steps)
+        """Read the kernel counters every k-th step when reading them every step costs more than
+        the budget: the hook's cost on the training thread and the readings' on the monitor
+        thread, per step, together."""
+        ns0, steps0, read0 = self._hook_seen
+        sampled = self._sampled
+        read_ns = sampled.cost_ns if sampled is not None else 0
+        self._hook_seen = (hook_ns, hook_steps, read_ns)
         if hook_steps - steps0 < 4 or len(raw) < 4:
             return
         hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
+        read_us = (read_ns - read0) / 1e3 / (hook_steps - steps0)
+        cost_us = hook_us + read_us
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:]))
         was = self.budget.every
-        now = self.budget.update(hook_us, step_ms, step)
+        now = self.budget.update(cost_us, step_ms, step)
+        if sampled is not None:
+            sampled.pace(self.budget.every, step_ms)
         if now is not None:
             self.events.event(EventKind.MONITOR, message=(
-                f"kernel counters read every {now} step(s), was {was}: the step hook costs {hook_us:.1f} us "
-                f"per step on this machine, {hook_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
+                f"kernel counters read every {now} step(s), was {was}: the monitor costs {cost_us:.1f} us "
+                f"per step on this machine ({hook_us:.1f} in the step hook, {read_us:.1f} reading counters "
+                f"on its own thread), {cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
                 f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=step, hook_us=round(hook_us, 1), step_ms=round(step_ms, 3),
-                budget_pct=self.budget.budget_pct)
-        elif self.budget.over(hook_us, step_ms):
-            self.warn("budget", f"the step hook costs {hook_us:.1f} us per step, over "
-                                f"{self.budget.budget_pct}% of a {step_ms:.2f} ms step although it reads "
+                probe_every=now, step=step, hook_us=round(hook_us, 1), read_us=round(read_us, 1),
+                step_ms=round(step_ms, 3), budget_pct=self.budget.budget_pct)
+        elif self.budget.over(cost_us, step_ms):
+            self.warn("budget", f"the monitor costs {cost_us:.1f} us per step ({hook_us:.1f} in the step hook), "
+                                f"over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although it reads "
                                 f"the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
@@ -452,13 +483,15 @@ class StepMonitor:
         """Build, write and deliver the records of the pending steps whose comm figures are
         settled (comm.settled_through: NCCL durations arrive after the step, when the source
         has seen them), or that waited comm.settle_max_s for them (their comm time is then
-        null, and counted); with `final` (exit), every step. The cut is made at a probe step
-        so that every step built has its counters."""
+        null, and counted); with `final` (exit), every step. The cut is made at a step with a
+        reading of the counters (a probe step) so that every step built has its counters."""
         comm = self.comm
         comm.poll_if_due(final)
         raw = self._pending
         if not raw:
             return
+        if self._sampled is not None:
+            self._sampled.attach(raw, self._pending_first_step)
         cut = len(raw)
         if not final:
             through = max(comm.settled_through(), wall_clock() - comm.settle_max_s)
@@ -591,13 +624,16 @@ class StepMonitor:
                                        "steps it had not built are not written")
                 return False
             self._drain(exchange=exchange)
-            raw, self._raw = [RawStep(*t) for t in self._raw], []
-            if raw and raw[-1].main is None:
-                # Steps since the last probe step: read the counters now, so that they have
-                # their figures (the reading includes the moments since the last step ended).
+            pending = self._pending
+            pending.extend(RawStep(*t) for t in self._raw)
+            self._raw = []
+            if self._sampled is not None:
+                self._sampled.attach(pending, self._pending_first_step)
+            if pending and pending[-1].main is None:
+                # Steps since the last reading: read the counters now, so that they have their
+                # figures (the reading includes the moments since the last step ended).
                 sampler = self.sampler
-                raw[-1].main, raw[-1].hot = sampler.main.step_read(), sampler.read_hot()
-            self._pending.extend(raw)
+                pending[-1].main, pending[-1].hot = sampler.main.step_read(), sampler.read_hot()
             self._finalize(final=True)
             return True
 

@@ -1,16 +1,20 @@
-"""How often the step hook reads the kernel counters, from what the hook costs on this machine.
+"""How often the kernel counters are read, from what the monitor costs on this machine.
 
 What
-    ProbeBudget chooses k: the hot threads' counters are read every k-th step, and each of those
-    k steps gets their per-step mean (StepRecord.probe_steps = k). k = 1 while the hook's cost
-    fits monitor.budget_pct of the step; budget_pct = 0 reads them every step whatever it costs.
+    ProbeBudget chooses k: the hot threads' counters are read every k-th step (by the monitor
+    thread, sampled.py), and each of those k steps gets their per-step mean
+    (StepRecord.probe_steps = k). k = 1 while the cost per step (the step hook's on the training
+    thread and the readings' on the monitor thread) fits monitor.budget_pct of the step;
+    budget_pct = 0 reads them every step, in the hook, whatever it costs.
 
 Why
     A step's time, data wait and comm come from clocks the hook reads anyway; the runqueue wait
     and on-CPU time need system calls, whose cost differs tenfold between machines (bare metal
     against a nested-virtualised VM: benchmarks/monitor_overhead.py prints both). The hook times
     itself from the inside, so its figure misses its call and handle.watch()'s clock reads: k is
-    chosen for AIM of the budget, so that all of it together stays inside the budget.
+    chosen for AIM of the budget, so that all of it together stays inside the budget. The
+    hook's own cost does not depend on k; when it alone is over the budget, k goes to MAX_EVERY
+    and the monitor says so once.
 
     The controller has hysteresis, so that a noisy machine does not make it change its mind
     several times a second (each change is a `monitor` event in the user's log):

@@ -173,9 +173,9 @@ class MainThreadProbe:
         self._schedstat_fd = self._files._fds.get("schedstat")
 
     def step_read(self) -> MainRead:
-        """On-CPU and runqueue ns; on the main thread itself two syscalls and no parsing (the
-        line is parsed by MainRead.parse on the monitor thread): every frame and every
-        parse costs on that path."""
+        """On-CPU and runqueue ns: two syscalls. On the main thread itself no parsing (the line
+        is parsed by MainRead.parse on the monitor thread): every frame and every parse costs
+        on that path."""
         if _get_ident() == self._ident:
             raw = None
             if self._schedstat_fd is not None:
@@ -184,8 +184,11 @@ class MainThreadProbe:
                 except OSError as e:
                     self._fail("schedstat", e)
             return MainRead(time.thread_time_ns(), None, raw)
-        c = self._files.counters()
-        return MainRead(c.cpu_ns, c.runq_ns)
+        try:  # from another thread (the monitor's): its thread clock and schedstat, nothing else
+            cpu_ns, runq_ns = self._files.schedstat()
+        except ThreadGone:  # the main thread exited while others run on
+            cpu_ns = runq_ns = None
+        return MainRead(cpu_ns, runq_ns)
 
     def span_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
         """(minor faults, involuntary context switches, CPU it is on now)."""

@@ -3,8 +3,9 @@
 What
     - every probe step (every step unless the monitor's budget says otherwise, see budget.py):
       the on-CPU time and runqueue wait of `main`, `backward` (torch's pt_autograd_<device>,
-      which runs the GPU backward work), `nccl` and `pin_memory` threads, read on the training
-      thread. The deltas and RoleSamples are made later, on the monitor thread (`samples`).
+      which runs the GPU backward work), `nccl` and `pin_memory` threads, read by the monitor
+      thread (sampled.py), or by the step hook with budget_pct = 0. The deltas and RoleSamples
+      are made on the monitor thread (`samples`).
     - every span (monitor.rescan_every steps, on the monitor thread): everything else, as
       per-step means over the span: the hot roles' faults, involuntary switches, migrations,
       CPUs and MHz; all figures of `dataloader` and `other`.
@@ -13,14 +14,15 @@ What
     says the threads or children changed.
 
 Why the lock
-    Two threads use a sampler: the training thread calls `main.step_read` and `read_hot`,
-    the monitor thread everything else. The hot probes' table is swapped and their file
+    Two threads use a sampler: `main.step_read` and `read_hot` are called by the monitor thread
+    or the training thread (the hook with budget_pct = 0; an exit path), everything else by
+    whoever holds the monitor's lock. The hot probes' table is swapped and their file
     descriptors closed under `_hot_lock`, which read_hot holds while it reads, so a read
     never lands on a descriptor the kernel has already given to another file.
 
 Cost
-    A probe step is on the training thread, so it is kept to raw reads; everything else is
-    done on the monitor thread.
+    A probe step's reads may be on the training thread, so they are kept to raw reads;
+    everything else is done on the monitor thread.
 """
 from __future__ import annotations
 
