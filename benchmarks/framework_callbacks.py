@@ -1,13 +1,21 @@
-"""Per-step cost of the Lightning and Transformers callbacks against a bare run of the same loop.
+"""Per-step cost of the Lightning and Transformers callbacks against a bare run of the same loop,
+and of a plain DDP loop under placerun against the same loop under torchrun.
 
-One process per run (binding changes the process), one rank, the models of examples/lightning_ddp.py
-and examples/transformers_trainer.py, runs alternated bare / callback. A step is timed from one
-optimizer step's end to the next (a timing callback in both runs); printed per framework: median
-step time of each mode and its ratio to bare (1.00 = no cost). Modes: `monitor` is the callback
-with policy none (its own per-step cost: hooks, records), `bound` with policy auto as a user gets
-it (also the plan's binding, whose OMP_NUM_THREADS changes torch's own speed).
+Frameworks: one process per run (binding changes the process), one rank, the models of
+examples/lightning_ddp.py and examples/transformers_trainer.py, runs alternated bare / callback.
+A step is timed from one optimizer step's end to the next (a timing callback in both runs);
+printed per framework: median step time of each mode and its ratio to bare (1.00 = no cost).
+Modes: `monitor` is the callback with policy none (its own per-step cost: hooks, records),
+`bound` with policy auto as a user gets it (also the plan's binding and its OMP_NUM_THREADS).
+`bare` is also what torchrun gives a one-process job: it sets OMP_NUM_THREADS=1 only when it
+starts more than one process (torch/distributed/run.py), so bound/bare is bound/torchrun.
 
-    python benchmarks/framework_callbacks.py --quick     # ~1-2 minutes
+DDP: a small MLP trained with DistributedDataParallel over gloo, launched by `torchrun` and by
+`placerun` (policy auto, its monitor on: what a user who swaps the launcher gets), with 1 and 2
+processes per node, alternated; each launcher with its own defaults (torchrun: OMP_NUM_THREADS=1
+for 2 processes; placerun: the plan's). Rank 0's median step time; placerun/torchrun.
+
+    python benchmarks/framework_callbacks.py --quick     # ~3 minutes
 """
 from __future__ import annotations
 
@@ -54,6 +62,51 @@ print(json.dumps([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])][5:]))
 """
 EXAMPLE = {"lightning": "lightning_ddp.py", "transformers": "transformers_trainer.py"}
 
+DDP = r"""
+import json, os, sys, time
+import torch, torch.distributed as dist
+steps, out = int(sys.argv[1]), sys.argv[2]
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(
+    torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
+stamps = []
+for _ in range(steps):
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    stamps.append(time.perf_counter())
+if dist.get_rank() == 0:
+    with open(out, "w") as f:
+        json.dump([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])][5:], f)
+dist.destroy_process_group()
+"""
+
+
+def launcher(name: str) -> list[str]:
+    script = Path(sys.executable).parent / name
+    return [str(script)] if script.exists() else [
+        sys.executable, "-m", "placement.launcher" if name == "placerun" else "torch.distributed.run"]
+
+
+def run_ddp(name: str, nproc: int, steps: int) -> list[float]:
+    """Rank 0's step times (ms) of the DDP loop launched by `name` with its own defaults."""
+    with tempfile.TemporaryDirectory() as d:
+        job, out = os.path.join(d, "ddp.py"), os.path.join(d, "steps.json")
+        with open(job, "w") as f:
+            f.write(DDP)
+        extra = [f"placement.monitor.log_dir={d}"] if name == "placerun" else []
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "OMP_NUM_THREADS"))}
+        p = subprocess.run([*launcher(name), "--standalone", "--nproc-per-node", str(nproc), *extra, job,
+                            str(steps), out], capture_output=True, text=True, env=env, timeout=600)
+        if p.returncode != 0 or not os.path.exists(out):
+            sys.exit(f"framework_callbacks: ddp under {name} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+        with open(out) as f:
+            return json.load(f)
+
 
 def run(framework: str, mode: str, steps: int) -> list[float]:
     with tempfile.TemporaryDirectory() as out:
@@ -82,6 +135,17 @@ def main() -> None:
         for mode, v in med.items():
             result[f"{framework}_{mode}_ms"] = round(v, 3)
             result[f"{framework}_{mode}_ratio"] = round(v / med["bare"], 3)
+    for nproc in (1, 2):
+        ddp: dict[str, list[float]] = {"torchrun": [], "placerun": []}
+        for _ in range(rounds):
+            for name in ddp:
+                ddp[name] += run_ddp(name, nproc, steps * 2)
+        med = {name: statistics.median(t) for name, t in ddp.items()}
+        ratio = med["placerun"] / med["torchrun"]
+        print(f"ddp x{nproc}        torchrun {med['torchrun']:7.3f} ms  placerun {med['placerun']:7.3f} ms ({ratio:.3f}x)")
+        result[f"ddp{nproc}_torchrun_ms"] = round(med["torchrun"], 3)
+        result[f"ddp{nproc}_placerun_ms"] = round(med["placerun"], 3)
+        result[f"ddp{nproc}_placerun_vs_torchrun"] = round(ratio, 3)
     print(json.dumps(result))
 
 

@@ -144,7 +144,8 @@ def check_auto(topo: Topology, plan: Plan, cfg: PlacementConfig) -> None:
             if gpu.numa is not None and home_node != gpu.numa:
                 assert warned(plan, f"local rank {r.local_rank}") or warned(plan, f"GPU {gpu.index}'s node"), (
                     f"rank {r.local_rank} on node {home_node}, its GPU on node {gpu.numa}, no warning")
-        assert r.env.get("OMP_NUM_THREADS") == str(len(r.cpus(ThreadRole.OTHER)))
+        pool = r.cpus(ThreadRole.OTHER) | (r.cpus(ThreadRole.MAIN) if r.gpu is None else set())
+        assert r.env.get("OMP_NUM_THREADS") == str(len(pool))
         if r.memory.mode in ("bind", "preferred"):
             assert set(r.memory.nodes) <= {home_node} or warned(plan, "have no memory")
     check_nodes_fully_split(topo, plan, cfg)

@@ -56,8 +56,9 @@ def test_smt_use_gives_whole_cores_with_siblings_and_avoid_one_thread():
         assert len(a.cpus(MAIN)) == 1
         assert len(u.cpus(MAIN)) == 2 and cores(topo, u.cpus(MAIN)) == cores(topo, a.cpus(MAIN))
         assert len(u.share()) == 2 * len(a.share())
-        assert u.env["OMP_NUM_THREADS"] == str(len(u.cpus(OTHER))) == "4"
-        assert a.env["OMP_NUM_THREADS"] == "2"
+        # CPU-only ranks compute on the intra-op pool: main's CPUs and other's (plan.auto.intra_op_threads)
+        assert u.env["OMP_NUM_THREADS"] == str(len(u.cpus(OTHER) | u.cpus(MAIN))) == "6"
+        assert a.env["OMP_NUM_THREADS"] == str(len(a.cpus(OTHER) | a.cpus(MAIN))) == "3"
 
 
 def test_cpu_only_ranks_split_by_node_then_l3():

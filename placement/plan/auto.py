@@ -215,6 +215,14 @@ def _spread(cores: list[Core], n: int) -> list[Core]:
     return dealt[:n]
 
 
+def intra_op_threads(cpu_only: bool, main: list[int], other: list[int]) -> int:
+    """The rank's OMP_NUM_THREADS: its `other` CPUs; for a CPU-only rank, whose model runs on torch's
+    intra-op pool (the calling thread, main, is its first thread, aten/src/ATen/ParallelOpenMP.h),
+    main's CPUs too, so that placed it computes on as many cores as torchrun leaves it (torchrun
+    sets OMP_NUM_THREADS=1 only when it starts several processes, torch/distributed/run.py)."""
+    return len(set(other) | set(main)) if cpu_only else len(other)
+
+
 def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core], remote: Core | None,
                job: JobSpec) -> RankPlan:
     smt = ctx.cfg.smt
@@ -273,8 +281,7 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
                      f"worker(s), spread over {groups} L3 group(s) of node {node}" if workers > 0 else
                      f"no DataLoader workers expected: all {len(rest)} non-hot cores of local rank {r}'s share")
         dataloader = threads_of(picked, smt)
-        other_reason = (f"local rank {r}'s share on node {node} minus its hot cores: {len(rest)} core(s), "
-                        f"OMP_NUM_THREADS={len(other)}")
+        other_reason = f"local rank {r}'s share on node {node} minus its hot cores: {len(rest)} core(s)"
     else:
         spare = second or main
         other = dataloader = spare.use(smt)
@@ -283,7 +290,10 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
             ctx.warn(f"local rank {r} has no core beyond its hot cores on node {node}: dataloader and other "
                      f"share the {role} core {spare.key}")
         dl_reason = f"shares the {role} core {spare.key}: no core left beyond local rank {r}'s hot cores"
-        other_reason = dl_reason + f", OMP_NUM_THREADS={len(other)}"
+        other_reason = dl_reason
+    threads = intra_op_threads(s.gpu is None, roles[ThreadRole.MAIN].cpus, other)
+    other_reason += f", OMP_NUM_THREADS={threads}" + (" (main's core and these: a CPU-only rank computes on "
+                                                      "its intra-op pool)" if threads > len(other) else "")
     roles[ThreadRole.DATALOADER] = RoleAssignment(sorted(dataloader), dl_reason)
     roles[ThreadRole.OTHER] = RoleAssignment(sorted(other), other_reason)
     nodes = sorted({node} | ({remote.node} if remote is not None else set()))
@@ -292,6 +302,6 @@ def _rank_plan(ctx: PlanContext, s: RankSlot, share: list[Core], hot: list[Core]
         gpu=None if s.gpu is None else GpuRef(s.gpu.index, s.gpu.pci),
         numa=nodes,
         memory=memory_policy(ctx, [node]),
-        env={"OMP_NUM_THREADS": str(len(other))},
+        env={"OMP_NUM_THREADS": str(threads)},
         roles=roles,
     )
