@@ -15,7 +15,7 @@ py="$venv/bin/python"
 stamp="$venv/.placement-installed"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$py" -m pip install -q -e '.[dev,megatron,lightning,transformers,accelerate]'
+    "$py" -m pip install -q -e '.[dev,megatron,lightning,transformers,accelerate,metrics]'
     echo "$want" > "$stamp"
 fi
 export PATH="$PWD/$venv/bin:$PATH"
@@ -29,6 +29,15 @@ case "$cmd" in
         placement report "$logdir"/*.jsonl --plot "$logdir/report.png"
         ;;
     test)
+        # The live-metrics tests query a real Prometheus server (Debian's package; it is not
+        # started here: each test starts its own on a private port). RUNLEVEL=1 keeps the
+        # package's service from starting on :9090.
+        if ! command -v prometheus >/dev/null && command -v apt-get >/dev/null && [ "$(id -u)" = 0 ]; then
+            RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive apt-get install -y -q prometheus >/dev/null 2>&1 \
+                || { apt-get update -q >/dev/null 2>&1 && RUNLEVEL=1 DEBIAN_FRONTEND=noninteractive \
+                     apt-get install -y -q prometheus >/dev/null 2>&1; } \
+                || echo "dev.sh: prometheus could not be installed; the live-metrics server tests will skip" >&2
+        fi
         set +e
         "$py" -m pytest -q "$@"
         rc=$?

@@ -5,11 +5,12 @@
 #   NPROC_PER_NODE=2 launch/bare_metal.sh examples/train_ddp.py     # CPU box: 2 ranks on gloo
 #   NNODES=2 MASTER_ADDR=10.0.0.1 launch/bare_metal.sh train.py     # run the same line on every node
 #   PLACERUN_ARGS="placement.policy=exclusive placement.tune.enabled=false" launch/bare_metal.sh train.py
+#   METRICS_PORT=9450 launch/bare_metal.sh train.py     # live metrics on http://<this node>:9450/metrics
 #
 # Environment: NNODES (1), NPROC_PER_NODE (GPUs seen by nvidia-smi, else 1), MASTER_ADDR and
 # MASTER_PORT (29500) of the c10d rendezvous when NNODES > 1, RDZV_ID (placement), PLACERUN_ARGS
-# (more placerun words: placement.KEY=VALUE overrides, --dry-run), PLACEMENT_DOCTOR=0 to skip the
-# host checks printed before the start.
+# (more placerun words: placement.KEY=VALUE overrides, --dry-run), METRICS_PORT (live metrics; off when
+# unset), PLACEMENT_DOCTOR=0 to skip the host checks printed before the start.
 set -euo pipefail
 
 if [ $# -lt 1 ]; then
@@ -24,6 +25,9 @@ if [ -z "$nproc" ]; then
     [ "$nproc" -gt 0 ] || nproc=1
 fi
 read -r -a extra <<< "${PLACERUN_ARGS:-}"
+# METRICS_PORT: each node's placerun serves its ranks' live metrics on http://<node>:$METRICS_PORT/metrics
+# for Prometheus to scrape (placement.metrics.port; off when unset, docs/monitor.md, live metrics).
+if [ -n "${METRICS_PORT:-}" ]; then extra+=("placement.metrics.port=$METRICS_PORT"); fi
 
 if [ "$nnodes" = 1 ]; then
     rdzv=(--standalone)

@@ -52,10 +52,12 @@ from placement.monitor.comm.groups import default_backend
 from placement.monitor.crossrank.exchange import Exchange, default_store
 from placement.monitor.health.peers import PeerLiveness
 from placement.monitor.step_monitor import StepMonitor
+from placement.monitor.stragglers.event import named_ranks
 from placement.monitor.stragglers.figures import Thresholds
 from placement.monitor.probes.threads import RoleSampler, ThreadScan
 from placement.monitor.warn import WarnOnce
 from placement.monitor.watch import WatchedIterable
+from placement.metrics.rank import rank_labels, start_rank_metrics
 from placement.plan.node import plan_for_node
 from placement.residence import planned_nodes
 from placement.plan.table import warnings_summary
@@ -505,6 +507,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     monitor = StepMonitor(cfg, events, rank=rank, local_rank=identity.local_rank, world_size=world_size,
                           sampler=sampler, comm=comm, warn=warn, exchange=exchange, planned_nodes=planned,
                           first_step=steps_before + 1)
+    _start_metrics(cfg, events, session, identity, monitor, warn)
     sigterm = exitflush.register(monitor)
     # host and node_rank (torch elastic's GROUP_RANK: two agents on one host are two nodes) tell
     # `placement report` which node each rank ran on.
@@ -516,6 +519,33 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
                  **({} if megatron_iteration is None else {"megatron_iteration": megatron_iteration}))
     events.flush()
     return monitor, comm
+
+
+def _start_metrics(cfg: PlacementConfig, events, session, identity: RankIdentity, monitor: StepMonitor, warn) -> None:
+    """The rank's live metrics (placement/metrics/), fed by the monitor's batches, the rank's events
+    and, on rank 0, every judged window; nothing when placement.metrics is off."""
+    rank_plan = None if session is None else session.rank_plan
+    publisher = start_rank_metrics(cfg.metrics, rank_labels(events.run, identity.rank, identity.local_rank,
+                                                            _gpu_uuid(rank_plan)),
+                                   identity.rank, identity.local_rank, warn)
+    if publisher is None:
+        return
+    if rank_plan is not None and rank_plan.roles:
+        publisher.set_binding({role.value: a.cpus for role, a in rank_plan.roles.items()}, rank_plan.numa)
+    monitor.sinks.append(publisher)
+    events.taps.append(publisher.on_event)
+    publisher.on_close = lambda: events.taps.remove(publisher.on_event)
+    if monitor.exchange is not None and identity.rank == 0:
+        monitor.judgement_observers.append(lambda verdict: publisher.judged(named_ranks(verdict)))
+
+
+def _gpu_uuid(rank_plan) -> Optional[str]:
+    """The rank's GPU's UUID (DCGM's `UUID` label) from NVML, when it has a GPU and NVML answers."""
+    if rank_plan is None or rank_plan.gpu is None:
+        return None
+    from placement.topology.gpus import nvml_gpus
+
+    return next((g.uuid for g in nvml_gpus() or () if g.pci == rank_plan.gpu.pci), None)
 
 
 def _start_tuner(cfg: PlacementConfig, session, events, monitor):

@@ -145,6 +145,18 @@ class TuneConfig:
 
 
 @dataclass
+class MetricsConfig:
+    port: int = _key(0, "serve Prometheus `/metrics` on this port: under placerun one endpoint per node (its agent), "
+                        "under attach() one per rank on port + local rank; 0 = off (a drop-in opens no port unasked)")
+    textfile_dir: str = _key("", "write the same metrics into this directory for node_exporter's textfile collector "
+                                 "(`placement.prom` per node under placerun, `placement_rank<R>.prom` per rank "
+                                 "otherwise; temp file + rename); empty = off")
+    per_rank: bool = _key(True, "a series per rank; false = each node's ranks summed (sites that cannot hold per-rank "
+                                "series of a 16,384-rank job, docs/monitor.md)")
+    publish_every_s: float = _key(1.0, "seconds between a rank's updates of what the endpoint or textfile shows")
+
+
+@dataclass
 class PlacementConfig:
     policy: Policy = _key(Policy.AUTO, "how CPUs are shared out: per thread role (`auto`) or one set per process (docs/plan.md)")
     memory: MemoryMode = _key(MemoryMode.BIND, "each rank's memory policy on its NUMA node; stepped down when a container refuses it")
@@ -160,6 +172,8 @@ class PlacementConfig:
                                    metadata={"doc": "per-step records in <log_dir>/rank<R>.jsonl"})
     tune: TuneConfig = field(default_factory=TuneConfig,
                              metadata={"doc": "the self-tuner: moves threads when a window's figures say it pays"})
+    metrics: MetricsConfig = field(default_factory=MetricsConfig,
+                                   metadata={"doc": "live metrics for Prometheus (docs/monitor.md, live metrics)"})
 
     def to_dict(self) -> dict[str, Any]:
         """Plain values only (a choice as its text), as YAML and JSON hold them."""
@@ -225,6 +239,11 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     if m.residence_every_s != 0:
         _range("monitor.residence_every_s", m.residence_every_s, 1.0, 86400.0)
     _range("monitor.residence_min_pct", m.residence_min_pct, 0.0, 100.0)
+    x = cfg.metrics
+    _range("metrics.port", x.port, 0, 65535)
+    if "\x00" in x.textfile_dir:
+        raise ConfigError(f"placement.metrics.textfile_dir={x.textfile_dir!r} is not valid; valid: a directory path or empty")
+    _range("metrics.publish_every_s", x.publish_every_s, 0.1, 3600.0)
     t = cfg.tune
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)
@@ -416,7 +435,7 @@ def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> A
 
 
 def _subconfigs(cls: type) -> dict[str, type]:
-    return {"monitor": MonitorConfig, "tune": TuneConfig} if cls is PlacementConfig else {}
+    return {"monitor": MonitorConfig, "tune": TuneConfig, "metrics": MetricsConfig} if cls is PlacementConfig else {}
 
 
 # Keys whose values are a closed set: a Vocabulary (the field holds a member), or the tuple of

@@ -50,6 +50,14 @@ def rank_log_path(log_dir: str, rank: int) -> str:
     return os.path.join(log_dir, f"rank{rank}.jsonl")
 
 
+def index_path(log_path: str) -> str:
+    """The log's event index: every line of `rank<R>.jsonl` (and of its rotated pieces) that is
+    not a step line, in `rank<R>.events` beside it, so that `placement report --read digests`
+    reads kilobytes per rank, not the whole log. Not `*.jsonl`: a glob of logs never takes it."""
+    stem = log_path[:-len(".jsonl")] if log_path.endswith(".jsonl") else log_path
+    return stem + ".events"
+
+
 class LogDirError(PlacementError):
     """monitor.log_dir cannot be created or written: one line, exit 2, before any worker starts
     (placerun) or from attach() (without placerun): the same decision for both."""
@@ -116,6 +124,7 @@ def _after_fork_in_child() -> None:
         ev._inside = threading.local()
         ev._buf, ev._buf_bytes = [], 0
         ev._fd = None
+        ev._index_buf, ev._index_fd = [], None
         ev._reported = True
 
 
@@ -152,15 +161,27 @@ class EventLog:
         self._fd: Optional[int] = None
         self._buf: list[str] = []
         self._buf_bytes = 0
+        self._index_fd: Optional[int] = None  # index_path(path): the events again, never rotated
+        self._index_buf: list[str] = []
         self.dropped = 0  # records that could not be written
         self.error: Optional[str] = None  # the first write error, one line
         self._dropped_logged = 0  # the count the last `lost` event written carries
         self._torn = False  # the file ends inside a line (a partial write)
         self._reported = False  # the total was said on stderr
+        # Called with every event written (not step lines), after it is buffered: the live
+        # metrics count stalls, drift, tuner actions from here (placement/metrics/rank.py).
+        self.taps: list = []
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
             self._size = os.fstat(self._fd).st_size
+            try:
+                if self._size == 0 or os.path.exists(index_path(path)):  # an index of the whole log, or none
+                    self._index_fd = os.open(index_path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                             0o644)
+            except OSError as e:
+                _say(f"placement: rank {rank}: no event index beside {path} ({e.strerror or e}); "
+                     "`placement report --read digests` reads the log itself")
             _open_logs.add(self)
 
     # ---- the lock: never waited on by the thread that holds it ----------------------------
@@ -199,10 +220,14 @@ class EventLog:
     def write(self, record: dict[str, Any]) -> None:
         if self._fd is None:
             return
-        self.write_lines((json.dumps(record, separators=(",", ":"), default=_jsonable),))
+        self._append((json.dumps(record, separators=(",", ":"), default=_jsonable),), index=True)
 
     def write_lines(self, lines: Sequence[str]) -> None:
         """Append already-encoded JSONL lines (the monitor's batched step records)."""
+        self._append(lines, index=False)
+
+    def _append(self, lines: Sequence[str], index: bool) -> None:
+        """Buffer `lines` for the log (and its event index, for `index`)."""
         if self._fd is None or not lines:
             return
         blob = "\n".join(lines) + "\n"
@@ -214,6 +239,8 @@ class EventLog:
         try:
             self._buf.append(blob)
             self._buf_bytes += len(blob)
+            if index and self._index_fd is not None:
+                self._index_buf.append(blob)
             if self._buf_bytes >= BUFFER_BYTES:
                 self._write_buffer()
         finally:
@@ -225,6 +252,13 @@ class EventLog:
         if self.run is not None:
             rec["run"] = self.run
         self.write(rec)
+        for tap in list(self.taps):
+            try:
+                tap(rec)
+            except Exception as e:  # a tap never breaks the log it listens to: said once, then dropped
+                self.taps.remove(tap)
+                _say(f"placement: rank {self.rank}: an event listener failed and is dropped "
+                     f"({type(e).__name__}: {e})")
         return rec
 
     def flush(self, timeout: float = -1) -> bool:
@@ -249,10 +283,13 @@ class EventLog:
         try:
             self._write_buffer()
             fd, self._fd = self._fd, None
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            index_fd, self._index_fd = self._index_fd, None
+            for f in (fd, index_fd):
+                try:
+                    if f is not None:
+                        os.close(f)
+                except OSError:
+                    pass
         finally:
             self._release()
         _open_logs.discard(self)
@@ -279,6 +316,7 @@ class EventLog:
         if not blob and not prefix:
             return
         self._buf, self._buf_bytes = [], 0
+        self._write_index(prefix.lstrip("\n") + "".join(self._index_buf))
         data = (prefix + blob).encode()
         written = 0
         try:
@@ -296,6 +334,27 @@ class EventLog:
         self._size += written
         if self.rotate_bytes and self._size >= self.rotate_bytes:
             self._rotate()
+
+    def _write_index(self, text: str) -> None:
+        """The event index's share of a write (the caller holds the lock). An index that cannot be
+        written whole is removed, said once: a reader then reads the log itself, never a partial index."""
+        self._index_buf = []
+        if self._index_fd is None or not text:
+            return
+        data = text.encode()
+        try:
+            written = 0
+            while written < len(data):
+                written += os.write(self._index_fd, data[written:])
+        except OSError as e:
+            fd, self._index_fd = self._index_fd, None
+            os.close(fd)
+            try:
+                os.unlink(index_path(self.path))
+            except OSError:
+                pass
+            _say(f"placement: rank {self.rank}: the event index beside {self.path} could not be written "
+                 f"({e.strerror or e}) and is removed; `placement report --read digests` reads the log itself")
 
     def _rotate(self) -> None:
         """The file so far becomes rank<R>.<NNNN>.jsonl (the next free number) and a thread of its

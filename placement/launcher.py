@@ -200,15 +200,40 @@ def _main(argv: list[str]) -> int:
     print(concise_plan(plan), file=sys.stderr, flush=True)
     saved = dict(os.environ)
     directory = tempfile.mkdtemp(prefix="placerun-")
+    exporter = None
     try:
         _hand_over(directory, make_handoff(cfg, plan, launch.torch_args))
+        exporter = _start_node_exporter(cfg, directory)
         os.environ.update(launch.environ)
         _run(launch)
     finally:
+        if exporter is not None:
+            exporter.close()
         os.environ.clear()
         os.environ.update(saved)
         shutil.rmtree(directory, ignore_errors=True)
     return 0
+
+
+def _start_node_exporter(cfg: PlacementConfig, directory: str):
+    """The node's Prometheus endpoint and/or textfile (placement.metrics), over the snapshots its
+    ranks write into `<directory>/metrics` (named to them by PLACEMENT_METRICS_DIR); None when
+    off, or when prometheus-client is missing (one line: the job runs on)."""
+    m = cfg.metrics
+    if not m.port and not m.textfile_dir:
+        return None
+    from placement.metrics.exporter import EXTRA_LINE, Exporter, SnapshotCollector, available
+    from placement.metrics.state import METRICS_DIR_ENV
+
+    if not available():
+        print(f"placerun: {EXTRA_LINE}", file=sys.stderr, flush=True)
+        return None
+    snapshots = os.path.join(directory, "metrics")
+    os.makedirs(snapshots, exist_ok=True)
+    os.environ[METRICS_DIR_ENV] = snapshots
+    say = lambda line: print(f"placerun: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    textfile = os.path.join(m.textfile_dir, "placement.prom") if m.textfile_dir else None
+    return Exporter(SnapshotCollector(snapshots, m.per_rank, say), m.port, textfile, m.publish_every_s, say).start()
 
 
 def _plan(pa: PlacerunArgs) -> tuple[Plan, PlacementConfig, Optional[NumaBindingChoice]]:

@@ -2,6 +2,7 @@
 written by the monitor, merged exactly, and what `placement report` reads of a long job
 (--read digests / auto) with the same figures the step lines give."""
 import json
+import time
 import math
 import random
 
@@ -16,7 +17,7 @@ from placement.records.step import RoleSample, StepRecord
 from placement.monitor.sinks.base import DigestSink
 from placement.records.summary import summarize
 from placement.report import logs as logs_mod
-from placement.report.logs import ReadMode, read_logs
+from placement.report.logs import ReadMode, expand, read_logs
 from placement.roles import ThreadRole
 
 T = 1_800_000_000.0
@@ -89,7 +90,18 @@ def test_the_report_by_digests_says_what_the_step_lines_say(tmp_path, capsys):
 
     steps, by_digest = read_logs([str(tmp_path)]), read_logs([str(tmp_path)], read=ReadMode.DIGESTS)
     assert not steps.from_digests and by_digest.from_digests and len(by_digest) == 0
-    assert by_digest.step_count() == steps.step_count() == by_digest.step_lines == 3 * 1234
+    # Read by each log's event index (rank<R>.events: its lines but the step lines), not the log.
+    assert by_digest.indexed == 3 and by_digest.step_lines == 0
+    assert by_digest.step_count() == steps.step_count() == 3 * 1234
+    events = {r: [l for l in (tmp_path / f"rank{r}.jsonl").read_text().splitlines() if '"type":"step"' not in l]
+              for r in range(3)}
+    assert all((tmp_path / f"rank{r}.events").read_text().splitlines() == events[r] for r in range(3))
+    # A log without its index (written before indexes, or the index lost): the log's own lines, counted.
+    for r in range(3):
+        (tmp_path / f"rank{r}.events").unlink()
+    old = read_logs([str(tmp_path)], read=ReadMode.DIGESTS)
+    assert old.indexed == 0 and old.step_lines == old.step_count() == 3 * 1234
+    assert {r: d.fields() for r, d in old.digests.items()} == {r: d.fields() for r, d in by_digest.digests.items()}
     assert by_digest.ranks() == steps.ranks() == [0, 1, 2] and by_digest.run.records == 3 * 1234
     assert cli(["report", str(tmp_path), "--json"]) == 0
     want = json.loads(capsys.readouterr().out)
@@ -164,3 +176,25 @@ def test_a_bad_digest_every_is_one_line(value, capsys):
     with pytest.raises(ConfigError) as e:
         load_config([f"placement.monitor.digest_every={value}"])
     assert "digest_every" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_rotated_log_is_read_by_digests_from_its_event_index_alone(tmp_path):
+    """The index is never rotated: it holds the events of every piece, so the rotated pieces (some
+    compressed) are left unread, and a glob of the logs never takes the index for a log."""
+    recs = _records(0, 3000, seed=3)
+    ev = EventLog(str(tmp_path / "rank0.jsonl"), 0, "r1", rotate_bytes=200_000)
+    sink = DigestSink(ev, 0, 500)
+    for i in range(0, len(recs), 20):
+        ev.write_lines([r.to_json() for r in recs[i:i + 20]])
+        sink.write(recs[i:i + 20])
+        ev.flush()
+    sink.close()
+    ev.close()
+    deadline = time.monotonic() + 60  # the rotated pieces are compressed on threads of their own
+    while (list(tmp_path.glob("rank0.0*.jsonl")) or list(tmp_path.glob("*.tmp"))) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert list(tmp_path.glob("rank0.0*.jsonl.gz")), "the log rotated"
+    by_digest = read_logs([str(tmp_path)], read=ReadMode.DIGESTS)
+    assert by_digest.indexed == 1 and by_digest.step_count() == 3000
+    assert read_logs([str(tmp_path)]).step_count() == 3000  # every piece, step by step
+    assert not [p for p in expand([str(tmp_path)]) if p.endswith(".events")]

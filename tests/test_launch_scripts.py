@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from placement.config import load_config
 from placement.launcher import parse_placerun_args
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +150,11 @@ def test_slurm_sbatch_builds_a_c10d_placerun_per_node(tmp_path):
     assert pa.overrides == ["placement.monitor.log_dir=placement_logs/4242", "placement.tune.enabled=false"]
     header = _sbatch_header(LAUNCH / "slurm.sbatch")
     assert header["ntasks-per-node"] == "1" and int(header["cpus-per-task"]) > 1
+    # METRICS_PORT: each node's placerun serves its ranks' live metrics there
+    proc, calls = _run(LAUNCH / "slurm.sbatch", ["train.py"], tmp_path, dict(SLURM_ENV, METRICS_PORT="9450"), fake)
+    assert proc.returncode == 0, proc.stderr
+    pa = parse_placerun_args(calls[-1]["argv"])
+    assert "placement.metrics.port=9450" in pa.overrides and load_config(pa.overrides).metrics.port == 9450
 
 
 def test_slurm_task_cpuset_reaches_placerun(tmp_path):
@@ -213,6 +219,10 @@ def test_pytorchjob_manifest(monkeypatch):
         assert t.rdzv_backend == "c10d" and t.rdzv_endpoint == "placement-train-master-0:23456"
         assert int(t.nnodes) == nodes and t.nproc_per_node == job["spec"]["nprocPerNode"]
         assert "placement.strict=false" in pa.overrides
+        # live metrics: placerun serves the pod's ranks on the port the annotations name
+        port = spec["template"]["metadata"]["annotations"]["prometheus.io/port"]
+        assert f"placement.metrics.port={port}" in pa.overrides
+        assert {"name": "metrics", "containerPort": int(port)} in c["ports"]
         res = c["resources"]
         # Guaranteed QoS with whole CPUs: the static CPU manager gives the pod an exclusive cpuset.
         assert res["requests"] == res["limits"]

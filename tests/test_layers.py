@@ -95,7 +95,10 @@ def circles(deps: dict[str, set[str]]) -> list[list[str]]:
 UPWARD = [("placement.bind", "placement.monitor"), ("placement.records", "placement.monitor"),
           ("placement.report", "placement.monitor"), ("placement.monitor", "placement.attach_api"),
           ("placement.monitor", "placement.auto"), ("placement.monitor", "placement.report"),
-          ("placement.records", "placement.report")]
+          ("placement.records", "placement.report"),
+          # the live metrics read records and events; the monitor hands them data, never the reverse
+          ("placement.metrics", "placement.monitor"), ("placement.metrics", "placement.attach_api"),
+          ("placement.monitor", "placement.metrics"), ("placement.records", "placement.metrics")]
 
 
 def upward(deps: dict[str, set[str]]) -> list[tuple[str, str]]:

@@ -25,7 +25,8 @@ import sys
 import typing
 from typing import Any
 
-from placement.config import (CHOICES, MonitorConfig, PlacementConfig, TuneConfig, choice_values, load_config)
+from placement.config import (CHOICES, MetricsConfig, MonitorConfig, PlacementConfig, TuneConfig, choice_values,
+                              load_config)
 
 GROUP = "placement"
 
@@ -66,7 +67,7 @@ PRESET_PACKAGES = {"policy": GROUP, "monitor": f"{GROUP}.monitor", "tune": f"{GR
 
 # Fields whose valid values are a closed set (config.CHOICES: Policy, MemoryMode, ...): typed as
 # Enums in the schema.
-_PREFIX = {"PlacementConfig": "", "MonitorConfig": "monitor.", "TuneConfig": "tune."}
+_PREFIX = {"PlacementConfig": "", "MonitorConfig": "monitor.", "TuneConfig": "tune.", "MetricsConfig": "metrics."}
 _CHOICES: dict[tuple[str, str], tuple[str, ...]] = {
     (cls, key[len(prefix):]): choice_values(key)
     for key in CHOICES for cls, prefix in _PREFIX.items()
@@ -111,7 +112,9 @@ def _schema(cls: type, nested: dict[str, type]) -> type:
 
 MonitorConfigSchema = _schema(MonitorConfig, {})
 TuneConfigSchema = _schema(TuneConfig, {})
-PlacementConfigSchema = _schema(PlacementConfig, {"monitor": MonitorConfigSchema, "tune": TuneConfigSchema})
+MetricsConfigSchema = _schema(MetricsConfig, {})
+PlacementConfigSchema = _schema(PlacementConfig, {"monitor": MonitorConfigSchema, "tune": TuneConfigSchema,
+                                                  "metrics": MetricsConfigSchema})
 
 
 def register_configs(presets: bool = True) -> None:

@@ -183,6 +183,8 @@ class StepMonitor:
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
         # Where built records go, in this order (sinks/).
         self._observers = ObserverSink(warn)
+        # rank 0: called with every window judged (WindowJudgement), on the monitor thread
+        self.judgement_observers: list[Callable[[WindowJudgement], None]] = []
         self._exchange_window = ExchangeWindow(rank, lambda: self.exchange is not None and self.exchange.enabled)
         self.sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._exchange_window,
                                         SummarySink(rank, self.cfg.summary_every),
@@ -605,9 +607,17 @@ class StepMonitor:
         self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
     def _publish(self, verdict: Optional[WindowJudgement]) -> None:
-        """Rank 0: one `straggler` event, and its log lines, per judged window that names someone
-        (or starts a job-wide slowdown)."""
-        if verdict is None or not (verdict.report.stragglers or verdict.report.job_wide):
+        """Rank 0: every judged window to the judgement observers (the live metrics: who is named
+        and who no longer is); one `straggler` event, and its log lines, per window that names
+        someone (or starts a job-wide slowdown)."""
+        if verdict is None:
+            return
+        for observe in self.judgement_observers:
+            try:
+                observe(verdict)
+            except Exception as e:
+                self.warn(f"judged:{type(e).__name__}", f"a judged window's observer failed ({first_line(e)})")
+        if not (verdict.report.stragglers or verdict.report.job_wide):
             return
         fields = straggler_event(verdict)
         self.events.event(EventKind.STRAGGLER, **fields)

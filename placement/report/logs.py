@@ -41,6 +41,7 @@ from typing import Any, Optional
 
 from placement._procfs import read_bounded
 from placement.errors import PlacementError
+from placement.events import index_path
 from placement.records.digest import StepDigest
 from placement.records.step import StepRecord, is_integer, is_number, role_runq, valid_step
 from placement.records.verdict import VERDICTS
@@ -109,6 +110,7 @@ class RunLog:
     from_digests: bool = False
     digests: dict[int, StepDigest] = field(default_factory=dict)
     step_lines: int = 0  # step lines counted, not parsed (read by digests)
+    indexed: int = 0  # logs read by their event index (events.index_path): their step lines not counted
     long_without_digests: bool = False  # AUTO found the logs long but with no digests: every line was parsed
 
     def __len__(self) -> int:
@@ -511,10 +513,35 @@ def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
 PARALLEL_FROM = 8  # files from which they are parsed by a pool of processes (one per CPU)
 
 
+_ROTATED_PIECE = re.compile(r"^(rank\d+)\.\d+\.jsonl(\.gz)?$")
+
+
+def with_indexes(files: list[str]) -> tuple[list[str], int]:
+    """For reading by digests: each rank log with its event index beside it (events.index_path:
+    every line but the step lines, of the log and its rotated pieces) is read by the index
+    instead, its rotated pieces left out. Returns the files to read and how many indexes."""
+    out = []
+    indexed = set()
+    for f in files:
+        if f.endswith(".jsonl") and os.path.exists(index_path(f)):
+            indexed.add((os.path.dirname(f), os.path.basename(f)[:-len(".jsonl")]))
+    for f in files:
+        m = _ROTATED_PIECE.match(os.path.basename(f))
+        stem = m.group(1) if m else (os.path.basename(f)[:-len(".jsonl")] if f.endswith(".jsonl") else None)
+        if stem is not None and (os.path.dirname(f), stem) in indexed:
+            if not m:
+                out.append(index_path(f))
+            continue
+        out.append(f)
+    return out, len(indexed)
+
+
 def _read(files: list[str], records_up_to: Optional[int], run: Optional[str], digests_only: bool = False) -> RunLog:
     reader = _Reader(None if digests_only else records_up_to)
     reader.digests_only = digests_only
     reader.log.files = files
+    if digests_only:
+        files, reader.log.indexed = with_indexes(files)
     common = os.path.commonpath([os.path.dirname(os.path.abspath(f)) for f in files]) if files else ""
     dirs = []
     for path in files:

@@ -29,8 +29,12 @@ def read_line(log: RunLog) -> str:
     if not log.from_digests:
         return ""
     return (f"read by digests (monitor.digest_every steps each; percentiles within 1%): {log.step_count()} steps "
-            f"of the {log.step_lines} step lines in these logs ({log.step_lines - log.step_count()} in no digest: "
-            "a rank's last steps before its digest, or other runs); --read steps parses every line")
+            + (f"from the event indexes of {log.indexed} log(s) (their step lines not read)"
+               + (f" and {log.step_lines} step lines counted in the others" if log.step_lines else "")
+               if log.indexed else
+               f"of the {log.step_lines} step lines in these logs ({log.step_lines - log.step_count()} in no digest: "
+               "a rank's last steps before its digest, or other runs)")
+            + "; --read steps parses every line")
 
 
 def rank_table(rows: list[RunSummary]) -> str:

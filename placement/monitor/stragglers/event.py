@@ -124,6 +124,12 @@ def compact(report: StragglerReport) -> StragglerReport:
     return dataclasses.replace(report, stragglers=singles[:NAMED], more=more, waiting=waiting)
 
 
+def named_ranks(v: WindowJudgement) -> list[tuple[int, str, Optional[float], Optional[str]]]:
+    """(rank, kind, cost % of the job's step, host) of each rank a window names a straggler."""
+    return [(r, str(s.kind), s.cost_pct, v.hosts.get(r)) for s in v.report.stragglers
+            if isinstance(s.ranks, list) for r in s.ranks]
+
+
 def straggler_event(v: WindowJudgement) -> dict[str, Any]:
     """The fields of rank 0's `straggler` event for one window (figures of the ranks named)."""
     report, figures = v.report, v.figures
