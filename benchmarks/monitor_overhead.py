@@ -30,7 +30,7 @@ Printed, per arm: step time quantiles and
   say whether anything beyond the hook shows).
 And what each probe primitive costs warm, and how often the monitor read the counters.
 
-    python benchmarks/monitor_overhead.py [--quick]
+    python benchmarks/monitor_overhead.py [--quick] [--metrics]
 
 Last line: {"step_ms": ..., "overhead_us_per_step": ..., "overhead_pct": ..., ...}
 (target: overhead_us_per_step <= 30 us and <= 0.3% of a 10 ms step; floor_hook_us says
@@ -185,6 +185,8 @@ def standard_error_of_median(xs: list[float]) -> float:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="fewer rounds (< 1 minute)")
+    ap.add_argument("--metrics", action="store_true",
+                    help="with the live metrics on (a textfile written every second): the hook must not change")
     args = ap.parse_args(argv)
     rounds, steps = (22, 40) if args.quick else (100, 40)
     torch.set_num_threads(1)
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
     run_block(model, opt, data, 20, data)  # warm up allocator and caches
     log_dir = tempfile.mkdtemp(prefix="placement-overhead-")
     h = placement.attach(model, policy="none", tune={"enabled": False},
-                         monitor={"log_dir": log_dir, "summary_every": 0})
+                         monitor={"log_dir": log_dir, "summary_every": 0},
+                         metrics={"textfile_dir": log_dir} if args.metrics else {})
     loader = torch.utils.data.DataLoader(data, batch_size=None)  # every arm fetches through a DataLoader
     watched = h.watch(loader)
     floor = FloorHook()
@@ -273,7 +276,7 @@ def main(argv=None) -> int:
     costs = probe_costs()
     for name, us in costs.items():
         print(f"  {name:20s} {us:6.2f}")
-    print(json.dumps({"step_ms": round(step_ms, 3), "overhead_us_per_step": round(training_us, 1),
+    print(json.dumps({"metrics": args.metrics, "step_ms": round(step_ms, 3), "overhead_us_per_step": round(training_us, 1),
                       "overhead_pct": round(100 * training_us / 1e3 / step_ms, 3), "probe_every": probe_every,
                       "hook_us": round(hook["on"], 1), "watch_us": round(watch_us, 1),
                       "inside_on_step_us": round(inside_us, 1),

@@ -127,6 +127,11 @@ PLACERUN_OVERRIDES = [
     (["placement.dataloader_workers=99999999"], ["dataloader_workers=99999999", "[0, 1024]"]),
     (["placement.strict=sometimes"], ["'sometimes'", "true or false"]),
     (["placement.nccl_topo_file=/nonexistent/topo.xml"], ["/nonexistent/topo.xml"]),
+    (["placement.metrics.port=70000"], ["metrics.port=70000", "[0, 65535]"]),
+    (["placement.metrics.port=http"], ["'http'", "an integer"]),
+    (["placement.metrics.publish_every_s=0"], ["publish_every_s=0.0", "[0.1, 3600.0]"]),
+    (["placement.metrics.per_rank=some"], ["'some'", "true or false"]),
+    (["placement.metrics.bogus=1"], ["placement.metrics.bogus", "valid keys"]),
     ([f"placement.reserved_cpus=0-{max(CPUS) + 4096}", "placement.strict=true"], ["reserved"]),  # reserves every CPU:
     # refused under strict (the default runs it unbound, monitor only, with one warning line)
 ]

@@ -58,7 +58,8 @@ def _busy_metrics() -> RankMetrics:
     m.on_event({"type": EventKind.STALL, "rank": 3, "phase": "stalled"})  # rank 0 naming a peer: not its own
     m.on_event({"type": EventKind.BIND, "rank": 0, "drift": {"found": [1], "set": [0]}})
     m.on_event({"type": EventKind.TUNE, "rank": 0, "phase": "applied"})
-    m.on_event({"type": EventKind.ROLLBACK, "rank": 0, "message": "runqueue rolled back: ..."})
+    m.on_event({"type": EventKind.ROLLBACK, "rank": 0, "message": "runqueue rolled back: ...", "judged_steps": [41, 60]})
+    m.on_event({"type": EventKind.ROLLBACK, "rank": 0, "message": "runqueue not applied: binding refused"})
     m.on_event({"type": EventKind.RESIDENCE, "rank": 0, "looks": [{"what": "process", "share_pct": 97.5}]})
     m.set_binding({"main": ("0", "0"), "other": ("2-5", "0")})
     m.judged([(1, "cpu-slow", 8.0, "h1")])
@@ -101,6 +102,7 @@ def test_names_and_labels_follow_prometheus_conventions():
     assert values[("placement_binding_drift_repaired_total", rank0)] == 1
     assert values[("placement_tuner_actions_total", tuple(sorted({**LABELS, "outcome": "applied"}.items())))] == 1
     assert values[("placement_tuner_actions_total", tuple(sorted({**LABELS, "outcome": "rolled_back"}.items())))] == 1
+    assert values[("placement_tuner_actions_total", tuple(sorted({**LABELS, "outcome": "not_applied"}.items())))] == 1
     assert values[("placement_memory_residence_ratio", rank0)] == pytest.approx(0.975)
     straggler = tuple(sorted({"run": "r1", "rank": "1", "node": "h1", "cause": "cpu-slow"}.items()))
     assert values[("placement_straggler_windows_total", straggler)] == 1

@@ -44,9 +44,8 @@ class RankPublisher:
     def on_event(self, rec: Mapping[str, Any]) -> None:
         kind = rec.get("type")
         self.metrics.on_event(rec)
-        moved = (kind == EventKind.TUNE and rec.get("phase") == "applied") or \
-                (kind == EventKind.ROLLBACK and rec.get("change") and " not applied" not in str(rec.get("message", "")))
-        if moved and rec.get("role"):  # the role's CPUs changed: its binding series follows
+        moved = (kind == EventKind.TUNE and rec.get("phase") == "applied") or kind == EventKind.ROLLBACK
+        if moved and rec.get("role") and rec.get("change"):  # the role's CPUs changed: its binding series follows
             binding = {role: cpus for role, (cpus, _) in self.metrics.binding.items()}
             binding[str(rec["role"])] = format_cpulist(sorted(rec["change"]["to"]))
             self.metrics.set_binding({r: (c, self._numa) for r, c in binding.items()})

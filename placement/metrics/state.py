@@ -112,9 +112,8 @@ class RankMetrics:
                 self.drift += 1
             elif kind == EventKind.TUNE and rec.get("phase") in ("applied", "kept"):
                 self.tuner[TunerOutcome.APPLIED.value if rec["phase"] == "applied" else TunerOutcome.KEPT.value] += 1
-            elif kind == EventKind.ROLLBACK:
-                outcome = TunerOutcome.NOT_APPLIED if " not applied" in str(rec.get("message", "")) \
-                    else TunerOutcome.ROLLED_BACK
+            elif kind == EventKind.ROLLBACK:  # judged and undone, or refused by the binder before it took force
+                outcome = TunerOutcome.ROLLED_BACK if "judged_steps" in rec else TunerOutcome.NOT_APPLIED
                 self.tuner[outcome.value] += 1
             elif kind == EventKind.RESIDENCE:
                 looks = [lk for lk in rec.get("looks") or () if lk.get("what") == "process"]
