@@ -118,9 +118,9 @@ class Exporter:
                 got = start_http_server(self.port, registry=self.registry)
                 self._server = got[0] if isinstance(got, tuple) else None
                 self.serving = True
-            except OSError as e:
-                self._say(f"metrics port {self.port} cannot be served ({e.strerror or e}); no /metrics "
-                          "endpoint on this node, the job runs on (placement.metrics.port)")
+            except (OSError, OverflowError) as e:  # in use, refused; past 65535 (port + local rank)
+                self._say(f"metrics port {self.port} cannot be served ({getattr(e, 'strerror', None) or e}); no /metrics "
+                          "endpoint here, the job runs on (placement.metrics.port)")
         if self.textfile:
             self._writer = threading.Thread(target=self._write_loop, name="placement_metrics", daemon=True)
             self._writer.start()
