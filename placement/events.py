@@ -353,8 +353,9 @@ class EventLog:
                 os.unlink(index_path(self.path))
             except OSError:
                 pass
-            _say(f"placement: rank {self.rank}: the event index beside {self.path} could not be written "
-                 f"({e.strerror or e}) and is removed; `placement report --read digests` reads the log itself")
+            _say(f"placement: rank {self.rank}: the event index beside {self.path} is removed, a write to it "
+                 f"failed ({errno.errorcode.get(e.errno or 0, e.errno)} {e.strerror}); `placement report --read "
+                 "digests` reads the log itself")
 
     def _rotate(self) -> None:
         """The file so far becomes rank<R>.<NNNN>.jsonl (the next free number) and a thread of its

@@ -16,6 +16,7 @@
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -224,6 +225,16 @@ def test_a_hosts_full_log_dir_is_said_once_and_counted_others_whole(hostbed, tmp
         assert len(said) == 2 and all("ENOSPC" in line for line in said), said  # once per rank of host1
         assert sorted(line.split(":")[1].strip() for line in total) == ["rank 2", "rank 3"], total
         assert not [line for line in err(tmp_path / "host0", 0).splitlines() if "cannot write" in line]
+        # An event index that a write to failed is removed, said once (a report then reads the log); one
+        # that stayed (its writes fit the tmpfs' last page) is whole: every line parses.
+        dropped = [line for line in err(tmp_path / "host1", 0).splitlines() if "event index beside" in line]
+        assert len(dropped) == len({line.split(":")[1] for line in dropped}) <= 2, dropped
+        for rank in (2, 3):
+            index = logs1 / f"rank{rank}.events"
+            assert (f"rank {rank}:" in " ".join(dropped)) != index.exists()
+            if index.exists():
+                assert all(json.loads(line) for line in index.read_text().splitlines())
+        assert len(list((tmp_path / "logs-host0").glob("rank*.events"))) == 2
         for rank in (0, 1):  # whole: every line parses, every step is there
             assert _steps(read_log(tmp_path / "logs-host0" / f"rank{rank}.jsonl")) == list(range(1, 301)), rank
         for rank in (2, 3):
