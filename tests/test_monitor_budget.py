@@ -104,9 +104,10 @@ def _run(tmp_path, budget_pct: float, steps: int = 120):
         _step(0.0005, 0.0005)
         h.step()
     cpu_ms = (time.thread_time_ns() - cpu0) / 1e6
-    h.close()
+    h.close()  # the last reading is taken in close(), after it built what the monitor thread had not
+    cpu_closed_ms = (time.thread_time_ns() - cpu0) / 1e6
     lines = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
-    return [l for l in lines if l["type"] == "step"], [l for l in lines if l["type"] == "monitor"], cpu_ms
+    return [l for l in lines if l["type"] == "step"], [l for l in lines if l["type"] == "monitor"], (cpu_ms, cpu_closed_ms)
 
 
 def test_tight_budget_spreads_each_reading_over_its_steps_and_the_sum_still_holds(tmp_path):
@@ -124,10 +125,12 @@ def test_tight_budget_spreads_each_reading_over_its_steps_and_the_sum_still_hold
         assert all(s["probe_steps"] == k for s in group)
         assert len({(s["roles"]["main"]["cpu_ms"], s["roles"]["main"]["runq_ms"]) for s in group}) == 1
         i += k
-    # The spread means add up to the thread's CPU time as the kernel counts it (within a
-    # step: the first record's delta starts at attach, the loop's clock a moment later).
+    # The spread means add up to the thread's CPU time as the kernel counts it: from attach (the
+    # loop's clock starts a moment later) to the last reading, taken in close() (after the loop's
+    # clock stops: close builds the batches a busy host's monitor thread had not got to).
     total = sum(s["roles"]["main"]["cpu_ms"] for s in steps)
-    assert abs(total - cpu_ms) < 2.0, (total, cpu_ms)
+    loop_ms, closed_ms = cpu_ms
+    assert loop_ms - 2.0 < total < closed_ms + 2.0, (total, cpu_ms)
 
 
 def test_no_budget_reads_every_step(tmp_path):
