@@ -29,12 +29,11 @@ class RankPublisher:
         self.metrics = metrics
         self.snapshot = snapshot
         self.exporter = exporter
-        self._numa = ""
         self.on_close: Optional[Callable[[], None]] = None  # set by whoever taps it into a log
 
     def set_binding(self, roles: Mapping[str, Iterable[int]], numa: Iterable[int]) -> None:
-        self._numa = format_cpulist(sorted(numa))
-        self.metrics.set_binding({role: (format_cpulist(sorted(cpus)), self._numa) for role, cpus in roles.items()})
+        nodes = format_cpulist(sorted(numa))
+        self.metrics.set_binding({role: (format_cpulist(sorted(cpus)), nodes) for role, cpus in roles.items()})
         self._publish()
 
     def write(self, batch) -> None:
@@ -42,14 +41,8 @@ class RankPublisher:
         self._publish()
 
     def on_event(self, rec: Mapping[str, Any]) -> None:
-        kind = rec.get("type")
         self.metrics.on_event(rec)
-        moved = (kind == EventKind.TUNE and rec.get("phase") == "applied") or kind == EventKind.ROLLBACK
-        if moved and rec.get("role") and rec.get("change"):  # the role's CPUs changed: its binding series follows
-            binding = {role: cpus for role, (cpus, _) in self.metrics.binding.items()}
-            binding[str(rec["role"])] = format_cpulist(sorted(rec["change"]["to"]))
-            self.metrics.set_binding({r: (c, self._numa) for r, c in binding.items()})
-        self._publish(force=kind == EventKind.STALL)  # a stalled rank builds no batch: say it now
+        self._publish(force=rec.get("type") == EventKind.STALL)  # a stalled rank builds no batch: say it now
 
     def judged(self, named: Iterable[tuple[int, str, Optional[float], Optional[str]]]) -> None:
         self.metrics.judged(named)

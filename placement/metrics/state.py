@@ -22,12 +22,14 @@ Cost
 """
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import threading
 import time
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
+from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.metrics.names import STEP_BUCKETS, TunerOutcome
 from placement.records.parts import record_parts
@@ -88,10 +90,9 @@ class RankMetrics:
                 s["comm"] += parts.comm_ms / 1e3
                 s["cpu_stall"] += (parts.cpu_stall_ms or 0.0) / 1e3
                 s["compute"] += parts.compute_ms / 1e3
-                for i, edge in enumerate(STEP_BUCKETS):
-                    if step_s <= edge:
-                        self.buckets[i] += 1
-                        break
+                i = bisect.bisect_left(STEP_BUCKETS, step_s)  # the first edge >= the step
+                if i < len(STEP_BUCKETS):
+                    self.buckets[i] += 1
             last = batch[-1]
             self.last_step, self.last_step_t = last.step, last.t
             self.changes += 1
@@ -112,9 +113,12 @@ class RankMetrics:
                 self.drift += 1
             elif kind == EventKind.TUNE and rec.get("phase") in ("applied", "kept"):
                 self.tuner[TunerOutcome.APPLIED.value if rec["phase"] == "applied" else TunerOutcome.KEPT.value] += 1
+                if rec["phase"] == "applied":
+                    self._moved(rec)
             elif kind == EventKind.ROLLBACK:  # judged and undone, or refused by the binder before it took force
                 outcome = TunerOutcome.ROLLED_BACK if "judged_steps" in rec else TunerOutcome.NOT_APPLIED
                 self.tuner[outcome.value] += 1
+                self._moved(rec)
             elif kind == EventKind.RESIDENCE:
                 looks = [lk for lk in rec.get("looks") or () if lk.get("what") == "process"]
                 share = looks[0].get("share_pct") if looks else None
@@ -124,6 +128,13 @@ class RankMetrics:
             else:
                 return
             self.changes += 1
+
+    def _moved(self, rec: Mapping[str, Any]) -> None:
+        """A tuner event that set a role's CPUs (applied, or put back): its binding series follows
+        (the caller holds the lock)."""
+        role, change = rec.get("role"), rec.get("change")
+        if role in self.binding and change:
+            self.binding[role] = (format_cpulist(sorted(change["to"])), self.binding[role][1])
 
     def judged(self, named: Iterable[tuple[int, str, Optional[float], Optional[str]]]) -> None:
         """Rank 0: one judged exchange window, as (rank, cause, cost % of step, host) per rank

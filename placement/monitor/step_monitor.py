@@ -9,9 +9,10 @@ What
     (the budget's cadence) and at each hand-over, the hot threads' kernel counters (main's
     thread clock and schedstat, one pread per backward/nccl/pin_memory thread), each reading
     tagged with the last step ended (probes/sampled.py); every monitor.rescan_every steps the
-    span reading of every thread and a refresh of the thread list; every monitor.flush_every steps records are built, judged (records/verdict.py), handed
-    to the observers (the tuner), encoded and written in one batch (sinks/); as soon as a window
-    of an observer that judges whole windows (add_observer's window_end) is complete with its
+    span reading of every thread and a refresh of the thread list; every monitor.flush_every
+    steps records are built, judged (records/verdict.py), handed to the observers (the tuner),
+    encoded and written in one batch (sinks/); as soon as a window of an observer that judges
+    whole windows (add_observer's window_end) is complete with its
     comm figures settled, its records are built and handed over too. Steps are built only once
     their comm figures are settled (comm.settled_through: NCCL durations arrive after the step)
     or have waited comm.settle_max_s. Every monitor.exchange_every steps this rank's window
@@ -136,9 +137,6 @@ class StepMonitor:
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
-        # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
-        # a step (probes/sampled.py), or with budget_pct = 0 by the hook itself at every step.
-        self._sampled: Optional[SampledReads] = None
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
@@ -176,8 +174,9 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
         self._hook_seen = (0, 0, 0)  # (hook ns, hook steps, reading ns) at the last budget judgement
-        if self.cfg.budget_pct > 0:
-            self._sampled = SampledReads(sampler, lambda: self.step)
+        # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
+        # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
+        self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
         # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
         self._exchanged_step = self.step - self.step % self.cfg.exchange_every
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
