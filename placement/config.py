@@ -487,6 +487,12 @@ def _all_keys(cls: type, prefix: str = "placement.") -> list[str]:
     return out
 
 
+def is_setting(key: str) -> bool:
+    """`key` ("placement.policy", "+placement.monitor") names a setting or a group of them."""
+    key = key.lstrip("+")
+    return any(k == key or k.startswith(key + ".") for k in _all_keys(PlacementConfig))
+
+
 def _default_text(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

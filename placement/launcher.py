@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from placement import bootstrap
-from placement.config import PlacementConfig, load_config, valid_values
+from placement.config import PlacementConfig, is_setting, load_config, valid_values
 from placement.cpuset import format_cpulist
 from placement.errors import ConfigError, PlacementError
 from placement.events import check_log_dir
@@ -97,7 +97,8 @@ def parse_placerun_args(argv: list[str]) -> PlacerunArgs:
             parser.error(f"no training script after the placement override {ns.training_script!r}")
         # Flags may follow an override; re-parse the rest on top of what was parsed so far.
         ns = parser.parse_args(rest, namespace=ns)
-    if _OVERRIDE_WITHOUT_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):
+    if _OVERRIDE_WITHOUT_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script) and not (
+            ns.module and not is_setting(ns.training_script)):  # -m placement.selftest.job is a module
         raise ConfigError(f"placement override {ns.training_script!r} has no value; write "
                           f"{ns.training_script.lstrip('+')}=VALUE ({valid_values(ns.training_script)})")
     if _BARE_KEY_VALUE.match(ns.training_script) and not os.path.exists(ns.training_script):

@@ -145,6 +145,22 @@ def test_placerun_override(placerun, argv, needles):
         assert n in line, line
 
 
+def test_placerun_module_named_placement_is_a_module_not_an_override():
+    """`-m placement.selftest.job` (what `placement selftest` runs) is a module, as torchrun takes
+    it; a setting's name without its value is still one line, with -m or without."""
+    from placement.errors import ConfigError
+    from placement.launcher import parse_placerun_args
+
+    pa = parse_placerun_args(["--nproc-per-node", "1", "placement.policy=none", "-m", "placement.selftest.job",
+                              "--steps", "3"])
+    assert (pa.overrides, pa.torch_args.module, pa.torch_args.training_script) == (
+        ["placement.policy=none"], True, "placement.selftest.job")
+    assert pa.torch_args.training_script_args == ["--steps", "3"]
+    for argv in (["-m", "placement.monitor.flush_every", "mod"], ["-m", "placement.monitor", "mod"]):
+        with pytest.raises(ConfigError, match="has no value"):
+            parse_placerun_args(["--nproc-per-node", "1", *argv])
+
+
 def test_placerun_unwritable_log_dir(placerun, tmp_path):
     (tmp_path / "file").write_text("x")
     rc, line = placerun(f"placement.monitor.log_dir={tmp_path}/file/logs")

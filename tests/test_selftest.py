@@ -140,6 +140,20 @@ def test_a_rank_without_evidence_fails_and_the_job_runs_under_placerun():
     cmd = job_command(2, "/tmp/x", 100)
     assert cmd[1:3] == ["-m", "placement.launcher"] and "--nproc-per-node" in cmd
     assert cmd[cmd.index("-m", 3) + 1] == "placement.selftest.job"
+    from placement.launcher import parse_placerun_args  # placerun takes the module as torchrun does
+    pa = parse_placerun_args(cmd[3:])
+    assert pa.torch_args.module and pa.torch_args.training_script == "placement.selftest.job"
+
+
+def test_one_rank_comm_time_is_judged_as_timed_and_never_above_the_streams_span():
+    """As seen on an H200: NCCL runs nothing for a one-rank in-place all-reduce, so the recorded
+    durations are microseconds against the stream's ~0.13 ms per call; the ratio is not judged."""
+    ev = dict(_evidence([0]), world_size=1, comm_ms_monitor=[None] * 5 + [0.021] * 95, comm_ms_reference=[0.533] * 100)
+    got = C.comm_time(ev)
+    assert got.passed is True and "one rank" in got.why and got.evidence["median_ratio"] < 0.1
+    over = C.comm_time(dict(ev, comm_ms_monitor=[None] * 5 + [0.9] * 95))
+    assert over.passed is False and over.evidence["over_steps"] == 95
+    assert C.comm_time(dict(ev, comm_ms_monitor=[None] * 100)).passed is False  # null is never a pass
 
 
 def test_main_narrowed_by_placement_after_nccl_init_passes_and_a_change_nccl_left_fails():

@@ -136,6 +136,16 @@ def comm_time(ev: dict) -> Check:
     median = statistics.median(ratios)
     evidence.update(median_ratio=round(median, 3), monitor_ms_median=round(statistics.median(m for m, _ in timed), 3),
                     reference_ms_median=round(statistics.median(r for _, r in timed), 3))
+    if ev.get("world_size") == 1:
+        # One rank: NCCL runs nothing for an in-place SUM all-reduce ("for 1 rank, out-of-place is
+        # memcpy to self, and in-place is nop", ncclLaunchOneRank, NVIDIA/nccl src/enqueue.cc), so its
+        # recorded durations are microseconds while the stream's span is the streams' own sync; seen on
+        # an H200 (docs/benchmarks.md). Only "timed, and never longer than the stream saw" is judged.
+        over = [m for m, r in timed if m > r * (1 + COMM_TOLERANCE)]
+        evidence.update(world_size=1, over_steps=len(over))
+        return Check("comm_time", not over, evidence,
+                     f"one rank (NCCL moves no data): comm time on {len(timed)} of {len(pairs)} steps, "
+                     f"{len(over)} above the stream's span" + ("" if not over else f" by over {COMM_TOLERANCE:.0%}"))
     ok = abs(median - 1.0) <= COMM_TOLERANCE
     return Check("comm_time", ok, evidence, f"median monitor/reference {median:.2f} "
                  f"({'within' if ok else 'outside'} {COMM_TOLERANCE:.0%})")

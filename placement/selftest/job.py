@@ -108,6 +108,7 @@ def run(out: str, steps: int) -> dict:
     torch.cuda.synchronize()
     ev["main_cpus_after_nccl"] = _main_cpus()
     ev["rank"] = rank = dist.get_rank()
+    ev["world_size"] = dist.get_world_size()  # one rank: NCCL's all-reduce moves nothing (checks.comm_time)
     time.sleep(REHOME_WAIT_S)
     ev["threads_after_init"] = _threads()
     ev["gpu_pci"] = _gpu_pci(torch, local_rank)
