@@ -2,7 +2,7 @@
 
 What
     placerun's startup hook (placement.bootstrap.start_worker) calls `install(session)` in every
-    Python worker. Hooks wait for the program to import torch (auto/imports.py), then:
+    Python worker. Hooks wait for the program to import torch (placement/imports.py), then:
     - torch's global optimizer post-step hook (torch/optim/optimizer.py:309-326, called after
       every Optimizer.step by `profile_hook_step`, L534-538) and GradScaler.step (torch/amp/
       grad_scaler.py:375; it skips optimizer.step on inf/nan) are fires;
@@ -38,7 +38,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Optional
 
-from placement.auto import imports
+from placement import imports
 from placement.events import EventKind
 from placement.auto.steps import StepFinder
 

@@ -13,9 +13,11 @@ import os
 import sys
 from typing import Iterable, MutableMapping, Optional
 
+from placement import imports
 from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.binder import RoleBinder
+from placement.bind.dataloader import MODULE as DATALOADER_MODULE, count_workers_against
 from placement.bind.env import apply_env, apply_torch_threads
 from placement.bind.fork import rehome_forked_children
 from placement.bind.memory import apply_memory_policy
@@ -84,6 +86,9 @@ def start_stage2(s) -> None:
     rehome_forked_children(s.binder, forget_rank=_forget_session)
     s.binder.rescan()
     s.binder.start_watcher(WATCH_INTERVAL_S)
+    share = s.rank_plan.share()
+    # torch's DataLoader counts the calling thread's CPUs (main's core, once narrowed): bind/dataloader.py
+    imports.when_imported(DATALOADER_MODULE, lambda m: count_workers_against(m, lambda: () if s.closed else share))
 
 
 def _forget_session() -> None:
