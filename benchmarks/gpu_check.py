@@ -467,11 +467,42 @@ def headline(result: dict) -> dict:
 
 
 def summary(result: dict) -> str:
+    """A few lines per section, for a person; gpu_check.json has everything."""
+    s = result["sections"]
     lines = [f"gpu_check ({'cpu' if result['cpu'] else 'gpu'}{', quick' if result['quick'] else ''}), "
              f"{result.get('wall_s')} s"]
-    for name, sec in result["sections"].items():
-        lines.append(f"\n[{name}]")
-        lines.append(json.dumps(sec, indent=1, default=str)[:4000])
+    for name, sec in s.items():
+        lines.append(f"[{name}] {sec.get('section_s')} s" + (f": {sec['section_error']}" if "section_error" in sec else ""))
+    m = s.get("machine") or {}
+    if "cpus" in m:
+        lines.append(f"  {m['cpus']} CPUs, NUMA nodes {[n['id'] for n in m['numa_nodes']]}, GPUs "
+                     f"{[(g['pci'], g['numa']) for g in m.get('gpus', [])]}, NICs {len(m.get('nics', []))}, "
+                     f"perf ranks {m.get('perf_ranks')}")
+        lines.append(f"  plan rank 0: {(m.get('plan_rank0') or {}).get('roles')}")
+        lines.append(f"  doctor: {m.get('doctor_counts')} {m.get('doctor_flags')}")
+    st = s.get("selftest") or {}
+    if st.get("skipped"):
+        lines.append(f"  selftest: skipped: {st.get('reason')}")
+    elif st:
+        lines.append(f"  selftest: passed {st.get('passed')} ({st.get('checks')} checks; failed "
+                     f"{[(f['name'], f['why']) for f in st.get('failed', [])]}) {st.get('reason') or ''}")
+    for vname, v in ((s.get("comm") or {}).get("variants") or {}).items():
+        lines.append(f"  comm {vname}: " + (v["error"] if "error" in v else
+                     f"{v['compared']} steps, short {v['short_pct']}%, null {v['null_pct']}%, median error "
+                     f"{v['median_error_ms']} ms of {v['truth_median_ms']} ms ({v['comm_timing']})"
+                     + (f"; says: {v['null_line']}" if v.get("null_line") else "")))
+    for phase, ph in ((s.get("throughput") or {}).get("phases") or {}).items():
+        med = {k: ph[k]["median"] for k in ("torchrun", "torchrun_numa_node", "placerun") if k in ph}
+        lines.append(f"  throughput {phase}: steps/s {med}, placerun/torchrun {ph.get('placerun_vs_torchrun')}, "
+                     f"placerun/numa-node {ph.get('placerun_vs_torchrun_numa_node')} {ph.get('errors') or ''}")
+    co = s.get("cost") or {}
+    for mode in ("off", "attach", "auto"):
+        if mode in co:
+            lines.append(f"  cost {mode}: {co[mode]}")
+    ab = s.get("ablation") or {}
+    for name in ABLATION:
+        if name in ab:
+            lines.append(f"  ablation {name}: {ab[name]['median']} steps/s ({ab[name]['vs_torchrun']}x torchrun)")
     return "\n".join(lines) + "\n"
 
 

@@ -34,7 +34,8 @@ def test_one_json_line_and_every_section_ran(check):
     assert head["benchmark"] == "gpu_check" and head["cpu"] is True
     assert head["section_errors"] == {}
     assert list(full["sections"]) == ["machine", "selftest", "comm", "throughput", "cost"]
-    assert (out / "summary.txt").read_text().startswith("gpu_check (cpu, quick)")
+    text = (out / "summary.txt").read_text()
+    assert text.startswith("gpu_check (cpu, quick)") and "selftest: skipped" in text and "comm auto:" in text
     with tarfile.open(out / "logs.tar.gz") as tar:
         names = tar.getnames()
     assert any(n.endswith("rank0.jsonl") for n in names) and any(n.endswith("-topo.txt") for n in names)
