@@ -1,5 +1,6 @@
-"""torch's DataLoader worker-count check counts the rank's share, not main's narrowed core
-(placement/bind/dataloader.py): placerun adds no warning torchrun does not give."""
+"""torch's DataLoader worker-count check counts the CPUs the process was launched with, not main's
+narrowed core nor the rank's share (placement/bind/dataloader.py): placerun adds no warning
+torchrun does not give."""
 from __future__ import annotations
 
 import os
@@ -49,11 +50,11 @@ def torch_check(monkeypatch):
 
 
 @needs_two
-def test_the_check_counts_the_share_and_the_thread_keeps_its_core(torch_check):
+def test_the_check_counts_the_launched_cpus_and_the_thread_keeps_its_core(torch_check):
     before, _ = _build_on_one_cpu()
     assert any(WARNING in m for m in before), before  # torch's own check, on one CPU: warns
     count_workers_against(dl, lambda: ())
-    count_workers_against(dl, lambda: CPUS[:2])  # once per class; the latest share counts
+    count_workers_against(dl, lambda: CPUS[:2])  # once per class; the latest session's CPUs count
     assert dl.DataLoader.check_worker_number_rationality.__wrapped__ is torch_check
     after, mask = _build_on_one_cpu()
     assert not any(WARNING in m for m in after), after
@@ -61,8 +62,8 @@ def test_the_check_counts_the_share_and_the_thread_keeps_its_core(torch_check):
 
 
 @needs_two
-def test_more_workers_than_the_share_still_warn(torch_check):
-    count_workers_against(dl, lambda: [CPUS[0]])  # a share of one CPU: 2 workers are too many
+def test_more_workers_than_the_launched_cpus_still_warn(torch_check):
+    count_workers_against(dl, lambda: [CPUS[0]])  # launched on one CPU: 2 workers are too many, as torch says
     warned, _ = _build_on_one_cpu()
     assert any(WARNING in m for m in warned), warned
 
@@ -75,11 +76,12 @@ def test_placerun_adds_no_dataloader_warning(tmp_path):
     out = {}
     for name, launcher in (("placerun", ["placement.launcher", f"placement.monitor.log_dir={tmp_path}"]),
                            ("torchrun", ["torch.distributed.run"])):
-        p = subprocess.run([sys.executable, "-m", launcher[0], "--standalone", "--nproc-per-node", "1", *launcher[1:],
+        # Two ranks: on a 2-CPU host each rank's share is one CPU, fewer than its 2 workers.
+        p = subprocess.run([sys.executable, "-m", launcher[0], "--standalone", "--nproc-per-node", "2", *launcher[1:],
                             job], capture_output=True, text=True, env=env, timeout=300, cwd=str(tmp_path))
         assert p.returncode == 0, p.stderr[-2000:]
         out[name] = p
-    main = next(line for line in out["placerun"].stdout.splitlines() if line.startswith("main cpus"))
-    assert len(main.split()[-1].split(",")) < len(CPUS)  # main was narrowed: the case the check misread
+    mains = [line for line in out["placerun"].stdout.splitlines() if line.startswith("main cpus")]
+    assert len(mains) == 2 and all(len(m.split()[-1].split(",")) < len(CPUS) for m in mains)  # narrowed
     for name, p in out.items():
         assert WARNING not in p.stderr, (name, p.stderr[-2000:])

@@ -26,6 +26,9 @@ class Session:
     binder: RoleBinder  # owns each role's current CPU set (the tuner moves roles through it)
     identity: RankIdentity
     memory: Optional[AppliedMemory] = None  # what stage 1 applied (None: policy none, untouched)
+    # The process's CPUs before stage 1 narrowed it: what a process torchrun starts counts as "the
+    # system's" (bind/dataloader.py).
+    launched_cpus: frozenset[int] = frozenset()
     closed: bool = field(default=False, init=False)
 
     @property

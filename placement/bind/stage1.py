@@ -42,6 +42,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
     KeyError when the plan has no such local rank (the caller says it in its own words)."""
     rank, local_rank = identity.rank, identity.local_rank
     rank_plan = plan.for_local_rank(local_rank)
+    launched = frozenset(os.sched_getaffinity(0))
     binding = plan.policy != "none" and bool(rank_plan.roles)
     late = entry == "attach" and rank_plan.gpu is not None and nccl_communicator_started()
     env_set = apply_env(rank_plan, environ, keep=keep, binding=binding)
@@ -74,7 +75,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
             warn_rank(events, rank, f"memory policy {memory.planned.mode} {memory.planned.nodes}: {memory.fallback}",
                   event=False)
     s = session_mod.Session(config=cfg, plan=plan, rank_plan=rank_plan, events=events, binder=binder,
-                            identity=identity, memory=memory)
+                            identity=identity, memory=memory, launched_cpus=launched)
     session_mod.set_current(s)
     return s
 
@@ -86,9 +87,9 @@ def start_stage2(s) -> None:
     rehome_forked_children(s.binder, forget_rank=_forget_session)
     s.binder.rescan()
     s.binder.start_watcher(WATCH_INTERVAL_S)
-    share = s.rank_plan.share()
     # torch's DataLoader counts the calling thread's CPUs (main's core, once narrowed): bind/dataloader.py
-    imports.when_imported(DATALOADER_MODULE, lambda m: count_workers_against(m, lambda: () if s.closed else share))
+    imports.when_imported(DATALOADER_MODULE,
+                          lambda m: count_workers_against(m, lambda: () if s.closed else s.launched_cpus))
 
 
 def _forget_session() -> None:
