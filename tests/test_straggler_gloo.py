@@ -187,7 +187,9 @@ def worker(scenario: str, log_dir: str) -> None:
     handle = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
                               monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": EVERY,
                                        "rescan_every": EVERY, "summary_every": 0})
-    data = handle.watch(SlowData(rank, 0.02 if scenario == "slow-data" else 0.0, 96, dim))
+    # 40 ms of data wait a step on rank 1, most of a quiet ~50 ms step: at 20 ms two outside spinners
+    # slowed both ranks to ~120 ms steps and rank 0 waited no longer than rank 1 (seen in one full run).
+    data = handle.watch(SlowData(rank, 0.04 if scenario == "slow-data" else 0.0, 96, dim))
     hogs: list[int] = []
     for step in range(1, STEPS + 1):
         if scenario.startswith("cpu-hog") and rank == 1:
