@@ -74,6 +74,7 @@ MIN_POLL_S = 0.1
 MAX_POLL_S = 5.0
 EXIT_SETTLE_S = 0.5  # at exit, how long the last collectives may take to settle
 RING_HEADROOM = 0.5  # the ring may fill to this share between polls before the interval is shortened
+RATE_SPAN_S = 10.0  # the record rate is also averaged over this much of the past: bursty steps leave polls with none
 # How long a stall report waits for its flight-recorder dump: the dump queries CUDA events
 # (FlightRecorderDetail.hpp:184-202), and cudaEventQuery can hang while another thread holds
 # the context in cudaStreamSynchronize (the warning in ProcessGroupNCCL.cpp's watchdog), which
@@ -262,19 +263,28 @@ class FrCadence:
     """How often to poll the flight recorder, in wall time: the interval that keeps a poll's GIL
     time within monitor.budget_pct of the time between polls, within [MIN_POLL_S, MAX_POLL_S],
     and shorter when the ring would fill past RING_HEADROOM in that time (lost records would
-    cost more than the time: over_budget says so)."""
+    cost more than the time: over_budget says so). The record rate is the higher of the last
+    poll's and the one over the last RATE_SPAN_S: a step's collectives come in a burst (3,000
+    in 15 ms for TP=8 with sequence parallelism), so a poll between bursts reads none, and
+    that alone would let the next interval span several bursts and wrap the ring."""
 
     def __init__(self, budget_pct: float, ring: int):
         self.budget_pct = budget_pct
         self.ring = ring
         self.interval_s = MIN_POLL_S
         self.over_budget = False
+        self._recent: collections.deque[tuple[float, int]] = collections.deque()  # (seconds, records) per poll
 
     def update(self, gil_s: float, records: int, since_last_s: float) -> float:
         """One poll: its GIL time, the records it read (settled and lost), the time since the
         poll before it."""
         want = gil_s / (self.budget_pct / 100.0) if self.budget_pct > 0 else MIN_POLL_S
-        rate = records / since_last_s if since_last_s > 0 else 0.0
+        self._recent.append((max(since_last_s, 0.0), records))
+        while len(self._recent) > 1 and sum(s for s, _ in self._recent) - self._recent[0][0] >= RATE_SPAN_S:
+            self._recent.popleft()
+        span = sum(s for s, _ in self._recent)
+        rate = max(records / since_last_s if since_last_s > 0 else 0.0,
+                   sum(n for _, n in self._recent) / span if span > 0 else 0.0)
         cap = RING_HEADROOM * self.ring / rate if rate > 0 and self.ring > 0 else MAX_POLL_S
         self.interval_s = max(MIN_POLL_S, min(MAX_POLL_S, want, cap))
         self.over_budget = self.budget_pct > 0 and gil_s / self.interval_s > self.budget_pct / 100.0
