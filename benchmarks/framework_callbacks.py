@@ -2,7 +2,9 @@
 and of a plain DDP loop under placerun against the same loop under torchrun.
 
 Frameworks: one process per run (binding changes the process), one rank, the models of
-examples/lightning_ddp.py and examples/transformers_trainer.py, runs alternated bare / callback.
+examples/lightning_ddp.py and examples/transformers_trainer.py, runs alternated bare / callback
+with the order rotated each round; a ratio is the median over rounds of the arm's median step
+over bare's in the same round.
 A step is timed from one optimizer step's end to the next (a timing callback in both runs);
 printed per framework: median step time of each mode and its ratio to bare (1.00 = no cost).
 Modes: `monitor` is the callback with policy none (its own per-step cost: hooks, records),
@@ -13,9 +15,10 @@ starts more than one process (torch/distributed/run.py), so bound/bare is bound/
 DDP: a small MLP trained with DistributedDataParallel over gloo, launched by `torchrun` and by
 `placerun` (policy auto, its monitor on: what a user who swaps the launcher gets), with 1 and 2
 processes per node, alternated; each launcher with its own defaults (torchrun: OMP_NUM_THREADS=1
-for 2 processes; placerun: the plan's). Rank 0's median step time; placerun/torchrun.
+for 2 processes; placerun: the plan's). Rank 0's median step time; placerun/torchrun, paired
+by round as above.
 
-    python benchmarks/framework_callbacks.py --quick     # ~3 minutes
+    python benchmarks/framework_callbacks.py --quick     # ~4 minutes
 """
 from __future__ import annotations
 
@@ -123,30 +126,43 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     args = p.parse_args()
-    steps, rounds = (80, 2) if args.quick else (300, 3)
+    steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
     for framework in EXAMPLE:
-        times: dict[str, list[float]] = {"bare": [], "monitor": [], "bound": []}
-        for _ in range(rounds):
-            for mode in times:
-                times[mode] += run(framework, mode, steps)
-        med = {mode: statistics.median(t) for mode, t in times.items()}
-        print(f"{framework:13s} " + "  ".join(f"{m} {v:7.3f} ms ({v / med['bare']:.3f}x)" for m, v in med.items()))
-        for mode, v in med.items():
-            result[f"{framework}_{mode}_ms"] = round(v, 3)
-            result[f"{framework}_{mode}_ratio"] = round(v / med["bare"], 3)
+        per_round = alternated(("bare", "monitor", "bound"), rounds, lambda mode: run(framework, mode, steps))
+        med, ratio = paired(per_round, "bare")
+        print(f"{framework:13s} " + "  ".join(f"{m} {med[m]:7.3f} ms ({ratio[m]:.3f}x)" for m in med))
+        for mode in med:
+            result[f"{framework}_{mode}_ms"] = round(med[mode], 3)
+            result[f"{framework}_{mode}_ratio"] = round(ratio[mode], 3)
     for nproc in (1, 2):
-        ddp: dict[str, list[float]] = {"torchrun": [], "placerun": []}
-        for _ in range(rounds):
-            for name in ddp:
-                ddp[name] += run_ddp(name, nproc, steps * 2)
-        med = {name: statistics.median(t) for name, t in ddp.items()}
-        ratio = med["placerun"] / med["torchrun"]
-        print(f"ddp x{nproc}        torchrun {med['torchrun']:7.3f} ms  placerun {med['placerun']:7.3f} ms ({ratio:.3f}x)")
+        per_round = alternated(("torchrun", "placerun"), rounds, lambda name: run_ddp(name, nproc, steps * 2))
+        med, ratio = paired(per_round, "torchrun")
+        print(f"ddp x{nproc}        torchrun {med['torchrun']:7.3f} ms  placerun {med['placerun']:7.3f} ms "
+              f"({ratio['placerun']:.3f}x)")
         result[f"ddp{nproc}_torchrun_ms"] = round(med["torchrun"], 3)
         result[f"ddp{nproc}_placerun_ms"] = round(med["placerun"], 3)
-        result[f"ddp{nproc}_placerun_vs_torchrun"] = round(ratio, 3)
+        result[f"ddp{nproc}_placerun_vs_torchrun"] = round(ratio["placerun"], 3)
     print(json.dumps(result))
+
+
+def alternated(arms: tuple[str, ...], rounds: int, measure) -> list[dict[str, float]]:
+    """Per round, each arm's median step (ms), the arms' order rotated every round (the first
+    run of a round pays for what the one before left in the caches: no arm is always first)."""
+    out = []
+    for r in range(rounds):
+        order = arms[r % len(arms):] + arms[:r % len(arms)]
+        out.append({arm: statistics.median(measure(arm)) for arm in order})
+    return out
+
+
+def paired(per_round: list[dict[str, float]], base: str) -> tuple[dict[str, float], dict[str, float]]:
+    """Each arm's median step over the rounds, and the median over rounds of its ratio to `base`
+    in the same round (a drift of the machine between rounds cancels)."""
+    arms = list(per_round[0])
+    med = {arm: statistics.median(r[arm] for r in per_round) for arm in arms}
+    ratio = {arm: statistics.median(r[arm] / r[base] for r in per_round) for arm in arms}
+    return med, ratio
 
 
 if __name__ == "__main__":

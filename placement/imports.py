@@ -90,9 +90,13 @@ def _run(name: str, module) -> None:
                   "may miss what that module does", file=sys.stderr, flush=True)
 
 
-def cancel() -> None:
-    """Forget every name still waiting (the automatic monitor gave way to attach())."""
+def cancel(*fns: Callable) -> None:
+    """Forget these functions wherever they still wait (the automatic monitor gave way to
+    attach()); other callers' stay."""
     with _lock:
-        _waiting.clear()
-        if _finder in sys.meta_path:
+        for name in list(_waiting):
+            _waiting[name] = [f for f in _waiting[name] if not any(f == fn for fn in fns)]
+            if not _waiting[name]:
+                del _waiting[name]
+        if not _waiting and _finder in sys.meta_path:
             sys.meta_path.remove(_finder)

@@ -29,12 +29,14 @@ REPORT = textwrap.dedent("""
             if line.startswith("Cpus_allowed_list:"):
                 return line.split(":", 1)[1].strip()
     s = session.current()
+    before_torch = allowed(os.getpid())
+    import torch  # main keeps the rank's share until torch's OpenMP runtime has counted it (bind/openmp.py)
     import numa
     print(json.dumps({
         "name": __name__, "argv": sys.argv, "path0": sys.path[0], "file": __file__,
         "pythonpath": os.environ.get("PYTHONPATH"), "hook_on_path": any("_worker_hook" in p for p in sys.path),
         "env": {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "NCCL_SET_THREAD_NAME", "CUDA_DEVICE_ORDER")},
-        "main_allowed": allowed(os.getpid()),
+        "main_allowed": allowed(os.getpid()), "main_before_torch": before_torch,
         "membind": sorted(numa.memory.get_membind_nodes()),
         "session": None if s is None else {"rank": s.rank, "local_rank": s.local_rank, "world_size": s.world_size,
                                             "memory": s.memory and s.memory.applied.mode,
@@ -99,7 +101,9 @@ def test_script_runs_as_main_with_its_argv_after_stage1(tmp_path, handoff):
     assert out["argv"] == [str(script), "--lr", "0.1", "placement.policy=node"]
     assert out["path0"] == str(script.parent) and not out["hook_on_path"]  # as `python train.py` sets it
     assert out["env"] == {"OMP_NUM_THREADS": "3", "NCCL_SET_THREAD_NAME": "1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    assert parse_cpulist(out["main_allowed"]) == frozenset(MAIN)  # CPU-only rank: main narrowed at once
+    # CPU-only rank: main narrowed as soon as the program has imported torch, the share until then
+    assert parse_cpulist(out["main_allowed"]) == frozenset(MAIN)
+    assert parse_cpulist(out["main_before_torch"]) == frozenset(MAIN) | frozenset(REST)
     assert out["membind"] == [0]
     assert out["session"] == {"rank": 5, "local_rank": 1, "world_size": 8, "memory": "bind", "main_cpus": MAIN}
     ev = events(tmp_path)

@@ -73,3 +73,39 @@ def test_a_failing_output_is_said_once_and_the_others_still_get_every_record(tmp
     assert steps == list(range(1, 13)) and seen == list(range(1, 13))
     said = [r.getMessage() for r in caplog.records if "could not go to broken" in r.getMessage()]
     assert len(said) == 1 and "disk gone" in said[0]
+
+
+def test_a_step_line_is_json_dumps_of_its_dict_for_every_kind_of_figure(tmp_path):
+    """StepRecord.to_json is formatted by hand for speed: it must be json.dumps(to_dict()) for
+    None, NaN, infinities, span counters, several roles, an unknown verdict word read back from
+    a log, and roles shared by the steps between two readings (encoded once by the JSONL sink)."""
+    import json
+    import math
+
+    from placement.events import open_rank_log
+    from placement.monitor.sinks.jsonl import write_records
+    from placement.records.step import RoleSample, StepRecord
+    from placement.records.verdict import StepVerdict
+    from placement.roles import ThreadRole
+
+    shared = {ThreadRole.MAIN: RoleSample(threads=1, cpu_ms=9.25, runq_ms=None, cpus=[3]),
+              ThreadRole.NCCL: RoleSample(threads=2, cpu_ms=math.nan, runq_ms=0.125, nivcsw=1.5, migrations=0.0,
+                                          minflt=None, mhz=2900.5, cpus=[4, 5], span_steps=20)}
+    recs = [StepRecord(0, 1, 1.8e9 + 0.123456, 10.5, 0.0, None, 0, shared, verdict=StepVerdict.CPU_BOUND),
+            StepRecord(0, 2, 1.8e9 + 1.5, math.inf, 1.25, 3.5, 4, shared, comm_enter_t=1.8e9, probe_steps=2, run="r1"),
+            StepRecord(1, 3, 1.8e9 + 2.5, 7.0, -math.inf, 0.0, 0, {}, verdict="a-newer-word", local_rank=1),
+            StepRecord(1, 4, 1.8e9 + 3.5, 7.0, 0.0, 1.0, 1, {ThreadRole.MAIN: RoleSample(threads=1, cpus=[])},
+                       probe_steps=0)]
+
+    def dumped(rec):
+        d = rec.to_dict()
+        text = json.dumps(d, separators=(",", ":"), allow_nan=True)
+        return text.replace("NaN", "null").replace("-Infinity", "null").replace("Infinity", "null")
+
+    for rec in recs:
+        assert rec.to_json() == dumped(rec), rec
+    events = open_rank_log(str(tmp_path), 0, "r1", 0)
+    write_records(events, recs)
+    events.close()
+    lines = [line for line in (tmp_path / "rank0.jsonl").read_text().splitlines() if '"type":"step"' in line]
+    assert lines == [dumped(r) for r in recs]

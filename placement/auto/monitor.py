@@ -158,7 +158,7 @@ class AutoMonitor:
 
     def unhook(self) -> None:
         """Take every hook out (the classes get their own methods back)."""
-        imports.cancel()
+        imports.cancel(self._hook_optimizers, self._hook_grad_scaler, self._hook_dataloader, self._hook_ddp)
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()

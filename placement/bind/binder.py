@@ -10,6 +10,9 @@ threads it creates during communicator init the caller's mask, so a narrow main 
 them onto main's core), at once when this rank has no GPU or its process group has no NCCL
 backend, and in any case after MAIN_WAIT_S: NCCL threads may never show (NCCL_SET_THREAD_NAME=0,
 a GPU rank that never calls init_process_group), and main must not stay wide for the whole run.
+Before all that, main keeps the stage-1 mask while a hold is on (hold_main): placerun's stage 2
+holds it until the program has imported torch, whose OpenMP runtime counts its CPUs once, from
+the loading thread's mask (bind/openmp.py).
 
 Drift check: NCCL rewrites the *calling* thread's mask during communicator init (v2.28.9-1
 src/init.cc:1000-1002 saves it and narrows it to (mask & GPU-local CPUs), src/init.cc:1395
@@ -78,6 +81,7 @@ class RoleBinder:
         self._nice_warned = False
         self._main_released = rank_plan.gpu is None
         self._main_deadline = time.monotonic() + MAIN_WAIT_S
+        self._main_holds: dict[str, str] = {}  # what keeps main on the stage-1 mask for now -> why
         self._warned = False
         self._lock = threading.RLock()
         self._stop = threading.Event()
@@ -132,6 +136,25 @@ class RoleBinder:
             self._warn(f"set_role_cpus({role}, {format_cpulist(cpus)}) failed: {type(e).__name__}: {e}")
             return []
 
+    def hold_main(self, what: str, why: str) -> None:
+        """Keep main on the stage-1 mask until release_main(what): a hold taken before main was
+        first narrowed (stage 2 of placerun, before the program runs)."""
+        with self._lock:
+            self._main_holds[what] = why
+
+    def release_main(self, what: str) -> list[BindResult]:
+        """End a hold (hold_main); main is narrowed now if nothing else keeps it wide, its `bind`
+        event saying what held it. Never raises."""
+        try:
+            with self._lock:
+                why = self._main_holds.pop(what, None)
+                if why is not None:
+                    self._reasons[ThreadRole.MAIN] = f"{self._reasons.get(ThreadRole.MAIN, '')}; {why}"
+                return [r for r in self._rescan(force=True) if r.role is ThreadRole.MAIN]
+        except Exception as e:
+            self._warn(f"release_main({what}) failed: {type(e).__name__}: {e}")
+            return []
+
     def start_watcher(self, interval_s: float = 1.0) -> None:
         """Rescan every `interval_s` seconds on a daemon thread (and flush the event log)."""
         if self._watcher is not None and self._watcher.is_alive():
@@ -178,7 +201,7 @@ class RoleBinder:
     def _rescan(self, force: bool = False) -> list[BindResult]:
         now = time.monotonic()
         keys = self._keys()
-        if not force and self._main_released and keys == set(self._records) \
+        if not force and self._main_released and not self._main_holds and keys == set(self._records) \
                 and not any(self._young(k, now) for k in keys):
             return self._check_drift()
         # Rebuilt in scan order: the threads read now, then those listed but gone before the
@@ -235,8 +258,8 @@ class RoleBinder:
         return age < SETTLE_S
 
     def _target(self, t: ThreadInfo) -> frozenset[int]:
-        if t.role is ThreadRole.MAIN and not self._main_released:
-            return frozenset()  # keeps stage 1's mask until NCCL has placed its threads
+        if t.role is ThreadRole.MAIN and (self._main_holds or not self._main_released):
+            return frozenset()  # keeps stage 1's mask until NCCL has placed its threads, or while held
         cpus = self._role_cpus.get(t.role)
         if cpus is None and t.role is ThreadRole.BACKWARD:
             # A plan without a backward role (a CPU-only rank: torch starts pt_autograd_<n> only

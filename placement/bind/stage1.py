@@ -26,6 +26,7 @@ from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.identity import RankIdentity
 from placement.bind.nccl_env import NcclTimingMode, decide_nccl_env
+from placement.bind.openmp import hold_main_until_torch
 from placement.plan.model import Plan
 
 WATCH_INTERVAL_S = 1.0  # the stage-2 watcher's rescan period; a rescan of an unchanged rank is a few listdirs
@@ -85,6 +86,7 @@ def start_stage2(s) -> None:
     if s.plan.policy == "none" or not s.rank_plan.roles:
         return
     rehome_forked_children(s.binder, forget_rank=_forget_session)
+    hold_main_until_torch(s.binder)  # before main is first narrowed: bind/openmp.py
     s.binder.rescan()
     s.binder.start_watcher(WATCH_INTERVAL_S)
     # torch's DataLoader counts the calling thread's CPUs (main's core, once narrowed): bind/dataloader.py

@@ -17,8 +17,7 @@ Why they do not overlap
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 from placement.roles import ThreadRole
 from placement.vocab import Vocabulary
@@ -31,8 +30,9 @@ class StepPart(Vocabulary):
     COMPUTE = "compute"
 
 
-@dataclass(frozen=True)
-class StepParts:
+class StepParts(NamedTuple):
+    """A step's parts in ms (a tuple: built for every record on the monitor thread)."""
+
     data_ms: float
     comm_ms: float
     cpu_stall_ms: Optional[float]  # None: main's runqueue wait not read (then inside compute_ms)
@@ -61,6 +61,10 @@ def split_step(step_ms: float, data_ms: Optional[float], comm_ms: Optional[float
 
 
 def record_parts(rec) -> StepParts:
-    """The parts of a StepRecord."""
-    main = rec.roles.get(ThreadRole.MAIN)
-    return split_step(rec.step_ms, rec.data_ms, rec.comm_ms, None if main is None else main.runq_ms)
+    """The parts of a StepRecord, split once and kept on it (StepRecord.parts): the verdict, the
+    digest, the summary and the live metrics each ask for them."""
+    parts = rec.parts
+    if parts is None:
+        main = rec.roles.get(ThreadRole.MAIN)
+        parts = rec.parts = split_step(rec.step_ms, rec.data_ms, rec.comm_ms, None if main is None else main.runq_ms)
+    return parts

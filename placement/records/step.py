@@ -21,17 +21,26 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.events import EventKind
+from placement.records.parts import StepParts
 from placement.records.verdict import StepVerdict
 from placement.roles import ThreadRole
 
 _ROLE_NAMES = frozenset(r.value for r in ThreadRole)
 
 
+_NOT_JSON = (math.inf, -math.inf)
+
+
 def _num(v: Any) -> str:
     """A number (or None) as JSON; NaN and infinities as null, which JSON has no word for."""
-    if v is None or v != v or v in (math.inf, -math.inf):
+    if v is None or v != v or v in _NOT_JSON:
         return "null"
     return repr(v)
+
+
+# The fixed parts of a line, formatted once (an enum member formats through Enum.__format__, ~1 us).
+_ROLE_KEY = {role: f'"{role.value}":' for role in ThreadRole}
+_VERDICT = {v: f'"verdict":"{v.value}"' for v in StepVerdict}
 
 
 # Counters read at span readings only (every monitor.rescan_every steps): None between them.
@@ -67,13 +76,16 @@ class RoleSample:
         return out
 
     def to_json(self) -> str:
-        """json.dumps(self.to_dict(), separators=(",", ":")), at a third of its cost."""
-        span = "".join(f'"{name}":{_num(getattr(self, name))},' for name in SPAN_FIELDS
-                       if getattr(self, name) is not None)
+        """json.dumps(self.to_dict(), separators=(",", ":")), at a fifth of its cost: the monitor
+        thread encodes one per role per step (benchmarks/hook_profile.py, its profile)."""
+        span = "" if self.mhz is None and self.nivcsw is None and self.minflt is None and self.migrations is None \
+            else "".join([f'"{name}":{_num(getattr(self, name))},' for name in SPAN_FIELDS
+                          if getattr(self, name) is not None])
+        cpu, runq, cpus = self.cpu_ms, self.runq_ms, self.cpus
         return (f'{{"threads":{self.threads},'
-                f'"cpu_ms":{"null" if self.cpu_ms is None else _num(self.cpu_ms)},'
-                f'"runq_ms":{"null" if self.runq_ms is None else _num(self.runq_ms)},{span}'
-                f'"cpus":[{",".join(map(str, self.cpus))}]'
+                f'"cpu_ms":{"null" if cpu is None or cpu != cpu or cpu in _NOT_JSON else repr(cpu)},'
+                f'"runq_ms":{"null" if runq is None or runq != runq or runq in _NOT_JSON else repr(runq)},{span}'
+                f'"cpus":[{",".join(map(str, cpus)) if len(cpus) != 1 else cpus[0]}]'
                 + ("}" if self.span_steps == 1 else f',"span_steps":{self.span_steps}}}'))
 
     @classmethod
@@ -102,6 +114,8 @@ class StepRecord:
     # read (steps after the last reading, at exit).
     probe_steps: int = 1
     run: Optional[str] = None  # the run's id (identity.py): which run of the job wrote it
+    # Its parts (records/parts.py record_parts), split at the first asking; not written to the log.
+    parts: Optional[StepParts] = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         # Built by hand: dataclasses.asdict costs ~50 us per record, a whole step's budget.
@@ -113,15 +127,27 @@ class StepRecord:
                 "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps,
                 **({} if self.run is None else {"run": self.run})}
 
-    def to_json(self) -> str:
+    def roles_json(self) -> str:
+        """The `roles` object's members as JSON (shared by the steps between two readings of the
+        counters: sinks/jsonl.py encodes them once)."""
+        key = _ROLE_KEY
+        return ",".join([(key.get(name) or f'"{name}":') + s.to_json() for name, s in self.roles.items()])
+
+    def to_json(self, roles: Optional[str] = None) -> str:
         """One JSONL line, equal to json.dumps(self.to_dict(), separators=(",", ":")) but built
-        by formatting (the monitor encodes one per step inside its cost budget)."""
-        roles = ",".join(f'"{name}":{s.to_json()}' for name, s in self.roles.items())
-        return (f'{{"type":"step","rank":{self.rank},"step":{self.step},"t":{_num(self.t)},'
-                f'"step_ms":{_num(self.step_ms)},"data_ms":{_num(self.data_ms)},"comm_ms":{_num(self.comm_ms)},'
-                f'"comm_count":{self.comm_count},"roles":{{{roles}}},"verdict":"{self.verdict}",'
+        by formatting (the monitor encodes one per step inside its cost budget); `roles`: this
+        record's roles_json() when the caller has it already."""
+        roles = self.roles_json() if roles is None else roles
+        verdict, comm, enter, t, step, data = self.verdict, self.comm_ms, self.comm_enter_t, self.t, self.step_ms, self.data_ms
+        return (f'{{"type":"step","rank":{self.rank},"step":{self.step},'
+                f'"t":{"null" if t is None or t != t or t in _NOT_JSON else repr(t)},'
+                f'"step_ms":{"null" if step is None or step != step or step in _NOT_JSON else repr(step)},'
+                f'"data_ms":{"null" if data is None or data != data or data in _NOT_JSON else repr(data)},'
+                f'"comm_ms":{"null" if comm is None or comm != comm or comm in _NOT_JSON else repr(comm)},'
+                f'"comm_count":{self.comm_count},"roles":{{{roles}}},'
+                f'{_VERDICT.get(verdict) or f"{chr(34)}verdict{chr(34)}:{chr(34)}{verdict}{chr(34)}"},'
                 f'"local_rank":{self.local_rank},'
-                f'"comm_enter_t":{"null" if self.comm_enter_t is None else _num(self.comm_enter_t)},'
+                f'"comm_enter_t":{"null" if enter is None else _num(enter)},'
                 f'"probe_steps":{self.probe_steps}' + ("}" if self.run is None else f',"run":"{self.run}"}}'))
 
     @classmethod
