@@ -101,19 +101,21 @@ class NcclGroup:
         t.join()
 
 
-def settle_steps_late(comm, lag: int) -> None:
-    """Make a monitor's comm source settle each step's figures `lag` steps after the step, as
-    NCCL durations come after it (the monitor then holds those steps: StepMonitor._finalize):
-    settled through the end of the step `lag` steps back. The step hook calls take_step right
-    after stamping the step's end, so the wall time read there is at or after that end."""
+def settle_steps_late(handle, lag: int) -> None:
+    """Make an attach() handle's comm source settle each step's figures `lag` steps after the
+    step, as NCCL durations come after it (the monitor then holds those steps:
+    StepMonitor._finalize): settled through the step `lag` steps back, read as handle.step() is
+    called for it (so just before that step's end stamp: the step `lag` + 1 back is settled
+    whole), before the hook hands steps over, as a poll of NCCL's records would have seen it."""
     ends: collections.deque = collections.deque(maxlen=lag + 1)
-    take = comm.take_step
+    step = handle.monitor.on_step  # what handle.step() becomes at its first call (no optimizer hooked)
 
-    def take_step():
+    def step_and_stamp():
         ends.append(time.time())
-        return take()
+        step()
 
-    comm.take_step = take_step
+    handle.step = step_and_stamp
+    comm = handle.monitor.comm
     comm.settled_through = lambda: ends[0] if len(ends) > lag else 0.0
     comm.poll_interval_s = lambda: 0.05
     comm.settle_max_s = 3600.0

@@ -63,7 +63,7 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
                                        "exchange_every": FLUSH_EVERY, "rescan_every": FLUSH_EVERY,
                                        "summary_every": 0, "budget_pct": 0})
     monitor = handle.monitor
-    settle_steps_late(monitor.comm, LAG_STEPS)  # NCCL's durations come after the step: the last 2 steps wait
+    settle_steps_late(handle, LAG_STEPS)  # NCCL's durations come after the step: the last 2 steps wait
     binder = SteppingBinder()
     binder.rank_plan = rank_plan({"main": [0], "other": [2, 3]}, topo=topology(4))
     binder.monitor = monitor

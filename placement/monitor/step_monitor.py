@@ -55,7 +55,7 @@ from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.budget import ProbeBudget
-from placement.monitor.comm.base import CommStep, CommTiming
+from placement.monitor.comm.base import NO_COMM, CommStep, CommTiming
 from placement.monitor.crossrank.exchange import Exchange, exchange_steps
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
 from placement.records.step import StepRecord
@@ -106,8 +106,8 @@ class RawStep:
     end_ns: int  # perf_counter_ns at the end of the step
     data_ns: int  # time blocked waiting for data
     comm: CommStep
-    main: Optional[MainRead]  # main's counters; None on the steps between readings
-    hot: Optional[tuple[HotRead, ...]]  # the backward/nccl/pin_memory threads' counters (same steps)
+    main: Optional[MainRead] = None  # main's counters; None on the steps between readings
+    hot: Optional[tuple[HotRead, ...]] = None  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
 
 
@@ -134,6 +134,9 @@ class StepMonitor:
         self.world_size = world_size
         self.sampler = sampler
         self.comm = comm
+        # The step hook reads the comm clock itself: two attribute reads on a step without a
+        # collective, where a call to comm.take_step cost ~2 us cold (benchmarks/hook_profile.py).
+        self._clock = comm.clock
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
@@ -153,8 +156,8 @@ class StepMonitor:
         # The next step with work for the monitor thread: one comparison per step.
         self._next_due = min(self._span_due, _next_multiple(self.step, self.cfg.flush_every),
                              _next_multiple(self.step, self.cfg.exchange_every))
-        self.self_ns = 0  # time spent inside the hook on the training thread
-        self.steps_timed = 0
+        self.self_ns = 0  # time spent inside the hook on the training thread (steps_timed: how many)
+        self._step_zero = self.step
         self._gate = exitflush.FlushGate()  # an exit path's flush, now or at the step's end
 
         # -- hand-over --------------------------------------------------------------------
@@ -223,6 +226,11 @@ class StepMonitor:
             self._next_due = min(self._next_due, self._window_due(self.step))
 
     @property
+    def steps_timed(self) -> int:
+        """Steps the hook took (and timed itself over, in self_ns)."""
+        return self.step - self._step_zero
+
+    @property
     def closed(self) -> bool:
         return self.state in (MonitorState.STOPPING, MonitorState.CLOSED)
 
@@ -251,15 +259,16 @@ class StepMonitor:
         gate = self._gate
         gate.in_step = True
         try:
-            step = self.step + 1
+            clock = self._clock
+            comm = clock.take_step() if clock._count or clock._intervals else NO_COMM
             if self._sampled is None:
                 sampler = self.sampler
-                self._raw.append((t0, self.data_ns, self.comm.take_step(), sampler.main.step_read(),
+                self._raw.append((t0, self.data_ns, comm, sampler.main.step_read(),
                                   sampler.read_hot() if sampler.has_hot else ()))
             else:
-                self._raw.append((t0, self.data_ns, self.comm.take_step(), None, None))
+                self._raw.append((t0, self.data_ns, comm))
             self.data_ns = 0
-            self.step = step
+            step = self.step = self.step + 1
             if step >= self._next_due:
                 self._hand_over(step)
         except Exception as e:
@@ -267,7 +276,6 @@ class StepMonitor:
         finally:
             gate.in_step = False
             self.self_ns += perf_counter_ns() - h0
-            self.steps_timed += 1
             if gate.deferred and gate.due():
                 self.emergency_flush("deferred")
                 exitflush.resume_deferred()

@@ -97,6 +97,7 @@ class CollectiveClock:
         return self._open > 0 if self.timed else None
 
     def take_step(self) -> CommStep:
+        # The step hook (StepMonitor.on_step) makes the same test itself before calling this.
         if not self._count and not self._intervals:  # no collective this step: no lock needed
             return NO_COMM
         with self._lock:
@@ -121,9 +122,6 @@ class CommTiming:
         self.warn = warn
         self.clock = CollectiveClock(self.timed_calls)
         self._wrappers: Optional[CollectiveWrappers] = None
-        # take_step() -> CommStep, called by the step hook every step: the clock's own method,
-        # bound here so that the call is one frame (every frame costs on that path).
-        self.take_step: Callable[[], CommStep] = self.clock.take_step
 
     def install(self, original: "OriginalCollectives") -> None:
         self._wrappers = CollectiveWrappers(self.clock, original)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Optional
 
 from placement.config import CommTimingMode
-from placement.monitor.comm.base import NO_COMM, CollectiveClock, CommStep, CommTiming, OriginalCollectives
+from placement.monitor.comm.base import CollectiveClock, CommTiming, OriginalCollectives
 from placement.monitor.comm.groups import nccl_groups
 from placement.monitor.comm.nccl import choose_nccl_timing
 from placement.monitor.warn import WarnOnce, first_line
@@ -40,19 +40,11 @@ class NoComm(CommTiming):
 
     name = "off"
 
-    def __init__(self, warn: WarnOnce):
-        super().__init__(warn)
-        self.take_step = _no_comm
-
     def in_collective(self) -> Optional[bool]:
         return None  # nothing wrapped: no call is seen
 
     def install(self, original: "OriginalCollectives") -> None:
         return None
-
-
-def _no_comm() -> CommStep:
-    return NO_COMM
 
 
 class DdpHookTarget:
