@@ -55,7 +55,7 @@ from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.budget import ProbeBudget
-from placement.monitor.comm.base import NO_COMM, CommStep, CommTiming
+from placement.monitor.comm.base import NO_COMM, CommStep, CommTiming, comm_step
 from placement.monitor.crossrank.exchange import Exchange, exchange_steps
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
 from placement.records.step import StepRecord
@@ -105,7 +105,7 @@ class RawStep:
 
     end_ns: int  # perf_counter_ns at the end of the step
     data_ns: int  # time blocked waiting for data
-    comm: CommStep
+    comm: CommStep  # (the hook keeps the clock's take_raw() tuple; _raw_step makes it this)
     main: Optional[MainRead] = None  # main's counters; None on the steps between readings
     hot: Optional[tuple[HotRead, ...]] = None  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
@@ -260,7 +260,7 @@ class StepMonitor:
         gate.in_step = True
         try:
             clock = self._clock
-            comm = clock.take_step() if clock._count or clock._intervals else NO_COMM
+            comm = clock.take_raw() if clock._count or clock._intervals else NO_COMM
             if self._sampled is None:
                 sampler = self.sampler
                 self._raw.append((t0, self.data_ns, comm, sampler.main.step_read(),
@@ -436,7 +436,7 @@ class StepMonitor:
 
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
-        step, raw = item.last_step, [RawStep(*t) for t in item.raw]
+        step, raw = item.last_step, [_raw_step(t) for t in item.raw]
         if item.span:
             raw[-1].span = self.sampler.read_span(step - self._last_span_step)
             self._last_span_step = step
@@ -642,7 +642,7 @@ class StepMonitor:
                 return False
             self._drain(exchange=exchange)
             pending = self._pending
-            pending.extend(RawStep(*t) for t in self._raw)
+            pending.extend(_raw_step(t) for t in self._raw)
             self._raw = []
             if self._sampled is not None:
                 self._sampled.attach(pending, self._pending_first_step)
@@ -692,6 +692,13 @@ class StepMonitor:
                           probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED
+
+
+def _raw_step(fields: tuple) -> RawStep:
+    """A step as the hook kept it (a tuple of RawStep's fields, its comm as the clock gave it)."""
+    r = RawStep(*fields)
+    r.comm = comm_step(r.comm)
+    return r
 
 
 def _next_multiple(step: int, every: int) -> int:

@@ -34,6 +34,14 @@ class CommStep:
 NO_COMM = CommStep(0.0, 0, None)  # a step without collectives (shared: most steps of a gloo-less loop)
 
 
+def comm_step(raw) -> CommStep:
+    """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM as it is."""
+    if raw is NO_COMM:
+        return raw
+    intervals, count, enter_t = raw
+    return CommStep(None if intervals is None else union_ms(intervals), count, enter_t)
+
+
 def union_ms(intervals: list[tuple[int, int]]) -> float:
     """Length of the union of [start, end) ns intervals, in ms (overlapping buckets count once)."""
     if not intervals:
@@ -97,14 +105,20 @@ class CollectiveClock:
         return self._open > 0 if self.timed else None
 
     def take_step(self) -> CommStep:
-        # The step hook (StepMonitor.on_step) makes the same test itself before calling this.
         if not self._count and not self._intervals:  # no collective this step: no lock needed
             return NO_COMM
+        return comm_step(self.take_raw())
+
+    def take_raw(self) -> tuple[Optional[list[tuple[int, int]]], int, Optional[float]]:
+        """This step's collectives as the step hook keeps them, (intervals, None when untimed;
+        count; first entry's wall time): the union of the intervals is taken on the monitor
+        thread (comm_step), not right after the step, where every line runs cold. The hook
+        calls this only when a collective ran (_count or _intervals), as take_step tests."""
         with self._lock:
             intervals, self._intervals = self._intervals, []
             count, self._count = self._count, 0
             enter_t, self._enter_t = self._enter_t, None
-        return CommStep(union_ms(intervals) if self.timed else None, count, enter_t)
+        return (intervals if self.timed else None, count, enter_t)
 
 
 class CommTiming:
