@@ -19,6 +19,7 @@ for 2 processes; placerun: the plan's). Rank 0's median step time; placerun/torc
 by round as above.
 
     python benchmarks/framework_callbacks.py --quick     # ~4 minutes
+    python benchmarks/framework_callbacks.py --quick --decompose   # DDP only, placerun's parts off one at a time
 """
 from __future__ import annotations
 
@@ -95,13 +96,20 @@ def launcher(name: str) -> list[str]:
         sys.executable, "-m", "placement.launcher" if name == "placerun" else "torch.distributed.run"]
 
 
-def run_ddp(name: str, nproc: int, steps: int) -> list[float]:
-    """Rank 0's step times (ms) of the DDP loop launched by `name` with its own defaults."""
+# --decompose: placerun with one part of the product off, beside the two launchers' own defaults.
+DDP_PARTS = {"placerun monitor off": ["placement.monitor.auto=false"],
+             "placerun comm timing off": ["placement.monitor.comm_timing=off"]}
+
+
+def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
+    """Rank 0's step times (ms) of the DDP loop launched by `arm` (a launcher with its own
+    defaults, or a DDP_PARTS arm)."""
+    name = "placerun" if arm in DDP_PARTS else arm
     with tempfile.TemporaryDirectory() as d:
         job, out = os.path.join(d, "ddp.py"), os.path.join(d, "steps.json")
         with open(job, "w") as f:
             f.write(DDP)
-        extra = [f"placement.monitor.log_dir={d}"] if name == "placerun" else []
+        extra = [f"placement.monitor.log_dir={d}", *DDP_PARTS.get(arm, [])] if name == "placerun" else []
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PLACEMENT_", "OMP_NUM_THREADS"))}
         p = subprocess.run([*launcher(name), "--standalone", "--nproc-per-node", str(nproc), *extra, job,
                             str(steps), out], capture_output=True, text=True, env=env, timeout=600)
@@ -125,10 +133,12 @@ def run(framework: str, mode: str, steps: int) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    p.add_argument("--decompose", action="store_true",
+                   help="DDP only, with placerun's monitor off and its comm timing off as arms of their own")
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
-    for framework in EXAMPLE:
+    for framework in () if args.decompose else EXAMPLE:
         per_round = alternated(("bare", "monitor", "bound"), rounds, lambda mode: run(framework, mode, steps))
         med, ratio = paired(per_round, "bare")
         print(f"{framework:13s} " + "  ".join(f"{m} {med[m]:7.3f} ms ({ratio[m]:.3f}x)" for m in med))
@@ -136,13 +146,16 @@ def main() -> None:
             result[f"{framework}_{mode}_ms"] = round(med[mode], 3)
             result[f"{framework}_{mode}_ratio"] = round(ratio[mode], 3)
     for nproc in (1, 2):
-        per_round = alternated(("torchrun", "placerun"), rounds, lambda name: run_ddp(name, nproc, steps * 2))
+        arms = ("torchrun", "placerun", *(DDP_PARTS if args.decompose else ()))
+        per_round = alternated(arms, rounds, lambda arm: run_ddp(arm, nproc, steps * 2))
         med, ratio = paired(per_round, "torchrun")
-        print(f"ddp x{nproc}        torchrun {med['torchrun']:7.3f} ms  placerun {med['placerun']:7.3f} ms "
-              f"({ratio['placerun']:.3f}x)")
+        print(f"ddp x{nproc}        " + "  ".join(f"{a} {med[a]:7.3f} ms ({ratio[a]:.3f}x)" for a in arms))
         result[f"ddp{nproc}_torchrun_ms"] = round(med["torchrun"], 3)
         result[f"ddp{nproc}_placerun_ms"] = round(med["placerun"], 3)
         result[f"ddp{nproc}_placerun_vs_torchrun"] = round(ratio["placerun"], 3)
+        for arm in DDP_PARTS if args.decompose else ():
+            key = arm.replace("placerun ", "").replace(" ", "_")
+            result[f"ddp{nproc}_{key}_vs_torchrun"] = round(ratio[arm], 3)
     print(json.dumps(result))
 
 
