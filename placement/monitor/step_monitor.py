@@ -640,6 +640,11 @@ class StepMonitor:
                 self.warn("exit-wait", f"the monitor thread was busy for {EXIT_WAIT_S:.0f} s at exit; "
                                        "steps it had not built are not written")
                 return False
+            if self._sampled is not None and self._handed:
+                # A hand-over the monitor thread had not read for (close() stopped it first):
+                # read for its last step, as the thread would have, so that its batch is cut
+                # there and not at the reading before (a flush of steps 11-14, then 15 alone).
+                self._sampled.take(at_most=self._handed[-1].last_step)
             self._drain(exchange=exchange)
             pending = self._pending
             pending.extend(_raw_step(t) for t in self._raw)
