@@ -28,12 +28,9 @@ from placement.roles import ThreadRole
 _ROLE_NAMES = frozenset(r.value for r in ThreadRole)
 
 
-_NOT_JSON = (math.inf, -math.inf)
-
-
 def _num(v: Any) -> str:
     """A number (or None) as JSON; NaN and infinities as null, which JSON has no word for."""
-    if v is None or v != v or v in _NOT_JSON:
+    if v is None or v != v or v in (math.inf, -math.inf):
         return "null"
     return repr(v)
 
@@ -81,10 +78,8 @@ class RoleSample:
         span = "" if self.mhz is None and self.nivcsw is None and self.minflt is None and self.migrations is None \
             else "".join([f'"{name}":{_num(getattr(self, name))},' for name in SPAN_FIELDS
                           if getattr(self, name) is not None])
-        cpu, runq, cpus = self.cpu_ms, self.runq_ms, self.cpus
-        return (f'{{"threads":{self.threads},'
-                f'"cpu_ms":{"null" if cpu is None or cpu != cpu or cpu in _NOT_JSON else repr(cpu)},'
-                f'"runq_ms":{"null" if runq is None or runq != runq or runq in _NOT_JSON else repr(runq)},{span}'
+        cpus = self.cpus
+        return (f'{{"threads":{self.threads},"cpu_ms":{_num(self.cpu_ms)},"runq_ms":{_num(self.runq_ms)},{span}'
                 f'"cpus":[{",".join(map(str, cpus)) if len(cpus) != 1 else cpus[0]}]'
                 + ("}" if self.span_steps == 1 else f',"span_steps":{self.span_steps}}}'))
 
@@ -138,16 +133,11 @@ class StepRecord:
         by formatting (the monitor encodes one per step inside its cost budget); `roles`: this
         record's roles_json() when the caller has it already."""
         roles = self.roles_json() if roles is None else roles
-        verdict, comm, enter, t, step, data = self.verdict, self.comm_ms, self.comm_enter_t, self.t, self.step_ms, self.data_ms
-        return (f'{{"type":"step","rank":{self.rank},"step":{self.step},'
-                f'"t":{"null" if t is None or t != t or t in _NOT_JSON else repr(t)},'
-                f'"step_ms":{"null" if step is None or step != step or step in _NOT_JSON else repr(step)},'
-                f'"data_ms":{"null" if data is None or data != data or data in _NOT_JSON else repr(data)},'
-                f'"comm_ms":{"null" if comm is None or comm != comm or comm in _NOT_JSON else repr(comm)},'
-                f'"comm_count":{self.comm_count},"roles":{{{roles}}},'
-                f'{_VERDICT.get(verdict) or f"{chr(34)}verdict{chr(34)}:{chr(34)}{verdict}{chr(34)}"},'
-                f'"local_rank":{self.local_rank},'
-                f'"comm_enter_t":{"null" if enter is None else _num(enter)},'
+        verdict = _VERDICT.get(self.verdict) or '"verdict":"%s"' % self.verdict  # a word read back from a newer log
+        return (f'{{"type":"step","rank":{self.rank},"step":{self.step},"t":{_num(self.t)},'
+                f'"step_ms":{_num(self.step_ms)},"data_ms":{_num(self.data_ms)},"comm_ms":{_num(self.comm_ms)},'
+                f'"comm_count":{self.comm_count},"roles":{{{roles}}},{verdict},'
+                f'"local_rank":{self.local_rank},"comm_enter_t":{_num(self.comm_enter_t)},'
                 f'"probe_steps":{self.probe_steps}' + ("}" if self.run is None else f',"run":"{self.run}"}}'))
 
     @classmethod
