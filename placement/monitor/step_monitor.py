@@ -135,7 +135,7 @@ class StepMonitor:
         self.sampler = sampler
         self.comm = comm
         # The step hook reads the comm clock itself: two attribute reads on a step without a
-        # collective, where a call to comm.take_step cost ~2 us cold (benchmarks/hook_profile.py).
+        # collective, where the call it replaced cost ~2 us cold (benchmarks/hook_profile.py).
         self._clock = comm.clock
         self.warn = warn
         self.exchange = exchange

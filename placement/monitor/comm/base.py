@@ -104,16 +104,11 @@ class CollectiveClock:
         when calls return at enqueue (NCCL: the CPU cannot tell)."""
         return self._open > 0 if self.timed else None
 
-    def take_step(self) -> CommStep:
-        if not self._count and not self._intervals:  # no collective this step: no lock needed
-            return NO_COMM
-        return comm_step(self.take_raw())
-
     def take_raw(self) -> tuple[Optional[list[tuple[int, int]]], int, Optional[float]]:
         """This step's collectives as the step hook keeps them, (intervals, None when untimed;
         count; first entry's wall time): the union of the intervals is taken on the monitor
         thread (comm_step), not right after the step, where every line runs cold. The hook
-        calls this only when a collective ran (_count or _intervals), as take_step tests."""
+        calls this only when a collective ran (_count or _intervals): a step without is NO_COMM."""
         with self._lock:
             intervals, self._intervals = self._intervals, []
             count, self._count = self._count, 0
