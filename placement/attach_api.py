@@ -40,7 +40,7 @@ from placement import _procfs
 from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
-from placement.config import PlacementConfig, load_config
+from placement.config import EnvSettings, PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError
 from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
 from placement.identity import RankIdentity, job_id, new_run_id, process_group, run_id_from_env, shared_run_id
@@ -90,8 +90,12 @@ def _nest(overrides: dict[str, Any]) -> dict[str, Any]:
 
 def build_config(config: Union[None, PlacementConfig, dict, str, list, tuple], overrides: dict[str, Any],
                  base: Optional[PlacementConfig] = None) -> PlacementConfig:
-    """The validated config: `base` (the session's), then `config`, then keyword overrides
-    (then `config` given as 'key=value' strings)."""
+    """The validated config: `base` (the session's; without one, the environment's:
+    PLACEMENT_CONFIG, PLACEMENT_OVERRIDES), then `config`, then keyword overrides (then `config`
+    given as 'key=value' strings)."""
+    if base is None:
+        env = EnvSettings.read(os.environ)
+        base = env.config() if env else None
     layers: list[Union[dict[str, Any], str]] = [base.to_dict()] if base is not None else []
     dotted: list[str] = []
     if isinstance(config, PlacementConfig):
@@ -383,6 +387,8 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
             raise ConfigError(f"attach(model={type(model).__name__}) is not valid; give the torch.nn.Module "
                               "(DDP-wrapped or not) or leave it out")
     session = _current_session()
+    if session is not None:
+        session.settle_identity()
     cfg = build_config(config, overrides, base=None if session is None else session.config)
     dropped: list[str] = []
     if session is not None:
@@ -437,6 +443,7 @@ def attach_automatic(model=None, megatron_iteration: Optional[int] = None) -> Ha
     session = _current_session()
     if session is None:
         raise PlacementError("no placerun Session in this process")
+    session.settle_identity()
     session.binder.rescan()
     handle = _start_handle(session.config, session, session.events, session.identity, model, False, False, None,
                            steps="auto", megatron_iteration=megatron_iteration)

@@ -14,7 +14,7 @@ import math
 import sys
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from placement._procfs import read_bounded
 from placement.cpuset import MAX_CPUS, parse_cpulist
@@ -283,6 +283,53 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
             key = key[len("placement."):]
         _set(cfg, key.split("."), _parse_scalar(value), "overrides", from_text=True)
     return validate(cfg)
+
+
+# Settings without code, for a process no command line reaches (a Ray worker: its setup hook
+# takes no arguments) and, the same, for placerun and attach(): placerun's override words and a
+# --placement-config file. Beneath what the command line or attach()'s arguments say.
+OVERRIDES_ENV = "PLACEMENT_OVERRIDES"
+CONFIG_ENV = "PLACEMENT_CONFIG"
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSettings:
+    words: tuple[str, ...]  # PLACEMENT_OVERRIDES split as a shell splits it
+    config_file: str | None  # PLACEMENT_CONFIG
+
+    @classmethod
+    def read(cls, environ: Mapping[str, str]) -> "EnvSettings":
+        """ConfigError (one line naming the variable) when the words do not split."""
+        import shlex
+
+        text = environ.get(OVERRIDES_ENV, "")
+        try:
+            words = tuple(shlex.split(text))
+        except ValueError as e:
+            raise ConfigError(f"{OVERRIDES_ENV}={text!r} does not split into words ({e}); give "
+                              "placement.KEY=VALUE words separated by spaces") from None
+        return cls(words, environ.get(CONFIG_ENV) or None)
+
+    def __bool__(self) -> bool:
+        return bool(self.words) or self.config_file is not None
+
+    def load(self, overrides: Sequence[str] = (), config_file: str | None = None) -> PlacementConfig:
+        """The config of a command line (placerun, `placement plan`) over these: files first (this
+        one, then `config_file`), then words (these, then `overrides`). A bad setting here is named
+        with its variable before anything is merged."""
+        if self:
+            self.config()
+        return load_config([*self.words, *overrides], self.config_file,
+                           base=None if config_file is None else [config_file])
+
+    def config(self) -> PlacementConfig:
+        """The config they make; ConfigError (one line, naming the variable) when it is not valid."""
+        try:
+            return load_config(self.words, self.config_file)
+        except ConfigError as e:
+            given = [f"{CONFIG_ENV}={self.config_file!r}"] if self.config_file is not None else []
+            given += [f"{OVERRIDES_ENV}={' '.join(self.words)!r}"] if self.words else []
+            raise ConfigError(f"{', '.join(given)}: {e}") from None
 
 
 def read_config_file(path: str) -> dict[str, Any]:

@@ -100,6 +100,7 @@ def open_rank_log(log_dir: str, rank: int, run: Optional[str] = None, rotate_mb:
 
 
 _open_logs: "weakref.WeakSet[EventLog]" = weakref.WeakSet()
+HELD_MAX = 10_000  # records a held log keeps before its file is known (a rank's start is ~30)
 BUFFER_BYTES = 1 << 16  # lines are written when this much is buffered, at flush() and at close()
 CLOSE_WAIT_S = 5.0  # close() waits this long for another thread's write, never for its own
 # Called after a log's lock is released (on_release): placement.monitor.exitflush registers the
@@ -171,18 +172,43 @@ class EventLog:
         # Called with every event written (not step lines), after it is buffered: the live
         # metrics count stalls, drift, tuner actions from here (placement/metrics/rank.py).
         self.taps: list = []
+        self._held: Optional[list[dict[str, Any]]] = None  # records kept until open_at() (held())
         if path:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            self._size = os.fstat(self._fd).st_size
-            try:
-                if self._size == 0 or os.path.exists(index_path(path)):  # an index of the whole log, or none
-                    self._index_fd = os.open(index_path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                             0o644)
-            except OSError as e:
-                _say(f"placement: rank {rank}: no event index beside {path} ({e.strerror or e}); "
-                     "`placement report --read digests` reads the log itself")
-            _open_logs.add(self)
+            self._open(path)
+
+    def _open(self, path: str) -> None:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._size = os.fstat(self._fd).st_size
+        try:
+            if self._size == 0 or os.path.exists(index_path(path)):  # an index of the whole log, or none
+                self._index_fd = os.open(index_path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
+                                         0o644)
+        except OSError as e:
+            _say(f"placement: rank {self.rank}: no event index beside {path} ({e.strerror or e}); "
+                 "`placement report --read digests` reads the log itself")
+        _open_logs.add(self)
+
+    # ---- a log whose rank is not known yet -------------------------------------------------
+    @classmethod
+    def held(cls, rank: int) -> "EventLog":
+        """A log that keeps its records (at most HELD_MAX) until open_at() names its file: a Ray
+        worker is bound before its program says which rank it is (placement/integrations/ray.py)."""
+        log = cls(None, rank)
+        log._held = []
+        return log
+
+    def open_at(self, path: str, rank: int, run: Optional[str]) -> None:
+        """Write to `path` from now on, as `rank` of `run`, beginning with the records held so far.
+        OSError when the file cannot be opened (the records stay held)."""
+        self.path, self.rank, self.run = path, rank, run
+        self._open(path)
+        held, self._held = self._held or [], None
+        for rec in held:
+            rec["rank"] = rank
+            if run is not None:
+                rec["run"] = run
+            self.write(rec)
 
     # ---- the lock: never waited on by the thread that holds it ----------------------------
     # `_inside.here` is set by a thread BEFORE it takes the lock and cleared AFTER it lets go, so
@@ -219,6 +245,11 @@ class EventLog:
     # ---- writing --------------------------------------------------------------------------
     def write(self, record: dict[str, Any]) -> None:
         if self._fd is None:
+            if self._held is not None:
+                if len(self._held) < HELD_MAX:
+                    self._held.append(record)
+                else:
+                    self._count_lost(1, f"more than {HELD_MAX} records before the log's rank was known")
             return
         self._append((json.dumps(record, separators=(",", ":"), default=_jsonable),), index=True)
 

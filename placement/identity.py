@@ -97,11 +97,11 @@ _RUN_KEY = "placement/run_id"
 
 def job_id(environ: Mapping[str, str] = os.environ) -> Optional[str]:
     """The job as its launcher names it: torch elastic's run id (placerun/torchrun's --rdzv-id,
-    a fresh uuid under --standalone), else Slurm's job id; None when neither says."""
+    a fresh uuid under --standalone), else Slurm's job id, else Ray's; None when none says."""
     run = environ.get("TORCHELASTIC_RUN_ID")
     if run and run != "none":
         return run
-    return environ.get("SLURM_JOB_ID") or None
+    return environ.get("SLURM_JOB_ID") or environ.get("RAY_JOB_ID") or None
 
 
 def run_id_from_env(environ: Mapping[str, str] = os.environ) -> Optional[str]:

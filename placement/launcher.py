@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from placement import bootstrap
-from placement.config import PlacementConfig, is_setting, load_config, valid_values
+from placement.config import EnvSettings, PlacementConfig, is_setting, valid_values
 from placement.cpuset import format_cpulist
 from placement.errors import ConfigError, PlacementError
 from placement.events import check_log_dir
@@ -239,7 +239,7 @@ def _start_node_exporter(cfg: PlacementConfig, directory: str):
 
 def _plan(pa: PlacerunArgs) -> tuple[Plan, PlacementConfig, Optional[NumaBindingChoice]]:
     """Config and this node's plan: what `placement plan` prints with the same arguments."""
-    cfg = load_config(pa.overrides, pa.config_file)
+    cfg = EnvSettings.read(os.environ).load(pa.overrides, pa.config_file)  # under PLACEMENT_CONFIG/_OVERRIDES
     check_log_dir(cfg.monitor.log_dir)  # every rank writes its event log there: fail here, not in a worker
     numa = numa_binding_choice(getattr(pa.torch_args, "numa_binding", None), cfg.policy)
     nproc = _local_world_size(pa.torch_args.nproc_per_node)

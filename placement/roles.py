@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 from dataclasses import dataclass
 from enum import Enum
 
@@ -72,6 +73,40 @@ def role_of(name: str, *, is_main_thread: bool = False, in_worker_process: bool 
 
 
 @dataclass(frozen=True)
+class MainThread:
+    """The rank's main thread: the one that runs its training loop and ends its steps. The
+    process's main thread unless set: Ray Train runs the loop on a thread of its own
+    (ray/train/v2/_internal/execution/worker_group/thread_runner.py, "TrainingThread(...)"),
+    found at the first optimizer step (placement/integrations/ray.py)."""
+    ident: int  # threading.get_ident() of it (pthread_self)
+    tid: int  # its kernel thread id (/proc/<pid>/task/<tid>)
+
+
+_main: "MainThread | None" = None  # None: the process's main thread
+
+
+def main_thread() -> MainThread:
+    if _main is not None:
+        return _main
+    t = threading.main_thread()
+    return MainThread(t.ident or 0, os.getpid())
+
+
+def set_main_thread(ident: int, tid: int) -> None:
+    """The calling program's training loop runs on this thread (not the process's main thread)."""
+    global _main
+    _main = MainThread(ident, tid)
+
+
+def _forget_main_thread() -> None:
+    global _main
+    _main = None  # a forked child has one thread, its main
+
+
+os.register_at_fork(after_in_child=_forget_main_thread)
+
+
+@dataclass(frozen=True)
 class ThreadInfo:
     pid: int  # the process holding the thread
     tid: int
@@ -93,6 +128,7 @@ def scan_threads(pid: int | None = None, *, include_children: bool = True, proc:
     Threads that exit during the scan are skipped, never raised.
     """
     pid = os.getpid() if pid is None else pid
+    main_tid = main_thread().tid if pid == os.getpid() else pid
     out: list[ThreadInfo] = []
     try:
         tids = _procfs.task_ids(pid, proc)
@@ -101,7 +137,7 @@ def scan_threads(pid: int | None = None, *, include_children: bool = True, proc:
     for tid in tids:
         name = _comm(pid, tid, proc)
         if name is not None:
-            out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == pid))))
+            out.append(ThreadInfo(pid, tid, name, role_of(name, is_main_thread=(tid == main_tid))))
     if include_children:
         try:
             kids = _procfs.children(pid, proc)

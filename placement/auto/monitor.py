@@ -41,6 +41,7 @@ from typing import Optional
 from placement import imports
 from placement.events import EventKind
 from placement.auto.steps import StepFinder
+from placement.roles import main_thread, set_main_thread
 
 
 class AutoState(enum.Enum):
@@ -59,8 +60,14 @@ NO_STEP_LINE = ("no optimizer step ran, so this run has no step records (placeru
                 "placement.attach() and handle.step()")
 
 
+class _ThreadEnd:
+    """Kept in the main thread's locals: dropped, and so finalized, when that thread ends."""
+
+
 class AutoMonitor:
-    def __init__(self, session):
+    def __init__(self, session, find_main: bool = False):
+        """find_main: the training loop may run on a thread of its own (Ray Train's
+        TrainingThread): the thread of the first optimizer step is the rank's main thread."""
         self.session = session
         self.state = AutoState.WAITING
         self.handle = None
@@ -69,7 +76,8 @@ class AutoMonitor:
         self.fetches = 0  # batches the main thread fetched before the monitor started
         # The rank's main thread: the hooks act only there. In a forked child (a DataLoader
         # worker) no thread is it, so the hooks return at once there, with no getpid() call per step.
-        self._main = threading.main_thread().ident
+        self._main = None if find_main else main_thread().ident
+        self._find_main = find_main
         self._pid = os.getpid()
         os.register_at_fork(after_in_child=self._forget_main)
         self._ddp: Optional[weakref.ref] = None
@@ -147,7 +155,7 @@ class AutoMonitor:
         @functools.wraps(original)
         def __init__(ddp, *args, **kwargs):
             original(ddp, *args, **kwargs)
-            if threading.get_ident() == auto._main:
+            if threading.get_ident() == auto._main or auto._find_main:
                 auto._ddp = weakref.ref(ddp)
 
         self._patch(cls, "__init__", original, __init__)
@@ -165,10 +173,34 @@ class AutoMonitor:
 
     def _forget_main(self) -> None:
         self._main = None
+        self._find_main = False
+
+    def _adopt_main(self) -> bool:
+        """The calling thread steps the first optimizer: it is the rank's main thread from now on
+        (roles, probes, the hang watch's stack), re-bound as `main` now. False: not this process."""
+        if not self._find_main or os.getpid() != self._pid:
+            return False
+        self._find_main = False
+        self._main = threading.get_ident()
+        set_main_thread(self._main, threading.get_native_id())
+        self.session.binder.rescan(force=True)
+        # When that thread ends (Ray Train's training function returned) Ray stops the worker
+        # with ray.kill, no exit handler runs: the steps are written as the thread ends. A
+        # thread's locals are dropped as it ends (CPython PyThreadState_Clear), and the marker
+        # with them.
+        self._thread_end = threading.local()
+        self._thread_end.marker = marker = _ThreadEnd()
+        weakref.finalize(marker, self._main_ended)
+        return True
+
+    def _main_ended(self) -> None:
+        monitor = self.monitor
+        if monitor is not None and self.state is _RUNNING:
+            monitor.emergency_flush("the rank's main thread ended")
 
     # ---- events ----------------------------------------------------------------------------
     def _fire(self, key: int, outer: bool) -> None:
-        if threading.get_ident() != self._main:
+        if threading.get_ident() != self._main and not (self._find_main and self._adopt_main()):
             return
         state = self.state
         if state is _RUNNING:
@@ -260,13 +292,13 @@ def megatron_iteration() -> Optional[int]:
 _auto: Optional[AutoMonitor] = None
 
 
-def install(session) -> Optional[AutoMonitor]:
+def install(session, find_main: bool = False) -> Optional[AutoMonitor]:
     """The automatic monitor for this worker (placement.monitor.auto), or None when it is off."""
     global _auto
     cfg = session.config.monitor
     if not (cfg.enabled and cfg.auto) or _auto is not None:
         return _auto
-    _auto = AutoMonitor(session)
+    _auto = AutoMonitor(session, find_main)
     _auto.install()
     return _auto
 

@@ -114,11 +114,13 @@ class RoleBinder:
         with self._lock:
             return self._scanned()
 
-    def rescan(self) -> list[BindResult]:
-        """Bind threads that are new, renamed or whose role set changed. Never raises."""
+    def rescan(self, force: bool = False) -> list[BindResult]:
+        """Bind threads that are new, renamed or whose role set changed (force: whose role
+        changed, as when the rank's main thread is another: placement.roles.set_main_thread).
+        Never raises."""
         try:
             with self._lock:
-                return self._rescan()
+                return self._rescan(force)
         except Exception as e:  # binding never raises into training code
             self._warn(f"rescan failed: {type(e).__name__}: {e}")
             return []

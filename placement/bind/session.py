@@ -6,7 +6,7 @@ then uses its plan, event log and binder instead of planning and binding again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 from placement.bind.binder import RoleBinder
 from placement.bind.fork import stop_rehoming
@@ -29,7 +29,16 @@ class Session:
     # The process's CPUs before stage 1 narrowed it: what a process torchrun starts counts as "the
     # system's" (bind/dataloader.py).
     launched_cpus: frozenset[int] = frozenset()
+    # Who the rank is, when only its program can say (a Ray worker is bound at its `import torch`,
+    # its rank set by Ray Train later): called once, before the monitor starts and at the latest
+    # at close; it sets `identity` and opens the held event log (placement/integrations/ray.py).
+    settle: Optional[Callable[["Session"], None]] = None
     closed: bool = field(default=False, init=False)
+
+    def settle_identity(self) -> None:
+        settle, self.settle = self.settle, None
+        if settle is not None:
+            settle(self)
 
     @property
     def rank(self) -> int:
@@ -47,6 +56,7 @@ class Session:
         """Stop the watcher, log the end, flush and close the event log. Idempotent."""
         if self.closed:
             return
+        self.settle_identity()
         self.closed = True
         stop_rehoming()
         self.binder.stop_watcher()

@@ -36,10 +36,12 @@ LATE_NCCL_FIX = ("call placement.attach() before init_process_group, or launch w
 
 def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity, *, entry: str,
                environ: MutableMapping[str, str] = os.environ, keep: Iterable[str] = (),
-               restart: int = 0) -> session_mod.Session:
+               restart: int = 0, detail: Optional[dict] = None) -> session_mod.Session:
     """Bind this process for `identity.local_rank` of `plan` and make it the current Session.
 
-    entry: "placerun" (bootstrap, before user code) or "attach" (inside the user's program).
+    entry: "placerun" (bootstrap, before user code), "attach" (inside the user's program) or "ray"
+    (a Ray worker at its `import torch`: placement/integrations/ray.py); detail: more fields of
+    the `start` event.
     KeyError when the plan has no such local rank (the caller says it in its own words)."""
     rank, local_rank = identity.rank, identity.local_rank
     rank_plan = plan.for_local_rank(local_rank)
@@ -52,7 +54,8 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
         nccl_note = apply_nccl_timing_env(cfg, environ, env_set, keep, entry)
     torch_threads = apply_torch_threads(env_set) if environ is os.environ else None
     events.event(EventKind.START, pid=os.getpid(), local_rank=local_rank, world_size=identity.world_size, restart=restart,
-                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry)
+                 policy=plan.policy, plan=rank_plan.to_dict(), env=env_set, torch_threads=torch_threads, entry=entry,
+                 **(detail or {}))
     if late:
         warn_rank(events, rank, "attach() ran after NCCL created its communicator: NCCL read its env "
                             f"({SET_THREAD_NAME}, NCCL_PROXY_CPUSET) before placement set it, so its threads "

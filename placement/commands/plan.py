@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from placement.config import load_config
+from placement.config import EnvSettings
 from placement.plan.node import plan_for_node
 from placement.plan.table import format_plan_table
 
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     overrides = list(args.overrides)
     if args.policy is not None:
         overrides.append(f"placement.policy={args.policy}")
-    cfg = load_config(overrides, config_file=args.placement_config)
+    cfg = EnvSettings.read(os.environ).load(overrides, args.placement_config)  # as placerun reads them
     _, plan = plan_for_node(cfg, args.nproc_per_node, root=args.root, nccl_topo_file=args.nccl_topo_file)
     if args.json:
         json.dump(plan.to_dict(), sys.stdout, indent=2)

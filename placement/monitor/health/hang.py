@@ -41,13 +41,13 @@ import os
 import socket
 import statistics
 import tempfile
-import threading
 from dataclasses import dataclass
 from typing import Any, Iterable, Optional
 
 from placement import _procfs
 from placement.records.words import collective_words
 from placement.events import EventKind
+from placement.roles import main_thread
 
 log = logging.getLogger("placement")
 
@@ -219,11 +219,11 @@ def read_posts(raw: bytes, offset: int) -> tuple[list[dict], int]:
 
 def main_thread_where() -> MainWhere:
     """The main thread's kernel state and wait channel (/proc), and its Python stack."""
-    pid = os.getpid()
+    pid, main = os.getpid(), main_thread()
     state = wchan = None
     try:
-        state = _procfs.stat(pid, pid).state
-        wchan = _procfs.wchan(pid, pid)
+        state = _procfs.stat(pid, main.tid).state
+        wchan = _procfs.wchan(pid, main.tid)
     except (_procfs.ThreadGone, OSError, ValueError):
         pass
     return MainWhere(pid, state, wchan, tuple(_main_stack()))
@@ -231,7 +231,7 @@ def main_thread_where() -> MainWhere:
 
 def _main_stack() -> list[str]:
     """faulthandler's dump of every thread, cut to the main thread's frames."""
-    main = threading.main_thread().ident
+    main = main_thread().ident
     with tempfile.TemporaryFile() as f:
         faulthandler.dump_traceback(file=f, all_threads=True)
         f.seek(0)

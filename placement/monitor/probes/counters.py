@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from placement import _procfs
+from placement.roles import main_thread
 
 GONE_ERRNOS = _procfs.GONE_ERRNOS
 ThreadGone = _procfs.ThreadGone  # the thread (or its process) exited; its probe is to be dropped
@@ -154,7 +155,8 @@ class ThreadProbe:
 
 
 class MainThreadProbe:
-    """The rank's main thread (tid == pid).
+    """The rank's main thread (placement.roles.main_thread: the process's, or the thread a Ray
+    Train worker runs its loop on).
 
     Every step: on-CPU ns (its thread clock) and runqueue ns (schedstat): two syscalls, the
     least the per-step figures need. Whether the caller is the main thread is told by
@@ -164,12 +166,12 @@ class MainThreadProbe:
     """
 
     def __init__(self, fail: Callable[[str, BaseException], None], proc: str = "/proc"):
-        self.tid = os.getpid()
-        self._files = ThreadProbe(self.tid, self.tid, fail, proc)
+        main = main_thread()
+        self.tid = main.tid
+        self._files = ThreadProbe(os.getpid(), self.tid, fail, proc)
         self._fail = fail
         # The main thread's pthread id when probing the live /proc (else never matched).
-        main = threading.main_thread()
-        self._ident = main.ident if proc == "/proc" and main.native_id == self.tid else -1
+        self._ident = main.ident if proc == "/proc" else -1
         self._schedstat_fd = self._files._fds.get("schedstat")
 
     def step_read(self) -> MainRead:

@@ -121,12 +121,12 @@ class RoleSampler:
         except Exception as e:  # a broken thread list leaves the old one in use
             self._fail("thread list", e)
             return
-        me = os.getpid()
+        me, main = os.getpid(), self.main.tid
         gone = set(self._gone)
         self._gone -= gone  # each set operation is atomic: a tid read_hot adds meanwhile stays
         seen: dict[int, ThreadRole] = {}
         for t in infos:
-            if not (t.pid == me and t.tid == me) and t.tid not in gone:  # main has its own probe
+            if not (t.pid == me and t.tid == main) and t.tid not in gone:  # main has its own probe
                 seen[t.tid] = ThreadRole(t.role)
         for tid in [tid for tid, (role, _) in self._probes.items() if seen.get(tid) != role]:
             self._drop(tid)
