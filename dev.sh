@@ -11,12 +11,15 @@ py="$venv/bin/python"
 # torch==2.13.0 is a CPU build on our dev machines and the normal CUDA build elsewhere;
 # an existing torch (any build) is kept so a user's GPU install is never replaced.
 "$py" -c 'import torch' 2>/dev/null || "$py" -m pip install -q torch==2.13.0
-# Re-install the project only when its metadata changed (the install is editable).
+# Re-install the project only when its metadata or the extras asked for changed (the install is
+# editable). The tests need Ray (a real local cluster); the main job does not, so a first run stays short.
+extras="dev,megatron,lightning,transformers,accelerate,metrics"
+[ "${1:-}" = test ] && extras="$extras,ray"
 stamp="$venv/.placement-installed"
-want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-    "$py" -m pip install -q -e '.[dev,megatron,lightning,transformers,accelerate,metrics]'
-    echo "$want" > "$stamp"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1) $extras"
+if ! grep -qxF "$want" "$stamp" 2>/dev/null; then
+    "$py" -m pip install -q -e ".[$extras]"
+    echo "$want" >> "$stamp"
 fi
 export PATH="$PWD/$venv/bin:$PATH"
 cmd="${1:-}"; shift || true

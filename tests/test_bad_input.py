@@ -457,3 +457,30 @@ def test_hydra_app_bad_choice_is_hydras_own_error_with_the_choices(tmp_path):
                        text=True, timeout=120)
     assert p.returncode == 1 and "Traceback" not in p.stderr
     assert "Invalid value 'fast', expected one of [auto, node, socket, exclusive, core-complex, none]" in p.stderr
+
+
+# ---- settings in the environment (PLACEMENT_OVERRIDES, PLACEMENT_CONFIG) ------------------------
+ENV_SETTINGS = [
+    ("PLACEMENT_OVERRIDES", "placement.policy=fast", ["PLACEMENT_OVERRIDES='placement.policy=fast'", "auto"]),
+    ("PLACEMENT_OVERRIDES", "placement.nope=1", ["PLACEMENT_OVERRIDES='placement.nope=1'", "nope"]),
+    ("PLACEMENT_OVERRIDES", "placement.monitor.log_dir='x", ["PLACEMENT_OVERRIDES=", "does not split"]),
+    ("PLACEMENT_CONFIG", "/nonexistent/p.yaml", ["PLACEMENT_CONFIG='/nonexistent/p.yaml'", "cannot read"]),
+]
+
+
+@pytest.mark.parametrize("var,value,needles", ENV_SETTINGS, ids=[f"{v}={x}" for v, x, _ in ENV_SETTINGS])
+def test_placerun_settings_in_the_environment(placerun, monkeypatch, var, value, needles):
+    monkeypatch.setenv(var, value)
+    rc, line = placerun()
+    assert rc == 2 and line.startswith("placerun: "), line
+    for n in needles:
+        assert n in line, line
+
+
+@pytest.mark.parametrize("var,value,needles", ENV_SETTINGS[:1], ids=["policy"])
+def test_attach_settings_in_the_environment(monkeypatch, var, value, needles):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(PlacementError) as e:
+        placement.attach(policy="none")
+    for n in needles:
+        assert n in str(e.value), str(e.value)

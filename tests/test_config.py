@@ -84,3 +84,21 @@ def test_unreadable_config_file(tmp_path):
 
 def test_empty_override_value_is_empty_string():
     assert load_config(["placement.reserved_cpus=0,1", "placement.reserved_cpus="]).reserved_cpus == ""
+
+
+def test_the_environments_settings_lie_beneath_placerun_plan_and_attach(monkeypatch, tmp_path):
+    from placement.attach_api import build_config
+    from placement.launcher import _plan, parse_placerun_args
+
+    yaml = tmp_path / "p.yaml"
+    yaml.write_text("placement:\n  dataloader_workers: 3\n  monitor:\n    flush_every: 7\n")
+    monkeypatch.setenv("PLACEMENT_CONFIG", str(yaml))
+    monkeypatch.setenv("PLACEMENT_OVERRIDES", "placement.policy=none placement.monitor.flush_every=9")
+    monkeypatch.chdir(tmp_path)
+    _, cfg, _ = _plan(parse_placerun_args(["--standalone", "--nproc-per-node", "1", "train.py"]))
+    assert (cfg.policy, cfg.dataloader_workers, cfg.monitor.flush_every) == ("none", 3, 9)  # words over the file
+    _, cfg, _ = _plan(parse_placerun_args(["--standalone", "--nproc-per-node", "1", "placement.policy=node",
+                                           "train.py"]))
+    assert cfg.policy == "node"  # the command line's words after the environment's
+    cfg = build_config(None, {"monitor": {"flush_every": 4}})
+    assert (cfg.policy, cfg.dataloader_workers, cfg.monitor.flush_every) == ("none", 3, 4)  # attach()'s over both

@@ -12,7 +12,7 @@ Where Ray runs the hook
     the variable the worker reads (ray/_private/worker.py:2676,
     upload_worker_process_setup_hook_if_needed); an actor's own runtime env, and so Ray Train's
     RunConfig(worker_runtime_env=...), is passed on without that step and its hook never runs
-    (Ray 2.60; tests/test_ray.py holds it).
+    (measured with Ray 2.60.0: not run).
 
 When a worker is placed
     At the program's `import torch` (at once if torch is imported already), not in the hook: the
@@ -125,7 +125,7 @@ def _place(cfg: PlacementConfig) -> Optional[session_mod.Session]:
         return None  # no part of the node under Ray's accounting: nothing to place it on
     check_log_dir(cfg.monitor.log_dir)  # LogDirError, one line
     if gpu_ids:
-        plan, share = _gpu_share(cfg, gpu_ids)
+        plan, share = gpu_share(cfg, gpu_ids)
     else:
         count = shares_of_node(_node_cpus(ray, context.get_node_id()), ray_cpus, len(os.sched_getaffinity(0)))
         index = SharedCpus(count).claim()
@@ -152,10 +152,11 @@ def _place(cfg: PlacementConfig) -> Optional[session_mod.Session]:
     return s
 
 
-def _gpu_share(cfg: PlacementConfig, gpu_ids: list[str]) -> tuple[Plan, WorkerShare]:
-    """The plan of every GPU of the node and the share of this worker's first GPU."""
+def gpu_share(cfg: PlacementConfig, gpu_ids: list[str], root: str = "/") -> tuple[Plan, WorkerShare]:
+    """The plan of every GPU of the node (under `root`) and the share of this worker's first GPU
+    (Ray's id: an index among the node's GPUs, or a UUID)."""
     environ = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}  # Ray's ids are the node's
-    topo, plan = plan_for_node(cfg, "gpu", environ=environ)
+    topo, plan = plan_for_node(cfg, "gpu", root=root, environ=environ)
     seen = visible_gpu_indices(topo, {"CUDA_VISIBLE_DEVICES": gpu_ids[0]}, strict=False).indices or []
     index = next((r.local_rank for r in plan.ranks if seen and r.gpu is not None and r.gpu.index == seen[0]), None)
     if index is None:
