@@ -28,7 +28,7 @@ JOB = REPO / "tests" / "ray_jobs" / "ray_job.py"
 def run(hook: bool, iters: int, work_ms: float, scratch: str) -> float:
     out = tempfile.mkdtemp(dir=scratch)
     args = [sys.executable, str(JOB), "trainer", "--out", out, "--iters", str(iters), "--work-ms", str(work_ms)]
-    args += ["--overrides", f"placement.monitor.log_dir={out}/logs"] if hook else ["--no-hook"]
+    args += ["--overrides", f"placement.monitor.log_dir={out}/logs"] if hook else ["--hook", "none"]
     p = subprocess.run(args, capture_output=True, text=True, timeout=900, cwd=REPO,
                        env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     if p.returncode != 0:

@@ -12,15 +12,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
-from pathlib import Path
 
 import pytest
 
 from placement.config import EnvSettings, load_config
 from placement.cpuset import parse_cpulist
 from placement.errors import ConfigError, PlacementError
-from placement.integrations.ray import SharedCpus, gpu_share, shares_of_node
+from placement.integrations.ray import gpu_share, shares_of_node
 from placement.roles import ThreadRole
 from placerun_helpers import REPO
 from sysfs_builder import make_tree
@@ -195,7 +193,8 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
     iters = 240
     logs = tmp_path / "out" / "logs"
     p, result, workers, out = _ray_job(
-        tmp_path, "trainer", "--iters", str(iters), "--work-ms", "10", "--slow-rank", "1", "--slow-ms", "3",
+        tmp_path, "trainer", "--hook", "workers", "--iters", str(iters), "--work-ms", "10", "--slow-rank", "1",
+        "--slow-ms", "3",
         "--overrides", f"placement.monitor.log_dir={logs} placement.monitor.straggler_steady_pct=75")
     assert all(not w["is_process_main"] for w in workers.values())  # Ray Train's loop runs on a thread of its own
     _check_bound(workers)
@@ -204,8 +203,9 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
         assert {e["rank"] for e in log} == {r}, "a worker's log is named by the rank its program has"
         started = [e for e in log if e["type"] == "start" and e.get("source") == "monitor"]
         assert started and started[0]["ddp_hook"] and started[0]["exchange"], started
-        # every step written, the last ones as the training thread ended (Ray then kills the worker)
+        # every step written, the monitor closed as the training thread ended (Ray then kills the worker)
         assert iters - 1 <= len(_steps(log)) <= iters, len(_steps(log))
+        assert [e for e in log if e["type"] == "end" and e.get("source") == "monitor"], "closed at the thread's end"
     named = [s for e in _log(out, 0) if e["type"] == "straggler" for s in e["stragglers"]]
     assert named and {r for s in named for r in s["ranks"]} == {1}, named[:3]
 
@@ -213,20 +213,23 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
 @pytest.mark.slow
 def test_a_plain_ray_actor_group_is_bound_and_monitored_the_same_way(tmp_path):
     logs = tmp_path / "out" / "logs"
-    p, result, workers, out = _ray_job(tmp_path, "actors", "--iters", "60",
+    p, result, workers, out = _ray_job(tmp_path, "actors", "--hook", "job", "--iters", "60", "--attach-rank", "1",
                                        "--overrides", f"placement.monitor.log_dir={logs}")
     assert all(w["is_process_main"] for w in workers.values())
     _check_bound(workers)
     # no process group and no RANK: each actor is the rank of its share on the node
     assert sorted(w["planned"]["rank"] for w in workers.values()) == [0, 1]
-    for r in (0, 1):
-        log = _log(out, r)
+    for w in workers.values():
+        log = _log(out, w["planned"]["rank"])
         assert len(_steps(log)) >= 59 and [e for e in log if e["type"] == "end" and e.get("source") == "monitor"]
+        started = [e["steps"] for e in log if e["type"] == "start" and e.get("source") == "monitor"]
+        # the actor that calls placement.attach() itself has that one monitor, the other the automatic one
+        assert started == (["attach"] if w["rank"] == 1 else ["auto"]), started
 
 
 @pytest.mark.slow
 def test_ray_without_the_hook_is_untouched(tmp_path):
-    p, result, workers, out = _ray_job(tmp_path, "actors", "--iters", "20", "--no-hook")
+    p, result, workers, out = _ray_job(tmp_path, "actors", "--iters", "20", "--hook", "none")
     assert all(w["planned"] is None for w in workers.values())
     assert all(parse_cpulist(w["allowed"]["thread"]) == CPUS for w in workers.values())
     assert "placement" not in p.stderr

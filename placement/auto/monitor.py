@@ -184,19 +184,19 @@ class AutoMonitor:
         self._main = threading.get_ident()
         set_main_thread(self._main, threading.get_native_id())
         self.session.binder.rescan(force=True)
-        # When that thread ends (Ray Train's training function returned) Ray stops the worker
-        # with ray.kill, no exit handler runs: the steps are written as the thread ends. A
-        # thread's locals are dropped as it ends (CPython PyThreadState_Clear), and the marker
-        # with them.
+        # When that thread ends (Ray Train's training function returned) the rank's training is
+        # over, and Ray stops the worker with ray.kill, where no exit handler runs: the monitor
+        # closes as the thread ends, as at exit. A thread's locals are dropped as it ends (CPython
+        # PyThreadState_Clear), and the marker with them.
         self._thread_end = threading.local()
         self._thread_end.marker = marker = _ThreadEnd()
         weakref.finalize(marker, self._main_ended)
         return True
 
     def _main_ended(self) -> None:
-        monitor = self.monitor
-        if monitor is not None and self.state is _RUNNING:
-            monitor.emergency_flush("the rank's main thread ended")
+        if self.state is _RUNNING and self.handle is not None and os.getpid() == self._pid:
+            self.state = AutoState.CLOSED
+            self.handle.close()
 
     # ---- events ----------------------------------------------------------------------------
     def _fire(self, key: int, outer: bool) -> None:
@@ -252,9 +252,11 @@ class AutoMonitor:
         self.finder.begin(key, outer, seen_fetch=self.fetches > 0)
 
     def give_way(self) -> None:
-        """attach() was called: its monitor is the one. Idempotent."""
+        """attach() was called: its monitor is the one. Idempotent. Where the loop's thread was
+        still to be found, it is the caller's (attach() is called where the loop runs)."""
         if self.state in (AutoState.WAITING, AutoState.RUNNING):
             self.state = AutoState.GAVE_WAY
+            self._adopt_main()
             self.unhook()
 
     def _handle_closed(self) -> None:

@@ -4,6 +4,8 @@ worker setup hook. One line in the driver, and no placement import there:
     ray.init(runtime_env={"worker_process_setup_hook": "placement.integrations.ray.setup"})
 
 (or `ray job submit --runtime-env-json '{"worker_process_setup_hook": "placement.integrations.ray.setup"}'`).
+Only some workers (Ray Train's, an RL framework's learners): `worker_runtime_env()` below, given to
+`RunConfig(worker_runtime_env=...)` or an actor's `.options(runtime_env=...)`.
 
 Where Ray runs the hook
     In every worker process of the job, before its first task (ray/_private/workers/
@@ -11,8 +13,8 @@ Where Ray runs the hook
     worker, so setup() never raises). From the job's runtime env only: ray.init turns the hook into
     the variable the worker reads (ray/_private/worker.py:2676,
     upload_worker_process_setup_hook_if_needed); an actor's own runtime env, and so Ray Train's
-    RunConfig(worker_runtime_env=...), is passed on without that step and its hook never runs
-    (measured with Ray 2.60.0: not run).
+    RunConfig(worker_runtime_env=...), is passed on without that step and a hook given there never
+    runs (measured with Ray 2.60.0): worker_runtime_env() takes that step for them.
 
 When a worker is placed
     At the program's `import torch` (at once if torch is imported already), not in the hook: the
@@ -87,6 +89,23 @@ def setup() -> None:
         _say(f"the setup hook failed ({type(e).__name__}: {e}); this worker runs unbound")
         return
     imports.when_imported("torch", lambda _torch: place(cfg))
+
+
+def worker_runtime_env(**runtime_env) -> dict:
+    """`runtime_env` with the hook, for the workers it is given to: Ray Train's
+    `RunConfig(worker_runtime_env=worker_runtime_env())` or an actor's
+    `.options(runtime_env=worker_runtime_env())`, where Ray runs no `worker_process_setup_hook`
+    itself. It sets the variable ray.init sets for the job's hook (ray/_private/runtime_env/
+    setup_hook.py export_setup_func_module), which each worker reads as it starts
+    (ray/_private/workers/default_worker.py:314), by Ray's own name for it
+    (ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR)."""
+    try:
+        from ray._private import ray_constants
+    except ImportError:
+        raise ImportError(EXTRA_LINE) from None
+    env_vars = dict(runtime_env.get("env_vars") or {})
+    env_vars[ray_constants.WORKER_PROCESS_SETUP_HOOK_ENV_VAR] = HOOK
+    return {**runtime_env, "env_vars": env_vars}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,8 +2,12 @@
 benchmarks/ray_cost.py). The training code has no placement import; the driver adds one line.
 
     python ray_job.py trainer --out DIR [--iters N] [--workers W] [--work-ms MS]
-                              [--slow-rank R --slow-ms MS] [--no-hook] [--overrides WORDS]
-    python ray_job.py actors --out DIR [--iters N] [--no-hook]
+                              [--slow-rank R --slow-ms MS] [--hook job|workers|none] [--overrides WORDS]
+    python ray_job.py actors --out DIR [--iters N] [--hook job|workers|none] [--attach-rank R]
+
+--hook job: ray.init(runtime_env={"worker_process_setup_hook": ...}), every worker of the job;
+workers: placement.integrations.ray.worker_runtime_env() for Ray Train's workers
+(RunConfig(worker_runtime_env=...)) or the actors (.options(runtime_env=...)) only.
 
 A local Ray cluster of 2 CPUs (ray.init(num_cpus=2)); Ray Train's TorchTrainer with 2 CPU
 workers on gloo (DDP, a DataLoader with W workers), or 2 actors of num_cpus=1 stepping an
@@ -93,11 +97,16 @@ def train_loop(config):
                 {"env_rank": os.environ.get("RANK")})
 
 
-def runtime_env(args):
+def runtime_env(args, level):
+    """The runtime env for the job (level "job") or for the training workers ("workers")."""
     env = {"env_vars": {"PLACEMENT_OVERRIDES": args.overrides}} if args.overrides else {}
-    if not args.no_hook:
-        env["worker_process_setup_hook"] = HOOK
-    return env
+    if args.hook != level:
+        return env
+    if level == "job":
+        return {**env, "worker_process_setup_hook": HOOK}
+    from placement.integrations.ray import worker_runtime_env
+
+    return worker_runtime_env(**env)
 
 
 def trainer(args):
@@ -109,7 +118,8 @@ def trainer(args):
     t0 = time.perf_counter()
     TorchTrainer(train_loop, train_loop_config=config,
                  scaling_config=ScalingConfig(num_workers=2, use_gpu=False),
-                 run_config=RunConfig(storage_path=os.path.join(args.out, "ray_results"), name="placement")).fit()
+                 run_config=RunConfig(storage_path=os.path.join(args.out, "ray_results"), name="placement",
+                                      worker_runtime_env=runtime_env(args, "workers"))).fit()
     return time.perf_counter() - t0
 
 
@@ -128,12 +138,21 @@ def actors(args):
             self.model = torch.nn.Linear(FEATURES, 1)
             self.opt = torch.optim.SGD(self.model.parameters(), lr=0.01)
 
-        def train(self, iters, work_ms, out):
-            return train_steps(self.rank, iters, work_ms, 0, self.model, self.opt, out)
+        def train(self, iters, work_ms, out, attach):
+            handle = None
+            if attach:  # the framework calls placement.attach() itself: one monitor a process
+                import placement
 
-    group = [Learner.remote(r) for r in range(2)]
+                handle = placement.attach(self.model, self.opt)
+            record = train_steps(self.rank, iters, work_ms, 0, self.model, self.opt, out)
+            if handle is not None:
+                handle.close()
+            return record
+
+    group = [Learner.options(runtime_env=runtime_env(args, "workers")).remote(r) for r in range(2)]
     t0 = time.perf_counter()
-    ray.get([a.train.remote(args.iters, args.work_ms, args.out) for a in group], timeout=300)
+    ray.get([a.train.remote(args.iters, args.work_ms, args.out, r == args.attach_rank) for r, a in enumerate(group)],
+            timeout=300)
     return time.perf_counter() - t0
 
 
@@ -146,13 +165,14 @@ def main():
     p.add_argument("--work-ms", type=float, default=2.0)
     p.add_argument("--slow-rank", type=int, default=-1)
     p.add_argument("--slow-ms", type=float, default=0.0)
-    p.add_argument("--no-hook", action="store_true")
+    p.add_argument("--hook", choices=["job", "workers", "none"], default="job")
+    p.add_argument("--attach-rank", type=int, default=-1, help="this actor calls placement.attach() itself")
     p.add_argument("--overrides", default="", help="PLACEMENT_OVERRIDES for the workers")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env(args))
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env(args, "job"))
     try:
         elapsed = trainer(args) if args.what == "trainer" else actors(args)
     finally:
@@ -163,7 +183,7 @@ def main():
         if os.path.exists(path):
             with open(path) as f:
                 workers[r] = json.load(f)
-    print(json.dumps({"what": args.what, "hook": not args.no_hook, "seconds": round(elapsed, 2),
+    print(json.dumps({"what": args.what, "hook": args.hook, "seconds": round(elapsed, 2),
                       "median_step_ms": {r: round(w["median_step_s"] * 1e3, 3) for r, w in workers.items()}}))
 
 
