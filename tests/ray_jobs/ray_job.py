@@ -3,7 +3,7 @@ benchmarks/ray_cost.py). The training code has no placement import; the driver a
 
     python ray_job.py trainer --out DIR [--iters N] [--workers W] [--work-ms MS]
                               [--slow-rank R --slow-ms MS] [--hook job|workers|none] [--overrides WORDS]
-    python ray_job.py actors --out DIR [--iters N] [--hook job|workers|none] [--attach-rank R]
+    python ray_job.py actors --out DIR [--iters N] [--hook job|workers|none] [--attach-rank R] [--bare-actor]
 
 --hook job: ray.init(runtime_env={"worker_process_setup_hook": ...}), every worker of the job;
 workers: placement.integrations.ray.worker_runtime_env() for Ray Train's workers
@@ -150,9 +150,11 @@ def actors(args):
             return record
 
     group = [Learner.options(runtime_env=runtime_env(args, "workers")).remote(r) for r in range(2)]
+    if args.bare_actor:  # one more, given no hook: Ray's own worker, untouched
+        group.append(Learner.remote(2))
     t0 = time.perf_counter()
     ray.get([a.train.remote(args.iters, args.work_ms, args.out, r == args.attach_rank) for r, a in enumerate(group)],
-            timeout=300)
+            timeout=600)
     return time.perf_counter() - t0
 
 
@@ -167,18 +169,20 @@ def main():
     p.add_argument("--slow-ms", type=float, default=0.0)
     p.add_argument("--hook", choices=["job", "workers", "none"], default="job")
     p.add_argument("--attach-rank", type=int, default=-1, help="this actor calls placement.attach() itself")
+    p.add_argument("--bare-actor", action="store_true", help="a third actor, given no hook (Ray gets 3 CPUs)")
     p.add_argument("--overrides", default="", help="PLACEMENT_OVERRIDES for the workers")
     args = p.parse_args()
     os.makedirs(args.out, exist_ok=True)
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=True, runtime_env=runtime_env(args, "job"))
+    ray.init(num_cpus=3 if args.bare_actor else 2, include_dashboard=False, log_to_driver=True,
+             runtime_env=runtime_env(args, "job"))
     try:
         elapsed = trainer(args) if args.what == "trainer" else actors(args)
     finally:
         ray.shutdown()
     workers = {}
-    for r in range(2):
+    for r in range(3):
         path = os.path.join(args.out, f"worker{r}.json")
         if os.path.exists(path):
             with open(path) as f:
