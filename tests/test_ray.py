@@ -205,7 +205,7 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
     logs = tmp_path / "out" / "logs"
     p, result, workers, out = _ray_job(
         tmp_path, "trainer", "--hook", "job", "--iters", str(iters), "--work-ms", "10", "--slow-rank", "1",
-        "--slow-ms", "3",
+        "--slow-pct", "30",
         "--overrides", f"placement.monitor.log_dir={logs} placement.monitor.straggler_steady_pct=75")
     assert all(not w["is_process_main"] for w in workers.values())  # Ray Train's loop runs on a thread of its own
     assert [w["planned"]["rank"] for w in workers.values()] == [0, 1]
@@ -218,6 +218,9 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
         # every step written, the monitor closed as the training thread ended (Ray then kills the worker)
         assert iters - 1 <= len(_steps(log)) <= iters, len(_steps(log))
         assert [e for e in log if e["type"] == "end" and e.get("source") == "monitor"], "closed at the thread's end"
+    # 30% of its own step time, measured by the worker over its first steps (a busy host's steps
+    # are ~20 times a quiet one's): a fixed delay would be 30% on one host and 2% on the other
+    assert workers[1]["delay_ms"] > 0 and workers[0]["delay_ms"] == 0
     named = [s for e in _log(out, 0) if e["type"] == "straggler" for s in e["stragglers"]]
     assert named and {r for s in named for r in s["ranks"]} == {1}, named[:3]
 

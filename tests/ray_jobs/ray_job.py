@@ -2,7 +2,7 @@
 benchmarks/ray_cost.py). The training code has no placement import; the driver adds one line.
 
     python ray_job.py trainer --out DIR [--iters N] [--workers W] [--work-ms MS]
-                              [--slow-rank R --slow-ms MS] [--hook job|workers|none] [--overrides WORDS]
+                              [--slow-rank R --slow-pct P] [--hook job|workers|none] [--overrides WORDS]
     python ray_job.py actors --out DIR [--iters N] [--hook job|workers|none] [--attach-rank R] [--bare-actor]
 
 --hook job: ray.init(runtime_env={"worker_process_setup_hook": ...}), every worker of the job;
@@ -53,16 +53,26 @@ def busy(ms):
         pass
 
 
-def train_steps(rank, iters, work_ms, loader_workers, model, opt, out, extra=None):
+WARM_STEPS = 20  # steps before a slowed worker is slowed: its own step time is measured over them
+
+
+def train_steps(rank, iters, work_ms, loader_workers, model, opt, out, extra=None, slow_pct=0.0):
+    """slow_pct: from step WARM_STEPS on, wait this share of the median step before each step's
+    forward (so the worker comes late to the backward's all-reduce): a slowdown relative to what a
+    step takes on this host now, busy or quiet."""
     import torch
     from torch.utils.data import DataLoader, TensorDataset
 
     g = torch.Generator().manual_seed(rank)
     x = torch.randn(iters * 4, FEATURES, generator=g)
     data = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=4, num_workers=loader_workers)
-    times, seen = [], None
+    times, seen, delay_s = [], None, 0.0
     t_prev = time.perf_counter()
     for i, (xb, yb) in enumerate(data):
+        if slow_pct and i == WARM_STEPS:
+            delay_s = statistics.median(times[5:]) * slow_pct / 100
+        if delay_s:
+            time.sleep(delay_s)
         loss = torch.nn.functional.mse_loss(model(xb), yb)
         loss.backward()
         busy(work_ms)
@@ -76,7 +86,7 @@ def train_steps(rank, iters, work_ms, loader_workers, model, opt, out, extra=Non
     record = {"rank": rank, "pid": os.getpid(), "tid": threading.get_native_id(),
               "is_process_main": threading.current_thread() is threading.main_thread(),
               "allowed": seen, "planned": planned(), "median_step_s": statistics.median(times[5:]),
-              "steps": len(times), **(extra or {})}
+              "steps": len(times), "delay_ms": delay_s * 1e3, **(extra or {})}
     with open(os.path.join(out, f"worker{rank}.json"), "w") as f:
         json.dump(record, f)
     return record
@@ -92,9 +102,8 @@ def train_loop(config):
     model = ray.train.torch.prepare_model(torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.ReLU(),
                                                               torch.nn.Linear(64, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    work = config["work_ms"] + (config["slow_ms"] if rank == config["slow_rank"] else 0.0)
-    train_steps(rank, config["iters"], work, config["loader_workers"], model, opt, config["out"],
-                {"env_rank": os.environ.get("RANK")})
+    train_steps(rank, config["iters"], config["work_ms"], config["loader_workers"], model, opt, config["out"],
+                {"env_rank": os.environ.get("RANK")}, config["slow_pct"] if rank == config["slow_rank"] else 0.0)
 
 
 def runtime_env(args, level):
@@ -113,7 +122,7 @@ def trainer(args):
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    config = {"iters": args.iters, "work_ms": args.work_ms, "slow_rank": args.slow_rank, "slow_ms": args.slow_ms,
+    config = {"iters": args.iters, "work_ms": args.work_ms, "slow_rank": args.slow_rank, "slow_pct": args.slow_pct,
               "loader_workers": args.workers, "out": args.out}
     t0 = time.perf_counter()
     TorchTrainer(train_loop, train_loop_config=config,
@@ -166,7 +175,7 @@ def main():
     p.add_argument("--workers", type=int, default=1, help="DataLoader workers per Ray Train worker")
     p.add_argument("--work-ms", type=float, default=2.0)
     p.add_argument("--slow-rank", type=int, default=-1)
-    p.add_argument("--slow-ms", type=float, default=0.0)
+    p.add_argument("--slow-pct", type=float, default=0.0, help="the slow rank's steps take this much longer")
     p.add_argument("--hook", choices=["job", "workers", "none"], default="job")
     p.add_argument("--attach-rank", type=int, default=-1, help="this actor calls placement.attach() itself")
     p.add_argument("--bare-actor", action="store_true", help="a third actor, given no hook (Ray gets 3 CPUs)")
