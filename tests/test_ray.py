@@ -241,7 +241,7 @@ def test_ray_actors_given_the_hook_in_their_own_runtime_env_are_placed_and_the_o
     assert sorted(os.listdir(logs)) == ["rank0.events", "rank0.jsonl", "rank1.events", "rank1.jsonl"]
     for w in workers.values():
         log = _log(out, w["planned"]["rank"])
-        # every step written when Ray ends the actors at ray.shutdown()
+        # every step written when Ray ends the actors gracefully (__ray_terminate__)
         assert len(_steps(log)) >= 59 and [e for e in log if e["type"] == "end" and e.get("source") == "monitor"]
         started = [e["steps"] for e in log if e["type"] == "start" and e.get("source") == "monitor"]
         # the actor that calls placement.attach() itself has that one monitor, the other the automatic one

@@ -162,9 +162,18 @@ def actors(args):
     if args.bare_actor:  # one more, given no hook: Ray's own worker, untouched
         group.append(Learner.remote(2))
     t0 = time.perf_counter()
-    ray.get([a.train.remote(args.iters, args.work_ms, args.out, r == args.attach_rank) for r, a in enumerate(group)],
-            timeout=600)
-    return time.perf_counter() - t0
+    records = ray.get([a.train.remote(args.iters, args.work_ms, args.out, r == args.attach_rank)
+                       for r, a in enumerate(group)], timeout=600)
+    elapsed = time.perf_counter() - t0
+    # Ended as Ray ends an actor gracefully (exit handlers run: the automatic monitor writes its last
+    # steps); ray.shutdown() alone may kill a worker before its handlers ran on a busy host.
+    for a in group:
+        a.__ray_terminate__.remote()
+    deadline = time.monotonic() + 120
+    for pid in (r["pid"] for r in records):
+        while time.monotonic() < deadline and os.path.exists(f"/proc/{pid}"):
+            time.sleep(0.05)
+    return elapsed
 
 
 def main():
