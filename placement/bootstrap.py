@@ -63,19 +63,26 @@ def start_worker(environ: MutableMapping[str, str] = os.environ, *, stage2: bool
         _say_unbound(environ, f"stage 1 failed ({type(e).__name__}: {e})")
         return None
     if stage2:
-        try:
-            start_stage2(s)
-        except Exception as e:  # binding never stops training
-            warn_rank(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
-                                        "threads stay on the stage-1 mask")
-        try:
-            from placement.auto import install_auto_monitor
-
-            install_auto_monitor(s)  # placement.monitor.auto: steps without a line of the program's code
-        except Exception as e:  # the monitor never stops training
-            warn_rank(s.events, s.rank, f"the automatic monitor could not be installed ({type(e).__name__}: {e}); "
-                                        "this rank runs without step records unless it calls placement.attach()")
+        start_session(s)
     return s
+
+
+def start_session(s, *, find_main: bool = False) -> None:
+    """Stage 2 and the automatic monitor for the Session stage 1 made: placerun's worker, or a Ray
+    worker (placement/integrations/ray.py; `find_main`: its loop may run on a thread of its own).
+    Never raises: what could not start is one line, and the program runs on."""
+    try:
+        start_stage2(s)
+    except Exception as e:  # binding never stops training
+        warn_rank(s.events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); "
+                                    "threads stay on the stage-1 mask")
+    try:
+        from placement.auto import install_auto_monitor
+
+        install_auto_monitor(s, find_main)  # placement.monitor.auto: steps without a line of the program's code
+    except Exception as e:  # the monitor never stops training
+        warn_rank(s.events, s.rank, f"the automatic monitor could not be installed ({type(e).__name__}: {e}); "
+                                    "this rank runs without step records unless it calls placement.attach()")
 
 
 def _say_unbound(environ, why: str) -> None:

@@ -316,11 +316,14 @@ class EnvSettings:
     def load(self, overrides: Sequence[str] = (), config_file: str | None = None) -> PlacementConfig:
         """The config of a command line (placerun, `placement plan`) over these: files first (this
         one, then `config_file`), then words (these, then `overrides`). A bad setting here is named
-        with its variable before anything is merged."""
-        if self:
-            self.config()
-        return load_config([*self.words, *overrides], self.config_file,
-                           base=None if config_file is None else [config_file])
+        with its variable."""
+        try:
+            return load_config([*self.words, *overrides], self.config_file,
+                               base=None if config_file is None else [config_file])
+        except ConfigError:
+            if self:
+                self.config()  # raises, naming the variable, when the bad setting is the environment's
+            raise
 
     def config(self) -> PlacementConfig:
         """The config they make; ConfigError (one line, naming the variable) when it is not valid."""

@@ -63,7 +63,8 @@ from typing import Optional
 
 from placement import imports
 from placement.bind import session as session_mod
-from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
+from placement.bind.stage1 import run_stage1, warn_rank
+from placement.bootstrap import start_session
 from placement.config import EnvSettings, PlacementConfig
 from placement.errors import PlacementError
 from placement.events import EventLog, check_log_dir, rank_log_path
@@ -160,14 +161,7 @@ def _place(cfg: PlacementConfig) -> Optional[session_mod.Session]:
                    detail={"share": share.how})
     s.settle = lambda session: _settle(session, share, context.get_job_id())
     atexit.register(s.close)
-    try:
-        start_stage2(s)
-    except Exception as e:  # binding never stops training
-        warn_rank(events, s.rank, f"stage 2 could not start ({type(e).__name__}: {e}); threads stay on the "
-                                  "stage-1 mask")
-    from placement.auto import install_auto_monitor
-
-    install_auto_monitor(s, find_main=True)  # Ray Train's loop runs on its own thread
+    start_session(s, find_main=True)  # Ray Train's loop runs on its own thread
     return s
 
 
@@ -186,9 +180,10 @@ def gpu_share(cfg: PlacementConfig, gpu_ids: list[str], root: str = "/") -> tupl
 
 def shares_of_node(node_cpus: float, worker_cpus: float, usable: int) -> int:
     """How many CPU shares the node is planned in: the node's Ray CPUs over the worker's, at least
-    one and at most one per CPU the worker may run on."""
-    if worker_cpus <= 0 or node_cpus <= 0:
-        return max(1, min(usable, int(node_cpus) or usable))
+    one and at most one per CPU the worker may run on. `worker_cpus` > 0 (a worker holding none
+    is not placed)."""
+    if node_cpus <= 0:  # the node's Ray CPUs unknown
+        return max(1, usable)
     return max(1, min(usable, int(node_cpus // worker_cpus)))
 
 
