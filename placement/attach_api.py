@@ -41,7 +41,7 @@ from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.config import EnvSettings, PlacementConfig, load_config
-from placement.errors import ConfigError, PlacementError
+from placement.errors import ConfigError, PlacementError, say
 from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401  (LogDirError: raised by attach(), importable here)
 from placement.identity import RankIdentity, job_id, new_run_id, process_group, run_id_from_env, shared_run_id
 from placement.monitor import exitflush
@@ -189,7 +189,7 @@ def _bind_here(cfg: PlacementConfig, events, identity: RankIdentity):
         events.event(EventKind.WARNING, source="plan", message=w)
     summary = warnings_summary(plan, f"the event log {events.path or ''}".rstrip())
     if summary:
-        print(f"placement: rank {identity.rank}: plan warning: {summary}", file=sys.stderr, flush=True)
+        say(f"placement: rank {identity.rank}: plan warning: {summary}")
     s = run_stage1(cfg, plan, events, identity, entry="attach")
     start_stage2(s)
     return s

@@ -27,7 +27,7 @@ import sys
 from typing import MutableMapping, Optional
 
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
-from placement.errors import PlacementError
+from placement.errors import PlacementError, say
 from placement.events import open_rank_log
 from placement.handoff import Handoff, HandoffError
 from placement.identity import RankIdentity, run_id_from_env
@@ -87,7 +87,7 @@ def start_session(s, *, find_main: bool = False) -> None:
 
 def _say_unbound(environ, why: str) -> None:
     rank = environ.get("RANK", environ.get("LOCAL_RANK", "?"))
-    print(f"placement: rank {rank}: {why}; this rank runs unbound", file=sys.stderr, flush=True)
+    say(f"placement: rank {rank}: {why}; this rank runs unbound")
 
 
 USAGE = "usage: python -m placement.bootstrap --no-python PROG [ARGS...] | --run-path SCRIPT [ARGS...]"

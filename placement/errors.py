@@ -1,4 +1,5 @@
 """Errors that reach the user as one line (CLI exit code 2), never as a traceback."""
+import sys
 
 
 class PlacementError(Exception):
@@ -17,3 +18,11 @@ class TopologyError(PlacementError):
 
 class PlanError(PlacementError):
     """The plan cannot be met (shortfall named) and `strict` is on."""
+
+
+def say(line: str) -> None:
+    """One line on stderr, in one write: a job's ranks share that pipe, and print() writes a
+    line's text and its newline apart, so two ranks' lines could run together."""
+    stream = sys.stderr
+    stream.write(line + "\n")
+    stream.flush()

@@ -237,3 +237,22 @@ def test_a_transformers_trainer_without_the_callback(tmp_path):
     logs = _example(tmp_path, "transformers_trainer.py", "--steps", "12", "--output-dir", str(tmp_path / "out"),
                     extra="transformers")
     _check_steps(logs, 12, data_wait=False)
+
+
+def test_a_ranks_line_reaches_stderr_in_one_write(monkeypatch):
+    """The ranks of a job share stderr: print() wrote the text and its newline apart, and two
+    ranks' no-optimizer lines once ran together on one line."""
+    from placement.errors import say
+
+    class Stream:
+        writes: list = []
+
+        def write(self, text):
+            self.writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Stream())
+    say("placement: rank 0: one line")
+    assert Stream.writes == ["placement: rank 0: one line\n"]

@@ -153,3 +153,45 @@ def test_a_main_thread_that_never_lets_go_of_the_gil_keeps_the_backlog_bounded(t
     assert most <= 8  # a few batches waiting at most (300 steps: up to 300 without the fallback)
     steps = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if s["type"] == "step"] == list(range(1, 301))
+
+
+def test_a_reading_counts_the_wake_up_it_took_and_a_reading_of_no_new_step_is_not_taken(tmp_path):
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 1000})
+    try:
+        reads = h.monitor._sampled
+        with h.monitor._holding():  # the monitor thread takes no reading meanwhile
+            h.step()
+            before = reads.cost_ns
+            reads.take(woke_ns=5_000_000)  # as if waking for it had cost 5 ms of CPU
+            assert reads.cost_ns - before >= 5_000_000
+            before = reads.cost_ns
+            reads.take(woke_ns=5_000_000)  # no step ended since: no reading, nothing counted
+            assert reads.cost_ns == before and not reads.due()
+            reads.postpone()
+            assert reads.wait_s() > 0
+    finally:
+        h.close()
+
+
+@pytest.mark.parametrize("step, read_in_steps, every, left_to_hand_over", [
+    (18, 0, 9, True),  # 2 steps before the hand-over: it reads then, one wake-up for both
+    (15, 0, 9, False),  # 5 steps before: more than half a reading's steps
+    (12, 5, 9, True),  # due 5 steps from now, 3 before the hand-over
+    (12, 2, 9, False),
+    (19, 0, 1, False),  # read every step: only the reading at the hand-over itself is left to it
+    (20, 0, 1, True),
+])
+def test_a_reading_due_near_a_hand_over_is_left_to_it(tmp_path, step, read_in_steps, every, left_to_hand_over):
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20})
+    m = h.monitor
+    try:
+        with m._holding():
+            kept = (m.step, m._next_due, m.budget.every, m._sampled.period_s)
+            step_s = 0.01
+            m.step, m._next_due, m.budget.every, m._sampled.period_s = step, 20, every, every * step_s
+            assert m._read_at_hand_over(read_in_steps * step_s) is left_to_hand_over
+            m.step, m._next_due, m.budget.every, m._sampled.period_s = kept
+    finally:
+        h.close()

@@ -39,6 +39,7 @@ from time import perf_counter_ns
 from typing import Optional
 
 from placement import imports
+from placement.errors import say
 from placement.events import EventKind
 from placement.auto.steps import StepFinder
 from placement.roles import main_thread, set_main_thread
@@ -232,8 +233,8 @@ class AutoMonitor:
         except Exception as e:  # training goes on unmonitored, as under torchrun
             self.state = AutoState.CLOSED
             self.unhook()
-            print(f"placement: rank {self.session.rank}: the automatic monitor did not start "
-                  f"({type(e).__name__}: {e}); this rank runs without step records", file=sys.stderr, flush=True)
+            say(f"placement: rank {self.session.rank}: the automatic monitor did not start "
+                f"({type(e).__name__}: {e}); this rank runs without step records")
             return
         if handle.monitor is None:  # placement.monitor.enabled=false
             self.state = AutoState.CLOSED
@@ -277,7 +278,7 @@ class AutoMonitor:
             if not self.session.closed:
                 self.session.events.event(EventKind.WARNING, source="monitor", message=NO_STEP_LINE,
                                           batches_fetched=self.fetches)
-            print(f"placement: rank {self.session.rank}: {NO_STEP_LINE}", file=sys.stderr, flush=True)
+            say(f"placement: rank {self.session.rank}: {NO_STEP_LINE}")
         self.unhook()
 
 

@@ -23,6 +23,7 @@ from placement.bind.fork import rehome_forked_children
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
+from placement.errors import say
 from placement.events import EventKind
 from placement.identity import RankIdentity
 from placement.bind.nccl_env import NcclTimingMode, decide_nccl_env
@@ -121,4 +122,4 @@ def warn_rank(events, rank: int, message: str, *, event: bool = True) -> None:
     """One line on stderr naming the rank, and (unless event=False) a `warning` event."""
     if event:
         events.event(EventKind.WARNING, message=message)
-    print(f"placement: rank {rank}: {message}", file=sys.stderr)
+    say(f"placement: rank {rank}: {message}")

@@ -57,7 +57,6 @@ import fcntl
 import hashlib
 import os
 import socket
-import sys
 import tempfile
 from typing import Optional
 
@@ -66,7 +65,7 @@ from placement.bind import session as session_mod
 from placement.bind.stage1 import run_stage1, warn_rank
 from placement.bootstrap import start_session
 from placement.config import EnvSettings, PlacementConfig
-from placement.errors import PlacementError
+from placement.errors import PlacementError, say
 from placement.events import EventLog, check_log_dir, rank_log_path
 from placement.identity import RankIdentity
 from placement.plan.model import Plan
@@ -244,4 +243,4 @@ def run_id(job: str) -> str:
 
 
 def _say(line: str) -> None:
-    print(f"placement: ray worker {os.getpid()}: {line}", file=sys.stderr, flush=True)
+    say(f"placement: ray worker {os.getpid()}: {line}")

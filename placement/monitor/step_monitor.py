@@ -8,7 +8,8 @@ What
     The monitor thread (`placement_mon`, role `other`, so never on a hot core): every few steps
     (the budget's cadence) and at each hand-over, the hot threads' kernel counters (main's
     thread clock and schedstat, one pread per backward/nccl/pin_memory thread), each reading
-    tagged with the last step ended (probes/sampled.py); every monitor.rescan_every steps the
+    tagged with the last step ended (probes/sampled.py), a reading due within half the budget's
+    steps of a hand-over left to it (one wake-up for both); every monitor.rescan_every steps the
     span reading of every thread and a refresh of the thread list; every monitor.flush_every
     steps records are built, judged (records/verdict.py), handed to the observers (the tuner),
     encoded and written in one batch (sinks/); as soon as a window of an observer that judges
@@ -335,7 +336,10 @@ class StepMonitor:
             next_watch = watched + min(self.hang.poll_s, max(HELD_RETRY_MIN_S, self.comm.poll_interval_s()))
             wait_s = max(0.0, next_watch - time.monotonic())
             if sampled is not None:
-                wait_s = min(wait_s, sampled.wait_s())
+                read_in = sampled.wait_s()
+                if not self._read_at_hand_over(read_in):
+                    wait_s = min(wait_s, read_in)
+            c0 = time.thread_time_ns()
             try:
                 handed = self._wake.get(timeout=wait_s)  # a hand-over's last step (None: close)
                 woken = True
@@ -345,7 +349,17 @@ class StepMonitor:
                 return
             if sampled is not None:  # at a hand-over at once: its last step is then read near its end
                 try:
-                    sampled.take(due_only=not woken, at_most=handed)
+                    if woken:
+                        sampled.take(at_most=handed)
+                    elif sampled.due():
+                        # Woken to read. A hand-over due within half a reading's steps reads then:
+                        # one wake-up for both (a wake-up costs about what a reading does).
+                        if self._read_at_hand_over(0.0):
+                            sampled.postpone()
+                        else:
+                            # The reading's cost, which the budget judges, includes the wake-up
+                            # it took (benchmarks/monitor_thread.py: tens of us on a VM).
+                            sampled.take(woke_ns=time.thread_time_ns() - c0)
                 except Exception as e:
                     self.warn(f"probe:{type(e).__name__}", f"counter reading failed ({type(e).__name__}: "
                                                            f"{first_line(e)}); the figures it misses are spread over the next")
@@ -360,6 +374,14 @@ class StepMonitor:
             elif self._pending or self.comm.poll_interval_s() != math.inf:  # steps held for their comm figures
                 with self._holding():
                     self._build_held()
+
+    def _read_at_hand_over(self, read_in_s: float) -> bool:
+        """Whether the reading due in `read_in_s` would come within half a reading's steps of
+        the next hand-over, which takes one anyway: the thread then wakes once for both (a
+        wake-up costs about what a reading does). Steps are counted at the readings' pace."""
+        every = self.budget.every
+        step_s = self._sampled.period_s / every
+        return 2 * (self._next_due - self.step - read_in_s / step_s) <= every
 
     def _build_held(self) -> None:
         """Between hand-overs (the caller holds _lock): build the steps that were waiting for

@@ -28,8 +28,9 @@ How exact
 
 Cost
     On the monitor thread: one clock read and one pread per hot thread, every `every` steps'
-    worth of time (the budget's cadence, probes/budget.py); its CPU is counted in `cost_ns` and
-    judged with the hook's by that budget.
+    worth of time (the budget's cadence, probes/budget.py); its CPU, and that of the wake-up a
+    reading of its own took (about as much on a VM: benchmarks/monitor_thread.py), is counted in
+    `cost_ns` and judged with the hook's by that budget.
 """
 from __future__ import annotations
 
@@ -67,21 +68,27 @@ class SampledReads:
         """Seconds until the next reading is due."""
         return max(0.0, self._next_at - time.monotonic())
 
-    def take(self, due_only: bool = False, at_most: Optional[int] = None) -> None:
-        """Read now (with `due_only`, only when the period has passed), unless no step ended
-        since the last reading. `at_most`: a hand-over's last step, which the reading is put on
-        even when the training thread has gone past it (so that the hand-over's steps can be
-        built now, not at the next one: flushes and exchanges keep their steps)."""
-        now = time.monotonic()
-        if due_only and now < self._next_at:
-            return
-        self._next_at = now + self.period_s
+    def due(self) -> bool:
+        """The period since the last reading has passed."""
+        return time.monotonic() >= self._next_at
+
+    def postpone(self) -> None:
+        """No reading now: the next one is due a period from now (or at a take() before that)."""
+        self._next_at = time.monotonic() + self.period_s
+
+    def take(self, at_most: Optional[int] = None, woke_ns: int = 0) -> None:
+        """Read now, unless no step ended since the last reading. `at_most`: a hand-over's last
+        step, which the reading is put on even when the training thread has gone past it (so
+        that the hand-over's steps can be built now, not at the next one: flushes and exchanges
+        keep their steps). `woke_ns`: CPU the caller spent waking up for this reading, counted
+        in its cost."""
+        self._next_at = time.monotonic() + self.period_s
         tag = self._step_of()  # read before the counters: the reading is later than this step's end
         if at_most is not None and tag > at_most:
             tag = at_most
         if tag <= self._last_tag:
             return
-        c0 = time.thread_time_ns()
+        c0 = time.thread_time_ns() - woke_ns
         sampler = self._sampler
         main = sampler.main.step_read()
         hot = sampler.read_hot() if sampler.has_hot else ()
