@@ -75,8 +75,8 @@ def test_ddp_bucket_allreduce_is_timed_and_gradients_are_unchanged(tmp_path, glo
     x = torch.randn(16, 32)
     ddp = torch.nn.parallel.DistributedDataParallel(base)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},  # one rank: timed when asked
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "comm_timing": "wall"})
     ddp(x).square().mean().backward()
     plain(x).square().mean().backward()
     for a, b in zip(ddp.module.parameters(), plain.parameters()):
@@ -86,6 +86,31 @@ def test_ddp_bucket_allreduce_is_timed_and_gradients_are_unchanged(tmp_path, glo
     steps, lines = _steps(tmp_path)
     assert steps[0]["comm_count"] >= 1 and steps[0]["comm_ms"] > 0
     assert next(l for l in lines if l["type"] == "start")["ddp_hook"] is True
+
+
+def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_path, gloo_world_of_one):
+    """Its all-reduces move nothing, and the hook's Python call per bucket was the whole gap between
+    placerun and torchrun on it: under `auto` DDP keeps its own C++ all-reduce, and comm_ms is
+    null (not a figure missing the buckets), said once in the log."""
+    from placement.monitor.comm import ONE_RANK_LINE
+
+    torch.manual_seed(0)
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(32, 4)))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    x = torch.randn(16, 32)
+    for _ in range(3):
+        ddp(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    h.close()
+    steps, lines = _steps(tmp_path)
+    assert not getattr(ddp, "_comm_hooks", None) and not hasattr(ddp, "_placement_ddp_target")
+    assert len(steps) == 3 and all(s["comm_ms"] is None for s in steps)
+    assert next(l for l in lines if l["type"] == "start")["ddp_hook"] is False
+    said = [l for l in lines if l["type"] == "monitor" and l.get("message") == ONE_RANK_LINE]
+    assert len(said) == 1 and "comm_timing=wall" in ONE_RANK_LINE
 
 
 def test_nccl_modes_asked_on_gloo_fall_back_to_wall_time_with_a_warning(caplog):

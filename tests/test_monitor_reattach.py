@@ -1,6 +1,7 @@
 """close() then attach() again on one DDP model (a new phase of training): DDP comm hooks
 cannot be removed nor registered twice, so the one placement hook follows the current
-attach; the closed monitor's clock keeps nothing."""
+attach; the closed monitor's clock keeps nothing. (A one-rank world, so its buckets are timed
+only when asked: monitor.comm_timing=wall.)"""
 import json
 
 import torch
@@ -11,7 +12,7 @@ import placement
 
 def _phase(ddp, opt, log_dir, steps=4):
     h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(log_dir), "summary_every": 0})
+                         monitor={"log_dir": str(log_dir), "summary_every": 0, "comm_timing": "wall"})
     x = torch.randn(16, 32)
     for _ in range(steps):
         ddp(x).square().mean().backward()

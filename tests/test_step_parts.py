@@ -67,3 +67,38 @@ def test_the_report_table_and_trace_use_the_same_parts(tmp_path, capsys):
     steps = [e for e in trace["traceEvents"] if e.get("cat") == "step"]
     got = [(e["args"]["data_ms"], e["args"]["comm_ms"], e["args"]["cpu_stall_ms"], e["args"]["compute_ms"]) for e in steps]
     assert got == [(2.0, 8.0, 4.0, 6.0), (1.0, 8.0, 1.0, 0.0), (0.0, 10.0, 0.0, 20.0)]
+
+
+_ODD = (None, 0.0, -1.0, 0.5, 3.0, 7.5, 12.0, math.nan, math.inf)
+
+
+def test_split_and_verdict_hold_their_definitions_for_every_kind_of_figure():
+    """split_step and step_verdict are written out for the monitor thread's speed: for every mix of
+    missing, zero, negative, NaN, infinite and ordinary figures they are the plain definitions
+    (parts: each clamped to what the earlier ones left; verdict: the largest share over its
+    threshold, the later one on a tie, else balanced)."""
+    from placement.records.verdict import StepVerdict, step_verdict
+
+    def within(v, left):
+        return 0.0 if v is None or v != v else min(max(v, 0.0), left)
+
+    for step in (10.0, 0.0, -2.0, math.nan):
+        for data in _ODD:
+            for comm in _ODD:
+                for stall in _ODD:
+                    left = max(step, 0.0) if step == step else 0.0
+                    d = within(data, left)
+                    c = within(comm, left - d)
+                    s = None if stall is None or stall != stall else within(stall, left - d - c)
+                    want = (d, c, s, left - d - c - (s or 0.0))
+                    assert tuple(split_step(step, data, comm, stall)) == want, (step, data, comm, stall)
+                    for pcts in ((10.0, 30.0, 10.0), (0.0, 30.0, 5.0), (10.0, 0.0, 0.0)):
+                        best, ratio = StepVerdict.BALANCED, 1.0
+                        if not step <= 0:
+                            for verdict, ms, pct in ((StepVerdict.CPU_BOUND, stall, pcts[0]),
+                                                     (StepVerdict.COMM_BOUND, comm, pcts[1]),
+                                                     (StepVerdict.DATA_BOUND, data, pcts[2])):
+                                if ms is not None and pct > 0 and (100.0 * ms / step) / pct >= ratio:
+                                    best, ratio = verdict, (100.0 * ms / step) / pct
+                        got = step_verdict(step, data, comm, stall, *pcts)
+                        assert got is best, (step, data, comm, stall, pcts, got)

@@ -56,7 +56,7 @@ from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.budget import ProbeBudget
-from placement.monitor.comm.base import NO_COMM, CommStep, CommTiming, comm_step
+from placement.monitor.comm.base import CommStep, CommTiming, comm_step
 from placement.monitor.crossrank.exchange import Exchange, exchange_steps
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
 from placement.records.step import StepRecord
@@ -65,13 +65,13 @@ from placement.monitor.health.hang import HangWatch
 from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
-from placement.records.summary import stall_ms
+from placement.records.parts import split_step
 from placement.monitor.probes.counters import MainRead
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
-from placement.roles import name_this_thread
+from placement.roles import ThreadRole, name_this_thread
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
@@ -83,6 +83,7 @@ MAX_EXCHANGES_DUE = 16  # exchanges waiting for their steps to be built (see _se
 EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
+MAIN = ThreadRole.MAIN
 NEVER = 1 << 62  # a due step that never comes
 HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
@@ -138,6 +139,7 @@ class StepMonitor:
         # The step hook reads the comm clock itself: two attribute reads on a step without a
         # collective, where the call it replaced cost ~2 us cold (benchmarks/hook_profile.py).
         self._clock = comm.clock
+        self._no_comm = comm.no_collective
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
@@ -261,7 +263,7 @@ class StepMonitor:
         gate.in_step = True
         try:
             clock = self._clock
-            comm = clock.take_raw() if clock._count or clock._intervals else NO_COMM
+            comm = clock.take_raw() if clock._count or clock._intervals else self._no_comm
             if self._sampled is None:
                 sampler = self.sampler
                 self._raw.append((t0, self.data_ns, comm, sampler.main.step_read(),
@@ -546,6 +548,7 @@ class StepMonitor:
         late_comm = dict(zip(pending, self.comm.resolve([(starts[i], ends[i]) for i in pending]))) if pending else {}
         roles_of, probe_steps = self._role_samples(ready)
         tune = self._tune
+        runq_pct, comm_pct, data_pct, run = tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct, self.events.run
         batch = []
         t_last = self._t_last
         for i, r in enumerate(ready):
@@ -555,11 +558,12 @@ class StepMonitor:
             if r.span is not None:
                 merge_span(roles, r.span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
+            main = roles.get(MAIN)
+            parts = split_step(step_ms, data_ms, c, None if main is None else main.runq_ms)  # records/parts.py
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                              local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i],
-                             run=self.events.run)
-            rec.verdict = step_verdict(step_ms, data_ms, c, stall_ms(rec), tune.runq_wait_pct,
-                                       tune.comm_share_pct, tune.data_share_pct)
+                             run=run, parts=parts)
+            rec.verdict = step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct)
             batch.append(rec)
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())

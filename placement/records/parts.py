@@ -49,15 +49,17 @@ def _within(v: Optional[float], left: float) -> float:
 
 def split_step(step_ms: float, data_ms: Optional[float], comm_ms: Optional[float],
                main_runq_ms: Optional[float]) -> StepParts:
-    """A step's parts (the module docstring), in ms, adding up to max(step_ms, 0)."""
+    """A step's parts (the module docstring), in ms, adding up to max(step_ms, 0). The common
+    case (no data wait, no collective) skips their clamps: the monitor thread splits every step."""
     left = max(step_ms, 0.0) if step_ms == step_ms else 0.0
-    data = _within(data_ms, left)
+    data = _within(data_ms, left) if data_ms else 0.0
     left -= data
-    comm = _within(comm_ms, left)
+    comm = _within(comm_ms, left) if comm_ms else 0.0
     left -= comm
-    known = main_runq_ms is not None and main_runq_ms == main_runq_ms
-    stall = _within(main_runq_ms, left) if known else None
-    return StepParts(data, comm, stall, left - (stall or 0.0))
+    if main_runq_ms is None or main_runq_ms != main_runq_ms:
+        return StepParts(data, comm, None, left)
+    stall = _within(main_runq_ms, left)
+    return StepParts(data, comm, stall, left - stall)
 
 
 def record_parts(rec) -> StepParts:

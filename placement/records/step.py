@@ -29,7 +29,10 @@ _ROLE_NAMES = frozenset(r.value for r in ThreadRole)
 
 
 def _num(v: Any) -> str:
-    """A number (or None) as JSON; NaN and infinities as null, which JSON has no word for."""
+    """A number (or None) as JSON; NaN and infinities as null, which JSON has no word for.
+    (v - v is 0.0 for a finite float, NaN for NaN and the infinities.)"""
+    if v.__class__ is float:
+        return repr(v) if v - v == 0.0 else "null"
     if v is None or v != v or v in (math.inf, -math.inf):
         return "null"
     return repr(v)

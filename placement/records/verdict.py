@@ -26,17 +26,24 @@ class StepVerdict(Vocabulary):
 VERDICTS = StepVerdict.values()  # in this order: the report's columns keep a verdict as its index
 
 
+_CPU_BOUND, _COMM_BOUND, _DATA_BOUND, _BALANCED = (StepVerdict.CPU_BOUND, StepVerdict.COMM_BOUND,
+                                                  StepVerdict.DATA_BOUND, StepVerdict.BALANCED)
+
+
 def step_verdict(step_ms: float, data_ms: float, comm_ms: Optional[float], stall_ms: Optional[float],
                  runq_wait_pct: float, comm_share_pct: float, data_share_pct: float) -> StepVerdict:
+    """Written out, not looped over a table: the monitor thread judges every step."""
     if step_ms <= 0:
-        return StepVerdict.BALANCED
-    best, best_ratio = StepVerdict.BALANCED, 1.0
-    for verdict, ms, pct in ((StepVerdict.CPU_BOUND, stall_ms, runq_wait_pct),
-                             (StepVerdict.COMM_BOUND, comm_ms, comm_share_pct),
-                             (StepVerdict.DATA_BOUND, data_ms, data_share_pct)):
-        if ms is None or pct <= 0:
-            continue
-        ratio = (100.0 * ms / step_ms) / pct
+        return _BALANCED
+    best, best_ratio = _BALANCED, 1.0
+    if stall_ms is not None and runq_wait_pct > 0:
+        ratio = (100.0 * stall_ms / step_ms) / runq_wait_pct
         if ratio >= best_ratio:
-            best, best_ratio = verdict, ratio
+            best, best_ratio = _CPU_BOUND, ratio
+    if comm_ms is not None and comm_share_pct > 0:
+        ratio = (100.0 * comm_ms / step_ms) / comm_share_pct
+        if ratio >= best_ratio:
+            best, best_ratio = _COMM_BOUND, ratio
+    if data_ms is not None and data_share_pct > 0 and (100.0 * data_ms / step_ms) / data_share_pct >= best_ratio:
+        best = _DATA_BOUND
     return best

@@ -3,6 +3,7 @@ timed by wall time (gloo), NCCL's durations from PyTorch's own records (nccl.py,
 the process groups and their backends (groups.py); timing.py chooses the source and times DDP's
 bucket all-reduces through a comm hook."""
 from placement.monitor.comm.base import CommStep, CommTiming, OriginalCollectives
-from placement.monitor.comm.timing import install_ddp_hook, make_comm_timing
+from placement.monitor.comm.timing import ONE_RANK_LINE, install_ddp_hook, make_comm_timing, time_ddp_buckets
 
-__all__ = ["CommStep", "CommTiming", "OriginalCollectives", "install_ddp_hook", "make_comm_timing"]
+__all__ = ["CommStep", "CommTiming", "ONE_RANK_LINE", "OriginalCollectives", "install_ddp_hook", "make_comm_timing",
+           "time_ddp_buckets"]

@@ -32,11 +32,12 @@ class CommStep:
 
 
 NO_COMM = CommStep(0.0, 0, None)  # a step without collectives (shared: most steps of a gloo-less loop)
+UNMEASURED = CommStep(None, 0, None)  # a step of a job whose comm time is not measured (timing.ONE_RANK_LINE)
 
 
 def comm_step(raw) -> CommStep:
-    """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM as it is."""
-    if raw is NO_COMM:
+    """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM or UNMEASURED as it is."""
+    if raw.__class__ is CommStep:
         return raw
     intervals, count, enter_t = raw
     return CommStep(None if intervals is None else union_ms(intervals), count, enter_t)
@@ -126,6 +127,9 @@ class CommTiming:
     timed_calls = True  # whether call wall time is the comm time (blocking backends)
     settle_max_s = 0.0
     null_why: Optional[str] = None  # why the last in_collective() was None, when the source can say
+    # A step in which the clock saw no collective: NO_COMM, or UNMEASURED where collectives
+    # run unseen (a one-rank DDP job's buckets, timing.time_ddp_buckets).
+    no_collective: CommStep = NO_COMM
 
     def __init__(self, warn: WarnOnce):
         self.warn = warn

@@ -58,15 +58,35 @@ class DdpHookTarget:
         self.clock = clock
 
 
-def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollectives, warn: WarnOnce) -> bool:
-    """Register a DDP comm hook that all-reduces each bucket exactly as DDP's default does
-    (average over the group) and times it from the hook call to its future's completion
-    into the current attach's clock (the model's DdpHookTarget; a closed clock keeps nothing)."""
+# What a one-rank DDP job's log says of its comm time (time_ddp_buckets).
+ONE_RANK_LINE = ("comm time is not measured in a one-rank DDP job on gloo (comm_ms null): a rank alone moves "
+                 "nothing, and timing DDP's bucket all-reduces costs a Python call per bucket, ~8% of a small CPU "
+                 "step (benchmarks/framework_callbacks.py); placement.monitor.comm_timing=wall measures it")
+
+
+def time_ddp_buckets(mode: CommTimingMode, comm: CommTiming, world_size: int, model) -> bool:
+    """Whether DDP's bucket all-reduces are worth a comm hook. Not in a one-rank gloo world under
+    `auto`: its all-reduces move nothing, and the hook (a Python call and a `fut.then` callback
+    per bucket, as torch's own Python allreduce_hook has) is the whole gap between placerun and
+    torchrun on such a job. The clock is then untimed, so comm_ms is null, not a short figure:
+    the caller says ONE_RANK_LINE once. NCCL keeps the hook: its durations come from the flight
+    recorder, the hook gives the bucket counts its routes compare."""
+    return not (mode == CommTimingMode.AUTO and world_size == 1 and comm.timed_calls and _is_ddp(model))
+
+
+def _is_ddp(model) -> bool:
     try:
         from torch.nn.parallel import DistributedDataParallel
     except ImportError:
         return False
-    if not isinstance(model, DistributedDataParallel):
+    return isinstance(model, DistributedDataParallel)
+
+
+def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollectives, warn: WarnOnce) -> bool:
+    """Register a DDP comm hook that all-reduces each bucket exactly as DDP's default does
+    (average over the group) and times it from the hook call to its future's completion
+    into the current attach's clock (the model's DdpHookTarget; a closed clock keeps nothing)."""
+    if not _is_ddp(model):
         return False
     target = getattr(model, "_placement_ddp_target", None)
     if isinstance(target, DdpHookTarget):  # our hook from an earlier attach: follow this one
