@@ -5,7 +5,6 @@ only when asked: monitor.comm_timing=wall.)"""
 import json
 
 import torch
-import torch.distributed as dist
 
 import placement
 
