@@ -22,7 +22,7 @@ import re
 import threading
 from typing import Callable, Iterator, Optional
 
-from placement.errors import say
+from placement import errors
 from placement.metrics import names
 from placement.metrics.render import families
 from placement.metrics.state import RankMetrics, read_snapshot
@@ -95,7 +95,7 @@ class Exporter:
     every `every_s`. `say(line)` is told what goes wrong, once each."""
 
     def __init__(self, collector, port: int, textfile: Optional[str], every_s: float,
-                 say: Callable[[str], None] = lambda line: say(f"placement: {line}")):
+                 say: Callable[[str], None] = lambda line: errors.say(f"placement: {line}")):
         from prometheus_client import CollectorRegistry
 
         self.registry = CollectorRegistry(auto_describe=False)

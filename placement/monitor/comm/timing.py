@@ -15,8 +15,9 @@ What
 
 Cost
     The DDP comm hook costs a Python call (a GIL hold on the autograd thread) and a `fut.then`
-    future per bucket; on NCCL that is the price of the bucket all-reduces' counts and entry
-    times.
+    future per bucket, as torch's own Python allreduce_hook does (benchmarks/ddp_hook.py); on
+    NCCL that is the price of the bucket all-reduces' counts and entry times. A one-rank gloo
+    job is not given it under `auto` (time_ddp_buckets).
 """
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class DdpHookTarget:
 # What a one-rank DDP job's log says of its comm time (time_ddp_buckets).
 ONE_RANK_LINE = ("comm time is not measured in a one-rank DDP job on gloo (comm_ms null): a rank alone moves "
                  "nothing, and timing DDP's bucket all-reduces costs a Python call per bucket, ~8% of a small CPU "
-                 "step (benchmarks/framework_callbacks.py); placement.monitor.comm_timing=wall measures it")
+                 "step (benchmarks/ddp_hook.py); placement.monitor.comm_timing=wall measures it")
 
 
 def time_ddp_buckets(mode: CommTimingMode, comm: CommTiming, world_size: int, model) -> bool:
