@@ -115,6 +115,44 @@ def test_probe_of_a_thread_that_exits_says_thread_gone():
     probe.close()
 
 
+def test_a_thread_reading_its_own_counters_gets_its_files_figures_for_fewer_reads():
+    """The monitor thread reads itself at each span: getrusage(RUSAGE_THREAD) and sched_getcpu
+    give the task fields its stat and status files print, with one system call for two."""
+    box, ready, done = {}, threading.Event(), threading.Event()
+
+    def body():
+        probe = ThreadProbe(os.getpid(), threading.get_native_id(), lambda *_: None)
+        read, files = probe._read, []
+        probe._read = lambda name, reader: (files.append(name), read(name, reader))[1]
+        box["probe"], box["own_files"] = probe, files
+        box["before"] = probe.counters()
+        buf = bytearray(2048 * 4096)
+        for i in range(0, len(buf), 4096):  # a minor fault per page first touched
+            buf[i] = 1
+        box["after"] = probe.counters()
+        ready.set()
+        done.wait(30)
+
+    t = threading.Thread(target=body)
+    t.start()
+    try:
+        assert ready.wait(30)
+        probe = box["probe"]
+        own_files = list(box["own_files"])
+        from_outside = probe.counters()  # this thread is not that one: its stat and status files
+    finally:
+        done.set()
+        t.join()
+    before, after = box["before"], box["after"]
+    assert own_files == ["schedstat", "schedstat"]  # stat and status not read by the thread itself
+    assert box["own_files"][2:] == ["schedstat", "stat", "status"]
+    assert after.minflt - before.minflt >= 1024
+    assert after.minflt <= from_outside.minflt <= after.minflt + 100  # the same counter, read later
+    assert after.nivcsw <= from_outside.nivcsw
+    assert {after.cpu, from_outside.cpu} <= os.sched_getaffinity(0)
+    probe.close()
+
+
 def test_main_thread_probe_per_step_and_per_span():
     probe = MainThreadProbe(lambda *_: None)
     fd = _fd(f"/proc/self/task/{os.getpid()}/schedstat")

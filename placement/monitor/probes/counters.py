@@ -139,8 +139,14 @@ class ThreadProbe:
         return cpu_ns, runq_ns
 
     def counters(self, schedstat: bool = True) -> ThreadCounters:
-        """Every counter, schedstat's left None when not asked for (raises ThreadGone)."""
+        """Every counter, schedstat's left None when not asked for (raises ThreadGone). The
+        calling thread's own (the monitor thread reads itself at each span) from getrusage and
+        sched_getcpu: the same task fields as its stat and status files, one system call for two."""
         cpu_ns, runq_ns = self.schedstat() if schedstat else (None, None)
+        if self._clock is not None and self.tid == threading.get_native_id():
+            ru = resource.getrusage(resource.RUSAGE_THREAD)
+            return ThreadCounters(cpu_ns, runq_ns, ru.ru_minflt, ru.ru_nivcsw,
+                                  current_cpu() if current_cpu is not None else None)
         stat = self._read("stat", _procfs.stat_at)
         minflt, cpu = (stat.minflt, stat.last_cpu) if stat is not None else (None, None)
         return ThreadCounters(cpu_ns, runq_ns, minflt, self._read("status", _procfs.nonvoluntary_switches_at), cpu)

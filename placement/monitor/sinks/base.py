@@ -53,6 +53,8 @@ class ObserverSink:
         self.observers: list[Callable[[StepRecord], None]] = []
 
     def write(self, batch: Sequence[StepRecord]) -> None:
+        if not self.observers:
+            return
         for rec in batch:
             for fn in list(self.observers):
                 try:
