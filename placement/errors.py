@@ -22,7 +22,8 @@ class PlanError(PlacementError):
 
 def say(line: str) -> None:
     """One line on stderr, in one write: a job's ranks share that pipe, and print() writes a
-    line's text and its newline apart, so two ranks' lines could run together."""
+    line's text and its newline apart, so two ranks' lines could run together. (Inside a signal
+    handler, events._say writes to fd 2 itself.)"""
     stream = sys.stderr
     stream.write(line + "\n")
     stream.flush()

@@ -65,13 +65,13 @@ from placement.monitor.health.hang import HangWatch
 from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
-from placement.records.parts import split_step
+from placement.records.parts import record_parts
 from placement.monitor.probes.counters import MainRead
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
-from placement.roles import ThreadRole, name_this_thread
+from placement.roles import name_this_thread
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
@@ -83,7 +83,6 @@ MAX_EXCHANGES_DUE = 16  # exchanges waiting for their steps to be built (see _se
 EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
-MAIN = ThreadRole.MAIN
 NEVER = 1 << 62  # a due step that never comes
 HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
@@ -558,12 +557,12 @@ class StepMonitor:
             if r.span is not None:
                 merge_span(roles, r.span)
             c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
-            main = roles.get(MAIN)
-            parts = split_step(step_ms, data_ms, c, None if main is None else main.runq_ms)  # records/parts.py
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                              local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i],
-                             run=run, parts=parts)
-            rec.verdict = step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct)
+                             run=run)
+            # split once here and kept on the record: the digest, summary and metrics read them too
+            stall = record_parts(rec).cpu_stall_ms
+            rec.verdict = step_verdict(step_ms, data_ms, c, stall, runq_pct, comm_pct, data_pct)
             batch.append(rec)
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())

@@ -61,8 +61,8 @@ class DdpHookTarget:
 
 # What a one-rank DDP job's log says of its comm time (time_ddp_buckets).
 ONE_RANK_LINE = ("comm time is not measured in a one-rank DDP job on gloo (comm_ms null): a rank alone moves "
-                 "nothing, and timing DDP's bucket all-reduces costs a Python call per bucket, ~8% of a small CPU "
-                 "step (benchmarks/ddp_hook.py); placement.monitor.comm_timing=wall measures it")
+                 "nothing, and timing DDP's bucket all-reduces costs a Python call per bucket "
+                 "(benchmarks/ddp_hook.py); placement.monitor.comm_timing=wall measures it")
 
 
 def time_ddp_buckets(mode: CommTimingMode, comm: CommTiming, world_size: int, model) -> bool:
