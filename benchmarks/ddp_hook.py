@@ -11,7 +11,7 @@ Why
     Both hooks pay a Python call per bucket on the autograd thread and a `fut.then` callback on
     gloo's; a hook that returns the all-reduce's own future is refused by torch (the result must
     be a Python future: torch/csrc/distributed/c10d/python_comm_hook.cpp). Hence a one-rank
-    gloo DDP job keeps DDP's own all-reduce under comm_timing=auto (timing.time_ddp_buckets).
+    gloo DDP job keeps DDP's own all-reduce under comm_timing=auto (timing.ddp_bucket_route).
 
     python benchmarks/ddp_hook.py [--quick]
 

@@ -57,8 +57,9 @@ SHORT_FLOOR_MS = 0.025  # ... or this much per collective, whichever is larger (
 class Run:
     """One gpu_check run: its evidence directory, its clock, the commands it ran."""
 
-    def __init__(self, out: Path, budget_s: float, cpu: bool, quick: bool):
+    def __init__(self, out: Path, budget_s: float, cpu: bool, quick: bool, ablation=None):
         self.out, self.cpu, self.quick = out, cpu, quick
+        self.ablation = tuple(ablation or ABLATION_DEFAULT)  # the ablation section's rows
         # Logs and job outputs live beside, not in, the evidence directory: $OUT brings back only a
         # few files, so they travel as logs.tar.gz.
         self.logs = Path(tempfile.mkdtemp(prefix="gpu_check-logs-"))
@@ -333,9 +334,16 @@ def throughput(c: Run) -> dict:
 # --- ablation --------------------------------------------------------------------------------
 
 # placerun with one of its parts changed at a time (its overrides), against torchrun, on a quiet
-# node: where placerun is slower than torchrun, which part costs. Not in the default run.
-ABLATION = {"torchrun": None, "placerun": [], "policy_node": ["placement.policy=node"],
-            "monitor_off": ["placement.monitor.enabled=false"], "main_off_cpu0": ["placement.reserved_cpus=0"]}
+# node: where placerun is slower than torchrun, which part costs. Not in the default run. Each row:
+# (launcher, placerun overrides, job flags); the `_ddp` rows run the loop under DDP, so comm timing
+# (placement.monitor.comm_timing, its DDP comm hook on NCCL) has collectives to time.
+ABLATION = {"torchrun": ("torchrun", [], []), "placerun": ("placerun", [], []),
+            "policy_node": ("placerun", ["placement.policy=node"], []),
+            "monitor_off": ("placerun", ["placement.monitor.enabled=false"], []),
+            "main_off_cpu0": ("placerun", ["placement.reserved_cpus=0"], []),
+            "torchrun_ddp": ("torchrun", [], ["--ddp"]), "placerun_ddp": ("placerun", [], ["--ddp"]),
+            "comm_timing_off_ddp": ("placerun", ["placement.monitor.comm_timing=off"], ["--ddp"])}
+ABLATION_DEFAULT = ("torchrun", "placerun", "monitor_off", "torchrun_ddp", "placerun_ddp", "comm_timing_off_ddp")
 
 
 def ablation(c: Run) -> dict:
@@ -344,33 +352,46 @@ def ablation(c: Run) -> dict:
     ncpu = len(os.sched_getaffinity(0))
     workers = 2 if c.quick or ncpu <= 4 else 4
     job = loop_job(c, seconds, warm, workers)
-    runs: dict = {k: [] for k in ABLATION}
+    rows = {k: ABLATION[k] for k in c.ablation}
+    runs: dict = {k: [] for k in rows}
+    comm: dict = {k: [] for k in rows}
     errors: dict = {}
-    out: dict = {"rounds": rounds, "seconds": seconds}
+    out: dict = {"rounds": rounds, "seconds": seconds, "rows": list(rows)}
     for r in range(rounds):
-        if c.left_s() < 15 * len(ABLATION):
+        if c.left_s() < 15 * len(rows):
             out["rounds_left_out"] = f"from round {r + 1}: the section's time was spent"
             break
-        for name, keys in ABLATION.items():
+        for name, (launcher, keys, flags) in rows.items():
             if name in errors:
                 continue
             d = c.logs / f"ab_{name}_{r}"
             d.mkdir(parents=True, exist_ok=True)
-            launch = TORCHRUN if keys is None else PLACERUN
-            own = [] if keys is None else [f"placement.monitor.log_dir={d}", *keys]
-            argv = launch + ["--standalone", "--nproc-per-node", "1", *own] + job + ["--out", str(d / "job.json")]
+            launch = TORCHRUN if launcher == "torchrun" else PLACERUN
+            own = [] if launcher == "torchrun" else [f"placement.monitor.log_dir={d}", *keys]
+            argv = launch + ["--standalone", "--nproc-per-node", "1", *own] + job + flags + ["--out", str(d / "job.json")]
             res = c.run(f"ab_{name}", argv, 90)
             if res["rc"] != 0 or not (d / "job.json").exists():
                 errors[name] = res["why"] or "the job wrote no result"
                 continue
             runs[name].append(json.loads((d / "job.json").read_text()))
+            start, steps, _ = read_log(d / "rank0.jsonl")
+            if steps:  # what placerun's monitor recorded of the job's collectives
+                comm[name].append({"ddp_hook": start.get("ddp_hook"), "comm_timing": start.get("comm_timing"),
+                                   "comm_null_pct": round(100 * sum(s.get("comm_ms") is None for s in steps) / len(steps), 1),
+                                   "comm_count": statistics.median(s.get("comm_count", 0) for s in steps),
+                                   "comm_ms_median": statistics.median(s["comm_ms"] for s in steps if s.get("comm_ms") is not None)
+                                   if any(s.get("comm_ms") is not None for s in steps) else None})
     out["errors"] = errors
-    base = statistics.median(j["steps_per_s"] for j in runs["torchrun"]) if runs["torchrun"] else None
     for name, js in runs.items():
-        if js:
-            med = statistics.median(j["steps_per_s"] for j in js)
-            out[name] = {"steps_per_s": [round(j["steps_per_s"], 1) for j in js], "median": round(med, 1),
-                         "vs_torchrun": round(med / base, 3) if base else None, "main_cpus": js[-1]["main_cpus"]}
+        if not js:
+            continue
+        # Each row against torchrun running the same job (with or without DDP).
+        base_rows = runs.get("torchrun_ddp" if "--ddp" in rows[name][2] else "torchrun") or []
+        base = statistics.median(j["steps_per_s"] for j in base_rows) if base_rows else None
+        med = statistics.median(j["steps_per_s"] for j in js)
+        out[name] = {"steps_per_s": [round(j["steps_per_s"], 1) for j in js], "median": round(med, 1),
+                     "vs_torchrun": round(med / base, 3) if base else None, "main_cpus": js[-1]["main_cpus"],
+                     "monitor_comm": comm[name]}
     return out
 
 
@@ -462,6 +483,10 @@ def headline(result: dict) -> dict:
         if mode in co:
             h[f"cost_{mode}_pct_of_step"] = co[mode].get("pct_of_step")
             h[f"cost_{mode}_monitor_pct_of_step"] = co[mode].get("monitor_pct_of_step")
+    ab = s.get("ablation") or {}
+    for name in ABLATION:
+        if isinstance(ab.get(name), dict):
+            h[f"ablation_{name}_vs_torchrun"] = ab[name].get("vs_torchrun")
     h["section_errors"] = {k: v["section_error"] for k, v in s.items() if isinstance(v, dict) and "section_error" in v}
     return h
 
@@ -501,8 +526,9 @@ def summary(result: dict) -> str:
             lines.append(f"  cost {mode}: {co[mode]}")
     ab = s.get("ablation") or {}
     for name in ABLATION:
-        if name in ab:
-            lines.append(f"  ablation {name}: {ab[name]['median']} steps/s ({ab[name]['vs_torchrun']}x torchrun)")
+        if isinstance(ab.get(name), dict):
+            lines.append(f"  ablation {name}: {ab[name]['median']} steps/s ({ab[name]['vs_torchrun']}x torchrun)"
+                         + (f" comm {ab[name]['monitor_comm'][-1]}" if ab[name].get("monitor_comm") else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -512,6 +538,8 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     p.add_argument("--only", default=",".join(DEFAULT),
                    help=f"comma list of sections (default {','.join(DEFAULT)}; also: ablation)")
+    p.add_argument("--ablation", default=",".join(ABLATION_DEFAULT),
+                   help=f"ablation: comma list of rows (default {','.join(ABLATION_DEFAULT)}; all: {','.join(ABLATION)})")
     p.add_argument("--budget-s", type=float, default=None, help="time for all sections (default 360, quick 240)")
     p.add_argument("--out", default=None, help="evidence directory (default $OUT, else a new temporary one)")
     args = p.parse_args(argv)
@@ -520,9 +548,15 @@ def main(argv=None) -> int:
     if bad:
         print(f"gpu_check: --only {','.join(bad)} is not a section; valid: {', '.join(SECTIONS)}", file=sys.stderr)
         return 2
+    rows = [r for r in args.ablation.split(",") if r]
+    bad = [r for r in rows if r not in ABLATION]
+    if bad or not rows:
+        print(f"gpu_check: --ablation {args.ablation!r}: {','.join(bad) or 'no row'} is not a row; valid: "
+              f"{', '.join(ABLATION)}", file=sys.stderr)
+        return 2
     out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu_check-"))
     out.mkdir(parents=True, exist_ok=True)
-    c = Run(out, args.budget_s or (240.0 if args.quick else 360.0), args.cpu, args.quick)
+    c = Run(out, args.budget_s or (240.0 if args.quick else 360.0), args.cpu, args.quick, rows)
     print(f"gpu_check: evidence in {out}, logs in {c.logs}", file=sys.stderr)
     for name in only:
         left = c.left_s()

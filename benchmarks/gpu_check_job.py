@@ -10,7 +10,8 @@ each writes what it measured to --out as one JSON object (rank 0). No placement 
                 iteration so placerun's automatic monitor makes step records.
     throughput  a launch-bound loop (many small layers: the main thread's speed sets the step
                 rate) fed by DataLoader workers that do CPU work per sample; steps/s over a timed
-                window after a warm-up.
+                window after a warm-up. --ddp wraps the model in DistributedDataParallel, so each
+                step all-reduces its gradient buckets (under placerun, through its comm timing).
     cost        a GPU-bound step of ~10 ms (matrix products, no host sync inside the step) plus a
                 small model's optimizer step; median step time; --attach starts placement.attach().
 """
@@ -132,6 +133,10 @@ def throughput(args) -> dict:
     for _ in range(args.layers):
         layers += [torch.nn.Linear(128, 128), torch.nn.ReLU()]
     model = torch.nn.Sequential(*layers).to(device)
+    if args.ddp:
+        # 48 layers of 128x128 are ~3 MB of gradients: DDP's default 25 MB bucket cap makes one or two
+        # buckets (torch/nn/parallel/distributed.py, bucket_cap_mb).
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=1e-4, foreach=True)
     loader = torch.utils.data.DataLoader(Samples(10**7, args.sample_work), batch_size=32,
                                          num_workers=args.workers, pin_memory=device.type == "cuda",
@@ -159,7 +164,8 @@ def throughput(args) -> dict:
                 break
     out = {"job": "throughput", "device": str(device), "steps": steps, "seconds": elapsed,
            "steps_per_s": steps / elapsed, "main_cpus": sorted(os.sched_getaffinity(0)),
-           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads()}
+           "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "torch_threads": torch.get_num_threads(),
+           "ddp": args.ddp}
     dist.destroy_process_group()
     return out
 
@@ -212,6 +218,7 @@ def main(argv=None) -> int:
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--sample-work", type=int, default=2000)
     p.add_argument("--attach", action="store_true")
+    p.add_argument("--ddp", action="store_true", help="throughput: wrap the model in DistributedDataParallel")
     p.add_argument("--reps", type=int, default=0, help="cost: matrix products per step (0: as many as ~10 ms)")
     args = p.parse_args(argv)
     result = {"comm": comm, "throughput": throughput, "cost": cost}[args.job](args)

@@ -48,7 +48,7 @@ from placement.monitor import exitflush
 # The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
 # stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
 from placement.monitor.comm import timing as monitor_comm
-from placement.monitor.comm.base import UNMEASURED
+from placement.monitor.comm.base import UNSEEN
 from placement.monitor.comm.groups import default_backend
 from placement.monitor.crossrank.exchange import Exchange, default_store
 from placement.monitor.health.peers import PeerLiveness
@@ -498,10 +498,13 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
             original = None
     ddp_timed = False
     if model is not None and original is not None and cfg.monitor.comm_timing != "off":
-        if monitor_comm.time_ddp_buckets(cfg.monitor.comm_timing, comm, world_size, model):
+        route = monitor_comm.ddp_bucket_route(cfg.monitor.comm_timing, comm, world_size, model)
+        if route is monitor_comm.DdpBuckets.HOOK:
             ddp_timed = monitor_comm.install_ddp_hook(model, comm.clock, original, warn)
-        else:
-            comm.clock.timed, comm.no_collective = False, UNMEASURED
+        elif route is monitor_comm.DdpBuckets.RECORDER:
+            comm.no_collective = UNSEEN
+        elif route is monitor_comm.DdpBuckets.UNMEASURED:
+            comm.clock.timed, comm.no_collective = False, UNSEEN
             events.event(EventKind.MONITOR, source="monitor", message=monitor_comm.ONE_RANK_LINE, comm_ms=None)
     exchange = None
     if dist is not None and world_size > 1:

@@ -636,3 +636,40 @@ def test_a_stall_dump_that_hangs_is_given_up_in_bounded_time_and_said(caplog):
         assert len(said) == 1 and "did not answer within" in said[0], said
     finally:
         release.set()
+
+
+def test_flight_recorder_gives_unseen_collectives_their_count_and_entry_time():
+    """DDP's bucket all-reduces reach no Python wrapper when no comm hook is installed
+    (timing.ddp_bucket_route): a step the clock saw nothing of takes its count, first enqueue
+    time and durations from the ring; one the ring holds nothing of had no collective (0.0);
+    one the clock saw a call in (e.g. on a gloo group) but the ring did not stays null."""
+    from placement.monitor.comm.base import UNSEEN, CommStep
+    t = time.time() - 10
+    entries = [fr_entry(0, t + 0.01, duration_ms=2.5, completed_s=t + 0.05, retired=True),
+               fr_entry(1, t + 0.02, duration_ms=1.5, completed_s=t + 0.06, retired=True),
+               fr_entry(2, t + 0.25, duration_ms=8.0, completed_s=t + 0.29, retired=True)]
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json(entries)])], timing_on=True,
+                                  since=0)
+    assert comm.sees_all
+    comm.poll_if_due(final=True)
+    seen_gloo = CommStep(None, 1, t + 0.15)
+    got = comm.resolve_steps([(t, t + 0.1), (t + 0.1, t + 0.2), (t + 0.2, t + 0.3), (t + 0.3, t + 0.4)],
+                             [UNSEEN, seen_gloo, CommStep(None, 1, t + 0.21), UNSEEN])
+    assert got[0] == CommStep(4.0, 2, pytest.approx(t + 0.01))
+    assert got[1] == CommStep(None, 1, t + 0.15)  # the clock's call is not in the ring: null, not 0
+    assert got[2] == CommStep(8.0, 1, pytest.approx(t + 0.21))  # the earlier of the two entry times
+    assert got[3] == CommStep(0.0, 0, None)
+
+
+def test_a_recorder_that_may_miss_collectives_does_not_call_an_empty_step_zero():
+    """Without a ring (TORCH_FR_BUFFER_SIZE=0) nothing is recorded, so the recorder cannot say a
+    step had no collective: sees_all is false, an unseen step stays null."""
+    from placement.monitor.comm.base import UNSEEN
+    comm = NcclFlightRecorderComm(WarnOnce(), sources=[_standin_source([fr_dump_json([])] * 3)], timing_on=True,
+                                  environ={"TORCH_FR_BUFFER_SIZE": "0"}, since=0)
+    assert not comm.sees_all
+    t = time.time() - 10
+    comm.poll_if_due(final=True)
+    assert [s.comm_ms for s in comm.resolve_steps([(t, t + 0.1)], [UNSEEN])] == [None]
+    hook = NcclHookComm(WarnOnce(), groups=[])
+    assert not hook.sees_all

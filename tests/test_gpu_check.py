@@ -85,3 +85,10 @@ def test_bad_section_is_one_line_exit_2():
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
     assert "gpu" in p.stderr and "machine, selftest, comm" in p.stderr
+
+
+def test_bad_ablation_row_is_one_line_exit_2():
+    p = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_check.py"), "--only", "ablation",
+                        "--ablation", "placerun,gpu_ddp"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().count("\n") == 0
+    assert "gpu_ddp" in p.stderr and "placerun_ddp" in p.stderr

@@ -113,6 +113,28 @@ def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_
     assert len(said) == 1 and "comm_timing=wall" in ONE_RANK_LINE
 
 
+def test_ddp_buckets_are_seen_by_the_recorder_where_it_sees_all_else_by_the_hook(gloo_world_of_one):
+    """The route each DDP job's bucket all-reduces take (timing.ddp_bucket_route)."""
+    from placement.config import CommTimingMode as M
+    from placement.monitor.comm import DdpBuckets, ddp_bucket_route
+    from placement.monitor.comm.flight_recorder import DumpSource
+
+    ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(torch.nn.Linear(8, 2)))
+    fr = NcclFlightRecorderComm(WarnOnce(), sources=[DumpSource("nccl", "server", "dump_nccl_trace_json", lambda: "{}")],
+                                timing_on=True, since=0)
+    wall = make_comm_timing("auto", "gloo", WarnOnce())
+    hook = NcclHookComm(WarnOnce(), groups=[])
+    assert fr.sees_all and ddp_bucket_route(M.AUTO, fr, 8, ddp) is DdpBuckets.RECORDER
+    assert ddp_bucket_route(M.FLIGHT_RECORDER, fr, 1, ddp) is DdpBuckets.RECORDER
+    assert ddp_bucket_route(M.HOOK, hook, 8, ddp) is DdpBuckets.HOOK  # it settles by the counts the hook enters
+    assert ddp_bucket_route(M.AUTO, wall, 1, ddp) is DdpBuckets.UNMEASURED
+    assert ddp_bucket_route(M.AUTO, wall, 2, ddp) is DdpBuckets.HOOK
+    assert ddp_bucket_route(M.WALL, wall, 1, ddp) is DdpBuckets.HOOK
+    assert ddp_bucket_route(M.AUTO, fr, 8, torch.nn.Linear(2, 2)) is DdpBuckets.NOT_DDP
+    hook.close()
+    fr.close()
+
+
 def test_nccl_modes_asked_on_gloo_fall_back_to_wall_time_with_a_warning(caplog):
     caplog.set_level(logging.WARNING)
     timing = make_comm_timing("hook", "gloo", WarnOnce())
@@ -152,6 +174,46 @@ def test_nccl_comm_time_on_a_one_gpu_group(tmp_path, mode, monkeypatch):
         assert all(s["comm_count"] == 4 for s in steps)
         timed = [s["comm_ms"] for s in steps if s["comm_ms"]]
         assert len(timed) >= 5 and all(ms > 0 for ms in timed)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_ddp_on_nccl_has_no_comm_hook_and_its_buckets_come_from_the_flight_recorder(tmp_path, monkeypatch):
+    """Under `auto` a DDP model on NCCL gets no comm hook (its Python call per bucket takes the
+    GIL on the autograd thread): each step's bucket all-reduces, their count, first enqueue
+    time and durations come from the flight recorder."""
+    monkeypatch.setenv("TORCH_NCCL_ENABLE_TIMING", "1")  # what placerun sets on GPU ranks
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1,
+                            device_id=torch.device("cuda", 0))
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)]).cuda()
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0], bucket_cap_mb=2)
+        opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+        h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
+                             monitor={"log_dir": str(tmp_path), "flush_every": 5, "summary_every": 0})
+        x = torch.randn(64, 1024, device="cuda")
+        for _ in range(12):
+            ddp(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            time.sleep(0.15)  # let the watchdog (kWatchdogThreadSleepMillis = 100) retire them
+        h.close()
+        steps, lines = _steps(tmp_path)
+        start = next(l for l in lines if l["type"] == "start")
+        assert start["comm_timing"] == "flight_recorder" and start["ddp_hook"] is False
+        assert not getattr(ddp, "_comm_hooks", None)
+        # DDP's first backward all-reduces one bucket; the second forward rebuilds the buckets
+        # (Reducer::rebuild_buckets, two broadcasts of sync_bucket_indices), then 16 MB of
+        # gradients go in 4 buckets of 2 MB caps. The hook saw only the all-reduces; the recorder
+        # sees the broadcasts too. (The same sequence on gloo in torch's generic recorder.)
+        assert [s["comm_count"] for s in steps] == [1, 6] + [4] * (len(steps) - 2)
+        timed = [s for s in steps if s["comm_ms"]]
+        assert len(timed) >= len(steps) - 1 and all(s["comm_ms"] > 0 for s in timed)
+        assert all(s["comm_enter_t"] is not None and s["comm_enter_t"] <= s["t"] for s in steps)
     finally:
         dist.destroy_process_group()
 

@@ -544,19 +544,20 @@ class StepMonitor:
         ends = [anchor_wall + (r.end_ns - anchor_ns) / 1e9 for r in ready]
         starts = [self._wall_last] + ends[:-1]
         pending = [i for i, r in enumerate(ready) if r.comm.comm_ms is None]
-        late_comm = dict(zip(pending, self.comm.resolve([(starts[i], ends[i]) for i in pending]))) if pending else {}
+        late_comm = dict(zip(pending, self.comm.resolve_steps([(starts[i], ends[i]) for i in pending],
+                                                              [ready[i].comm for i in pending]))) if pending else {}
         roles_of, probe_steps = self._role_samples(ready)
         tune = self._tune
         runq_pct, comm_pct, data_pct, run = tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct, self.events.run
         batch = []
         t_last = self._t_last
         for i, r in enumerate(ready):
-            comm = r.comm
+            comm = late_comm.get(i, r.comm)
             step_ms, data_ms, t_last = (r.end_ns - t_last) / 1e6, r.data_ns / 1e6, r.end_ns
             roles = roles_of[i]
             if r.span is not None:
                 merge_span(roles, r.span)
-            c = comm.comm_ms if comm.comm_ms is not None else late_comm.get(i)
+            c = comm.comm_ms
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                              local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i],
                              run=run)

@@ -32,11 +32,14 @@ class CommStep:
 
 
 NO_COMM = CommStep(0.0, 0, None)  # a step without collectives (shared: most steps of a gloo-less loop)
-UNMEASURED = CommStep(None, 0, None)  # a step of a job whose comm time is not measured (timing.ONE_RANK_LINE)
+# A step in which the clock saw no collective, of a job whose collectives run unseen by it (DDP's
+# bucket all-reduces without a comm hook, timing.ddp_bucket_route): its figures are the source's
+# (CommTiming.resolve_steps): the flight recorder's on NCCL, null where none has them.
+UNSEEN = CommStep(None, 0, None)
 
 
 def comm_step(raw) -> CommStep:
-    """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM or UNMEASURED as it is."""
+    """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM or UNSEEN as it is."""
     if raw.__class__ is CommStep:
         return raw
     intervals, count, enter_t = raw
@@ -127,9 +130,12 @@ class CommTiming:
     timed_calls = True  # whether call wall time is the comm time (blocking backends)
     settle_max_s = 0.0
     null_why: Optional[str] = None  # why the last in_collective() was None, when the source can say
-    # A step in which the clock saw no collective: NO_COMM, or UNMEASURED where collectives
-    # run unseen (a one-rank DDP job's buckets, timing.time_ddp_buckets).
+    # A step in which the clock saw no collective: NO_COMM, or UNSEEN where collectives run
+    # unseen (DDP's buckets without a comm hook, timing.ddp_bucket_route).
     no_collective: CommStep = NO_COMM
+    # Whether the source itself holds every collective of this rank, counts and entry times
+    # included, so that DDP's buckets need no comm hook (the NCCL flight recorder).
+    sees_all = False
 
     def __init__(self, warn: WarnOnce):
         self.warn = warn
@@ -159,6 +165,11 @@ class CommTiming:
     def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
         """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""
         return [None] * len(spans)
+
+    def resolve_steps(self, spans: list[tuple[float, float]], seen: list[CommStep]) -> list[CommStep]:
+        """The figures of steps built with comm_ms None (durations that arrive late, collectives
+        the clock does not see), given their (start, end) wall times and what the clock saw."""
+        return [CommStep(ms, s.count, s.enter_t) for ms, s in zip(self.resolve(spans), seen)]
 
     def close(self) -> None:
         self.clock.closed = True

@@ -24,7 +24,9 @@ What
     (FR time_created_ns, CLOCK_REALTIME; WorkNCCL::workStartTime_, set when the work is made).
     A step's comm_ms is the sum of its collectives' GPU durations (collectives of different
     groups overlapping on different streams each count). A step none of whose collectives has a
-    duration is null, never 0.
+    duration is null, never 0. The flight recorder holds every collective, so its entries also
+    give a step's collective count and first enqueue time where no Python call saw them: DDP's
+    bucket all-reduces, which then need no comm hook (timing.ddp_bucket_route).
 
 Why
     NCCL calls return at enqueue, so their wall time says nothing.
@@ -53,10 +55,10 @@ from typing import Optional
 
 from placement.config import CommTimingMode
 from placement.events import EventKind
-from placement.monitor.comm.base import CommTiming
+from placement.monitor.comm.base import CommStep, CommTiming
 from placement.monitor.comm.groups import nccl_groups
-from placement.monitor.comm.flight_recorder import (DumpSource, RingReader, Settled, dump_sources, entries_from, ring_setting,
-                                                settled_test)
+from placement.monitor.comm.flight_recorder import (NCCL, DumpSource, RingReader, Settled, dump_sources, entries_from,
+                                                ring_setting, settled_test)
 from placement.bind.nccl_env import TIMING_VAR, timing_enabled_by_env
 from placement.monitor.warn import WarnOnce, first_line
 
@@ -95,6 +97,8 @@ class NullCause(enum.Enum):
 class CommFigure:
     ms: Optional[float]
     null: Optional[NullCause] = None
+    count: int = 0  # collectives enqueued in the span
+    first_t: Optional[float] = None  # the first one's enqueue wall time
 
 
 class Ledger:
@@ -127,14 +131,15 @@ class Ledger:
             lo, hi = bisect.bisect_left(self._times, s), bisect.bisect_left(self._times, e)
             u0, u1 = bisect.bisect_left(self.unsettled, s), bisect.bisect_left(self.unsettled, e)
             durs = [d for d in self._durs[lo:hi] if d is not None]
+            n, first = hi - lo, (self._times[lo] if hi > lo else None)
             if u1 > u0:
-                out.append(CommFigure(None, NullCause.UNSETTLED))
+                out.append(CommFigure(None, NullCause.UNSETTLED, n, first))
             elif any(g0 < e and g1 > s for g0, g1 in self._gaps):
-                out.append(CommFigure(None, NullCause.LOST))
+                out.append(CommFigure(None, NullCause.LOST, n, first))
             elif any(self._owed[lo:hi]):
-                out.append(CommFigure(None, NullCause.MISSING))
+                out.append(CommFigure(None, NullCause.MISSING, n, first))
             else:
-                out.append(CommFigure(sum(durs) if durs else None, None if durs else NullCause.UNTIMED))
+                out.append(CommFigure(sum(durs) if durs else None, None if durs else NullCause.UNTIMED, n, first))
         if spans:
             cut = bisect.bisect_left(self._times, spans[-1][1])
             del self._times[:cut], self._durs[:cut], self._owed[:cut]
@@ -160,7 +165,29 @@ class NcclTiming(CommTiming):
     def why_null(self) -> str:
         raise NotImplementedError
 
-    def _judge_nulls(self, got: list[CommFigure]) -> list[Optional[float]]:
+    def _take(self, spans: list[tuple[float, float]]) -> list[CommFigure]:
+        return self.ledger.take(spans)
+
+    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
+        return [g.ms for g in self._judge_nulls(self._take(spans))] if spans else []
+
+    def resolve_steps(self, spans: list[tuple[float, float]], seen: list[CommStep]) -> list[CommStep]:
+        """The ledger's figures joined with the clock's: its count and first enqueue time count
+        too (DDP's buckets reach only the ledger when no hook is installed), and where the
+        source sees every collective (sees_all), a span it holds none of had none: 0.0."""
+        if not spans:
+            return []
+        got = self._take(spans)
+        if self.sees_all:
+            got = [CommFigure(0.0, None) if g.null is NullCause.UNTIMED and g.count == 0 and s.count == 0 else g
+                   for g, s in zip(got, seen)]
+        out = []
+        for g, s in zip(self._judge_nulls(got), seen):
+            enter = g.first_t if s.enter_t is None else s.enter_t if g.first_t is None else min(s.enter_t, g.first_t)
+            out.append(CommStep(g.ms, max(s.count, g.count), enter))
+        return out
+
+    def _judge_nulls(self, got: list[CommFigure]) -> list[CommFigure]:
         self.steps_resolved += len(got)
         self.steps_measured += sum(1 for g in got if g.ms is not None)
         for g in got:
@@ -174,7 +201,7 @@ class NcclTiming(CommTiming):
         if self.steps_measured == 0 and self.steps_resolved >= self.window:
             self.warn("nccl-comm-null", f"NCCL comm time is null for all {self.steps_resolved} steps so far "
                                         f"(monitor.comm_timing={self.name}): {self.why_null()}")
-        return [g.ms for g in got]
+        return got
 
     def null_counts(self) -> dict:
         return {f"comm_{cause.value}": n for cause, n in self.null_steps.items()}
@@ -228,13 +255,11 @@ class NcclHookComm(NcclTiming):
     def settled_through(self) -> float:
         return self._through if self.groups else math.inf
 
-    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
-        if not spans:
-            return []
+    def _take(self, spans: list[tuple[float, float]]) -> list[CommFigure]:
         # Spans after the settled point are built only past SETTLE_MAX_S: their collectives
         # may still be reported, so they are null rather than short.
         self.ledger.unsettled = [] if spans[-1][1] <= self._through else [max(self._through, spans[0][0])]
-        return self._judge_nulls(self.ledger.take(spans))
+        return self.ledger.take(spans)
 
     def why_null(self) -> str:
         if not self.groups:
@@ -472,10 +497,12 @@ class NcclFlightRecorderComm(NcclTiming):
     def poll_interval_s(self) -> float:
         return self.cadence.interval_s
 
-    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
-        if not spans:
-            return []
-        return self._judge_nulls(self.ledger.take(spans))
+    @property
+    def sees_all(self) -> bool:
+        """The ring holds every NCCL collective this rank enqueues, DDP's buckets included
+        (ProcessGroupNCCL records each at enqueue), when the NCCL recorder itself is read and
+        has a ring (a build that merged the recorders is not counted on: the DDP hook stays)."""
+        return self.source is not None and self.source.recorder == NCCL and self.ring > 0
 
     def why_null(self) -> str:
         if self.source is None:

@@ -8,19 +8,24 @@ What
       comm_ms is the union of those intervals within the step (buckets overlap).
     - NCCL: calls return at enqueue, so the wrappers give only entry times and counts; the
       durations come from PyTorch's own per-collective records (placement.monitor.comm.nccl).
-      The DDP comm hook stays: it gives the bucket all-reduces' counts and entry times.
+      DDP's bucket all-reduces are in the flight recorder too, counts and enqueue times
+      included, so they get no comm hook there (ddp_bucket_route).
 
     The interface, the per-step figure and the collective wrappers every source shares live in
     placement.monitor.comm.base; make_comm_timing() here chooses the source.
 
 Cost
-    The DDP comm hook costs a Python call (a GIL hold on the autograd thread) and a `fut.then`
-    future per bucket, as torch's own Python allreduce_hook does (benchmarks/ddp_hook.py); on
-    NCCL that is the price of the bucket all-reduces' counts and entry times. A one-rank gloo
-    job is not given it under `auto` (time_ddp_buckets).
+    The DDP comm hook costs a Python call and a `fut.then` future per bucket, as torch's own
+    Python allreduce_hook does (benchmarks/ddp_hook.py), and each call takes the GIL on the
+    autograd thread in the middle of backward, where DDP's own all-reduce takes none: on a GPU a
+    launch-bound DDP loop is measurably slower with it (`benchmarks/gpu_check.py --only ablation`,
+    docs/benchmarks.md). So it is installed only
+    where nothing else sees the buckets: gloo (wall time), NCCL's completion-hook route, a
+    torch whose NCCL flight recorder cannot be read; never in a one-rank gloo job under `auto`.
 """
 from __future__ import annotations
 
+import enum
 from typing import Optional
 
 from placement.config import CommTimingMode
@@ -59,20 +64,34 @@ class DdpHookTarget:
         self.clock = clock
 
 
-# What a one-rank DDP job's log says of its comm time (time_ddp_buckets).
+# What a one-rank DDP job's log says of its comm time (ddp_bucket_route).
 ONE_RANK_LINE = ("comm time is not measured in a one-rank DDP job on gloo (comm_ms null): a rank alone moves "
                  "nothing, and timing DDP's bucket all-reduces costs a Python call per bucket "
                  "(benchmarks/ddp_hook.py); placement.monitor.comm_timing=wall measures it")
 
 
-def time_ddp_buckets(mode: CommTimingMode, comm: CommTiming, world_size: int, model) -> bool:
-    """Whether DDP's bucket all-reduces are worth a comm hook. Not in a one-rank gloo world under
-    `auto`: its all-reduces move nothing, and the hook (a Python call and a `fut.then` callback
-    per bucket, as torch's own Python allreduce_hook has) is the whole gap between placerun and
-    torchrun on such a job. The clock is then untimed, so comm_ms is null, not a short figure:
-    the caller says ONE_RANK_LINE once. NCCL keeps the hook: its durations come from the flight
-    recorder, the hook gives the bucket counts its routes compare."""
-    return not (mode == CommTimingMode.AUTO and world_size == 1 and comm.timed_calls and _is_ddp(model))
+class DdpBuckets(enum.Enum):
+    """How a model's DDP bucket all-reduces are seen (ddp_bucket_route)."""
+
+    NOT_DDP = "not_ddp"  # no DDP model: nothing to decide
+    HOOK = "hook"  # placement's DDP comm hook times them (install_ddp_hook)
+    RECORDER = "flight_recorder"  # the NCCL flight recorder holds them; no hook
+    UNMEASURED = "unmeasured"  # a one-rank gloo job under `auto`: not measured (ONE_RANK_LINE)
+
+
+def ddp_bucket_route(mode: CommTimingMode, comm: CommTiming, world_size: int, model) -> DdpBuckets:
+    """How DDP's bucket all-reduces are seen. From the flight recorder where it sees every
+    collective (comm.sees_all): the hook would only add its cost. Not at all in a one-rank gloo
+    world under `auto`: its all-reduces move nothing, and the hook is the whole gap between
+    placerun and torchrun on such a job; the caller makes the clock untimed, so comm_ms is null,
+    not a short figure, and says ONE_RANK_LINE once. Elsewhere by the hook."""
+    if not _is_ddp(model):
+        return DdpBuckets.NOT_DDP
+    if comm.sees_all:
+        return DdpBuckets.RECORDER
+    if mode == CommTimingMode.AUTO and world_size == 1 and comm.timed_calls:
+        return DdpBuckets.UNMEASURED
+    return DdpBuckets.HOOK
 
 
 def _is_ddp(model) -> bool:
