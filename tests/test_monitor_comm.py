@@ -85,7 +85,8 @@ def test_ddp_bucket_allreduce_is_timed_and_gradients_are_unchanged(tmp_path, glo
     h.close()
     steps, lines = _steps(tmp_path)
     assert steps[0]["comm_count"] >= 1 and steps[0]["comm_ms"] > 0
-    assert next(l for l in lines if l["type"] == "start")["ddp_hook"] is True
+    start = next(l for l in lines if l["type"] == "start")
+    assert start["ddp_hook"] is True and start["ddp_buckets"] == "hook"
 
 
 def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_path, gloo_world_of_one):
@@ -108,7 +109,8 @@ def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_
     steps, lines = _steps(tmp_path)
     assert not getattr(ddp, "_comm_hooks", None) and not hasattr(ddp, "_placement_ddp_target")
     assert len(steps) == 3 and all(s["comm_ms"] is None for s in steps)
-    assert next(l for l in lines if l["type"] == "start")["ddp_hook"] is False
+    start = next(l for l in lines if l["type"] == "start")
+    assert start["ddp_hook"] is False and start["ddp_buckets"] == "unmeasured"
     said = [l for l in lines if l["type"] == "monitor" and l.get("message") == ONE_RANK_LINE]
     assert len(said) == 1 and "comm_timing=wall" in ONE_RANK_LINE
 
@@ -133,6 +135,49 @@ def test_ddp_buckets_are_seen_by_the_recorder_where_it_sees_all_else_by_the_hook
     assert ddp_bucket_route(M.AUTO, fr, 8, torch.nn.Linear(2, 2)) is DdpBuckets.NOT_DDP
     hook.close()
     fr.close()
+
+
+def test_ddp_buckets_reach_the_records_through_the_recorder_alone(tmp_path, gloo_world_of_one, monkeypatch):
+    """The recorder route end to end, on CPU: torch's generic flight recorder, which records gloo
+    work, read as the NCCL one would be (its `gloo:` entries), a real DDP model, attach(). No comm
+    hook is installed, and each step's collectives are the recorder's: DDP's first backward
+    all-reduces one bucket, the second forward rebuilds the buckets with two broadcasts
+    (Reducer::rebuild_buckets), then 4 buckets of 2 MB caps a step. gloo records no duration, so
+    comm_ms is null with its count."""
+    import torch._C._distributed_c10d as c10d
+    from placement.monitor.comm import timing
+    from placement.monitor.comm.flight_recorder import DumpSource, _binding_dump
+
+    if not hasattr(c10d, "_dump_fr_trace_json"):
+        pytest.skip("this torch has no generic flight-recorder dump")
+
+    def recorder(mode, backend, warn, **_):
+        src = DumpSource("nccl", "binding", "_dump_fr_trace_json", _binding_dump(c10d._dump_fr_trace_json))
+        fr = NcclFlightRecorderComm(warn, sources=[src], timing_on=False)
+        fr.reader.prefix = "gloo:"
+        return fr
+
+    monkeypatch.setattr(timing, "make_comm_timing", recorder)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(4)])
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
+    h = placement.attach(ddp, opt, policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    x = torch.randn(8, 1024)
+    for _ in range(6):
+        ddp(x).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    h.close()
+    steps, lines = _steps(tmp_path)
+    start = next(l for l in lines if l["type"] == "start" and l.get("source") == "monitor")
+    assert start["comm_timing"] == "flight_recorder" and start["ddp_hook"] is False
+    assert start["ddp_buckets"] == "flight_recorder" and not getattr(ddp, "_comm_hooks", None)
+    assert [s["comm_count"] for s in steps] == [1, 6, 4, 4, 4, 4]
+    assert all(s["comm_ms"] is None for s in steps)
+    assert all(a["t"] <= b["comm_enter_t"] <= b["t"] for a, b in zip(steps, steps[1:]))  # inside its own step
+    assert steps[0]["comm_enter_t"] <= steps[0]["t"]
 
 
 def test_nccl_modes_asked_on_gloo_fall_back_to_wall_time_with_a_warning(caplog):
