@@ -57,9 +57,10 @@ SHORT_FLOOR_MS = 0.025  # ... or this much per collective, whichever is larger (
 class Run:
     """One gpu_check run: its evidence directory, its clock, the commands it ran."""
 
-    def __init__(self, out: Path, budget_s: float, cpu: bool, quick: bool, ablation=None):
+    def __init__(self, out: Path, budget_s: float, cpu: bool, quick: bool, ablation=None, rounds: int = 0):
         self.out, self.cpu, self.quick = out, cpu, quick
         self.ablation = tuple(ablation or ABLATION_DEFAULT)  # the ablation section's rows
+        self.rounds = rounds  # rounds of the throughput, ablation and cost sections (0: their default)
         # Logs and job outputs live beside, not in, the evidence directory: $OUT brings back only a
         # few files, so they travel as logs.tar.gz.
         self.logs = Path(tempfile.mkdtemp(prefix="gpu_check-logs-"))
@@ -280,7 +281,7 @@ def loop_job(c: Run, seconds: float, warm: float, workers: int) -> list[str]:
 
 def throughput(c: Run) -> dict:
     ncpu = len(os.sched_getaffinity(0))
-    rounds = 1 if c.quick else 3
+    rounds = c.rounds or (1 if c.quick else 3)
     seconds, warm = (1.5, 0.5) if c.quick else (3.0, 1.0)
     load = max(1, ncpu - 4) if ncpu > 4 else 1  # background spinners: most cores busy
     workers = 2 if c.quick or ncpu <= 4 else 4
@@ -347,7 +348,7 @@ ABLATION_DEFAULT = ("torchrun", "placerun", "monitor_off", "torchrun_ddp", "plac
 
 
 def ablation(c: Run) -> dict:
-    rounds = 1 if c.quick else 3
+    rounds = c.rounds or (1 if c.quick else 3)
     seconds, warm = (1.5, 0.5) if c.quick else (3.0, 1.0)
     ncpu = len(os.sched_getaffinity(0))
     workers = 2 if c.quick or ncpu <= 4 else 4
@@ -403,7 +404,7 @@ COST_MODES = {"off": (["placement.monitor.enabled=false"], []),
 
 
 def cost(c: Run) -> dict:
-    rounds = 1 if c.quick else 3
+    rounds = c.rounds or (1 if c.quick else 3)
     steps = 100 if c.quick else 400
     device = "cpu" if c.cpu else "cuda"
     runs: dict = {m: [] for m in COST_MODES}
@@ -540,6 +541,8 @@ def main(argv=None) -> int:
                    help=f"comma list of sections (default {','.join(DEFAULT)}; also: ablation)")
     p.add_argument("--ablation", default=",".join(ABLATION_DEFAULT),
                    help=f"ablation: comma list of rows (default {','.join(ABLATION_DEFAULT)}; all: {','.join(ABLATION)})")
+    p.add_argument("--rounds", type=int, default=0,
+                   help="rounds of throughput, ablation and cost (default 3, quick 1); a section out of time leaves the rest out")
     p.add_argument("--budget-s", type=float, default=None, help="time for all sections (default 360, quick 240)")
     p.add_argument("--out", default=None, help="evidence directory (default $OUT, else a new temporary one)")
     args = p.parse_args(argv)
@@ -547,6 +550,10 @@ def main(argv=None) -> int:
     bad = [s for s in only if s not in SECTIONS]
     if bad:
         print(f"gpu_check: --only {','.join(bad)} is not a section; valid: {', '.join(SECTIONS)}", file=sys.stderr)
+        return 2
+    if args.rounds < 0:
+        print(f"gpu_check: --rounds {args.rounds}: a count of rounds, 1 or more (0: each section's default)",
+              file=sys.stderr)
         return 2
     rows = [r for r in args.ablation.split(",") if r]
     bad = [r for r in rows if r not in ABLATION]
@@ -556,7 +563,7 @@ def main(argv=None) -> int:
         return 2
     out = Path(args.out or os.environ.get("OUT") or tempfile.mkdtemp(prefix="gpu_check-"))
     out.mkdir(parents=True, exist_ok=True)
-    c = Run(out, args.budget_s or (240.0 if args.quick else 360.0), args.cpu, args.quick, rows)
+    c = Run(out, args.budget_s or (240.0 if args.quick else 360.0), args.cpu, args.quick, rows, args.rounds)
     print(f"gpu_check: evidence in {out}, logs in {c.logs}", file=sys.stderr)
     for name in only:
         left = c.left_s()
