@@ -529,7 +529,8 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     # `placement report` which node each rank ran on.
     events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host, job=job_id(),
                  node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
-                 ddp_hook=ddp_timed, ddp_buckets=None if route is None else route.value, exchange=monitor.exchange is not None, sigterm_flush=sigterm, steps=steps,
+                 ddp_hook=ddp_timed, ddp_buckets=None if route is None else route.value,
+                 exchange=monitor.exchange is not None, sigterm_flush=sigterm, steps=steps,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every},
                  **({} if megatron_iteration is None else {"megatron_iteration": megatron_iteration}))

@@ -19,9 +19,9 @@ Cost
     Python allreduce_hook does (benchmarks/ddp_hook.py), and each call takes the GIL on the
     autograd thread in the middle of backward, where DDP's own all-reduce takes none: on a GPU a
     launch-bound DDP loop is measurably slower with it (`benchmarks/gpu_check.py --only ablation`,
-    docs/benchmarks.md). So it is installed only
-    where nothing else sees the buckets: gloo (wall time), NCCL's completion-hook route, a
-    torch whose NCCL flight recorder cannot be read; never in a one-rank gloo job under `auto`.
+    docs/benchmarks.md). So it is installed only where nothing else sees the buckets: gloo (wall
+    time), NCCL's completion-hook route, a torch whose NCCL flight recorder cannot be read; never
+    in a one-rank gloo job under `auto`.
 """
 from __future__ import annotations
 
