@@ -20,6 +20,11 @@ by round as above.
 
     python benchmarks/framework_callbacks.py --quick     # ~4 minutes
     python benchmarks/framework_callbacks.py --quick --decompose   # DDP only, placerun's parts off one at a time
+    python benchmarks/framework_callbacks.py --cadence   # Lightning only: the monitor's hand-overs made rarer
+
+--cadence: the monitor thread's hand-over (records built and written, the thread scan) holds the
+GIL, so a Python-bound step waits for it; arm `monitor_sparse` is `monitor` with
+monitor.flush_every=100 and rescan_every=400 (hand-overs 5x and 20x rarer than the defaults).
 """
 from __future__ import annotations
 
@@ -38,6 +43,7 @@ CHILD = r"""
 import importlib.util, json, sys, time, warnings
 warnings.filterwarnings("ignore")
 framework, mode, steps, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+cadence = json.loads(sys.argv[6]) if len(sys.argv) > 6 else {}
 spec = importlib.util.spec_from_file_location("ex", sys.argv[5])
 ex = importlib.util.module_from_spec(spec); spec.loader.exec_module(ex)
 stamps = []
@@ -46,8 +52,8 @@ if framework == "lightning":
     from torch.utils.data import DataLoader
     class Stamp(Callback):
         def on_train_batch_end(self, *a): stamps.append(time.perf_counter())
-    policy = {"monitor": "none", "bound": "auto"}.get(mode)
-    cbs = [Stamp()] + ([ex.PlacementCallback(policy=policy, tune={"enabled": False}, monitor={"log_dir": out})] if policy else [])
+    policy = {"monitor": "none", "monitor_sparse": "none", "bound": "auto"}.get(mode)
+    cbs = [Stamp()] + ([ex.PlacementCallback(policy=policy, tune={"enabled": False}, monitor={"log_dir": out, **cadence})] if policy else [])
     Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=cbs, enable_checkpointing=False, logger=False,
             enable_progress_bar=False, enable_model_summary=False).fit(ex.Regression(), DataLoader(ex.Points(), batch_size=16))
 else:
@@ -119,12 +125,15 @@ def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
             return json.load(f)
 
 
+SPARSE = {"flush_every": 100, "rescan_every": 400}  # --cadence's monitor_sparse arm
+
+
 def run(framework: str, mode: str, steps: int) -> list[float]:
     with tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         p = subprocess.run([sys.executable, "-c", CHILD, framework, mode, str(steps), out,
-                            str(REPO / "examples" / EXAMPLE[framework])], capture_output=True, text=True, env=env,
-                           timeout=600)
+                            str(REPO / "examples" / EXAMPLE[framework]), json.dumps(SPARSE if mode == "monitor_sparse" else {})],
+                           capture_output=True, text=True, env=env, timeout=600)
     if p.returncode != 0:
         sys.exit(f"framework_callbacks: {framework} {mode} failed: {p.stderr.strip().splitlines()[-1]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -133,19 +142,23 @@ def run(framework: str, mode: str, steps: int) -> list[float]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and rounds")
+    p.add_argument("--cadence", action="store_true",
+                   help="Lightning only: bare, monitor, and monitor with its hand-overs made rarer (monitor_sparse)")
     p.add_argument("--decompose", action="store_true",
                    help="DDP only, with placerun's monitor off and its comm timing off as arms of their own")
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
-    for framework in () if args.decompose else EXAMPLE:
-        per_round = alternated(("bare", "monitor", "bound"), rounds, lambda mode: run(framework, mode, steps))
+    modes = ("bare", "monitor", "monitor_sparse") if args.cadence else ("bare", "monitor", "bound")
+    frameworks = () if args.decompose else ("lightning",) if args.cadence else EXAMPLE
+    for framework in frameworks:
+        per_round = alternated(modes, rounds, lambda mode: run(framework, mode, steps))
         med, ratio = paired(per_round, "bare")
         print(f"{framework:13s} " + "  ".join(f"{m} {med[m]:7.3f} ms ({ratio[m]:.3f}x)" for m in med))
         for mode in med:
             result[f"{framework}_{mode}_ms"] = round(med[mode], 3)
             result[f"{framework}_{mode}_ratio"] = round(ratio[mode], 3)
-    for nproc in (1, 2):
+    for nproc in () if args.cadence else (1, 2):
         arms = ("torchrun", "placerun", *(DDP_PARTS if args.decompose else ()))
         per_round = alternated(arms, rounds, lambda arm: run_ddp(arm, nproc, steps * 2))
         med, ratio = paired(per_round, "torchrun")
