@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nccl_standins import NcclGroup, fr_dump_json, fr_entry, work_info
+from placement.monitor.comm.base import CommStep
 from placement.monitor.comm.timing import make_comm_timing
 from placement.monitor.comm.groups import describe_group, group_backends, nccl_groups, parse_backend_config
 from placement.monitor.comm.nccl import (MAX_POLL_S, MIN_POLL_S, FrCadence, Ledger, NcclFlightRecorderComm, NcclHookComm,
@@ -241,10 +242,16 @@ def test_entries_from_parses_only_the_new_tail_and_detects_a_reset():
     assert len(got.entries) == 10 and got.lost == 0 and late.overflow == 0
 
 
+def _resolve(comm, spans):
+    """comm_ms of steps in which the clock saw a collective call (one each, as the wrappers
+    count them), resolved from the source's records."""
+    return [s.comm_ms for s in comm.resolve_steps(spans, [CommStep(None, 1, None)] * len(spans))]
+
+
 def _poll_resolve(comm, spans):
     """What the monitor does at a build: a poll (now: the exit's final one), then the figures."""
     comm.poll_if_due(final=True)
-    return comm.resolve(spans)
+    return _resolve(comm, spans)
 
 
 def _standin_source(dumps: list[str]) -> DumpSource:
@@ -356,9 +363,9 @@ def test_settled_through_is_the_oldest_collective_still_owed_its_duration():
                                   timing_on=True, since=0)
     comm.poll_if_due()
     assert comm.settled_through() == pytest.approx(t + 0.11)
-    assert comm.resolve([(t, t + 0.1)]) == [2.0]
+    assert _resolve(comm, [(t, t + 0.1)]) == [2.0]
     comm.poll_if_due(final=True)
-    assert comm.settled_through() > t + 9 and comm.resolve([(t + 0.1, t + 0.2)]) == [3.0]
+    assert comm.settled_through() > t + 9 and _resolve(comm, [(t + 0.1, t + 0.2)]) == [3.0]
 
 
 # ---- the completion hook: WorkInfo as pybind11 hands it over ----------------------------------------
@@ -643,7 +650,7 @@ def test_flight_recorder_gives_unseen_collectives_their_count_and_entry_time():
     (timing.ddp_bucket_route): a step the clock saw nothing of takes its count, first enqueue
     time and durations from the ring; one the ring holds nothing of had no collective (0.0);
     one the clock saw a call in (e.g. on a gloo group) but the ring did not stays null."""
-    from placement.monitor.comm.base import UNSEEN, CommStep
+    from placement.monitor.comm.base import UNSEEN
     t = time.time() - 10
     entries = [fr_entry(0, t + 0.01, duration_ms=2.5, completed_s=t + 0.05, retired=True),
                fr_entry(1, t + 0.02, duration_ms=1.5, completed_s=t + 0.06, retired=True),

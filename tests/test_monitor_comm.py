@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 import placement
 from placement.monitor.comm.timing import make_comm_timing
-from placement.monitor.comm.base import CollectiveClock, comm_step, union_ms
+from placement.monitor.comm.base import CollectiveClock, CommStep, comm_step, union_ms
 from placement.monitor.comm.nccl import NcclFlightRecorderComm, NcclHookComm
 from placement.monitor.warn import WarnOnce
 
@@ -268,8 +268,8 @@ def test_nccl_timers_need_no_gpu_to_be_built():
     PyTorch's own records, never add events unless asked (hook mode, per group)."""
     warn = WarnOnce()
     fr = NcclFlightRecorderComm(warn)
-    assert fr.resolve([]) == [] and fr.timed_calls is False
+    assert fr.resolve_steps([], []) == [] and fr.timed_calls is False
     hook = NcclHookComm(warn, groups=[])
-    assert hook.resolve([(0.0, 1.0)]) == [None]
+    assert [s.comm_ms for s in hook.resolve_steps([(0.0, 1.0)], [CommStep(None, 1, None)])] == [None]
     hook.close()
     fr.close()

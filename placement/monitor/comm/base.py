@@ -162,14 +162,11 @@ class CommTiming:
         """How soon settled_through() may move on (for a monitor holding steps)."""
         return math.inf
 
-    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
-        """comm_ms for steps whose durations arrive late, given their (start, end) wall times."""
-        return [None] * len(spans)
-
     def resolve_steps(self, spans: list[tuple[float, float]], seen: list[CommStep]) -> list[CommStep]:
         """The figures of steps built with comm_ms None (durations that arrive late, collectives
-        the clock does not see), given their (start, end) wall times and what the clock saw."""
-        return [CommStep(ms, s.count, s.enter_t) for ms, s in zip(self.resolve(spans), seen)]
+        the clock does not see), given their (start, end) wall times and what the clock saw. A
+        source with no late records adds nothing: comm_ms stays null."""
+        return list(seen)
 
     def close(self) -> None:
         self.clock.closed = True

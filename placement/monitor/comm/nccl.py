@@ -168,9 +168,6 @@ class NcclTiming(CommTiming):
     def _take(self, spans: list[tuple[float, float]]) -> list[CommFigure]:
         return self.ledger.take(spans)
 
-    def resolve(self, spans: list[tuple[float, float]]) -> list[Optional[float]]:
-        return [g.ms for g in self._judge_nulls(self._take(spans))] if spans else []
-
     def resolve_steps(self, spans: list[tuple[float, float]], seen: list[CommStep]) -> list[CommStep]:
         """The ledger's figures joined with the clock's: its count and first enqueue time count
         too (DDP's buckets reach only the ledger when no hook is installed), and where the
