@@ -71,3 +71,21 @@ def test_nobody_is_silent_when_every_waiting_peer_posts_or_they_resume():
     time.sleep(THRESHOLD_S * 1.5)
     watch.poll()
     assert _silent(written) == []
+
+
+def test_a_resume_posted_after_the_watchs_last_look_is_written_at_close():
+    """A job whose last steps after a hang run in less than one watch poll: rank 0's close
+    takes one last look, so the rank it named stalled is not left without its resume."""
+    store = dist.TCPStore("127.0.0.1", 0, 4, True, wait_for_workers=False)
+    ex = Exchange(0, 4, store, lambda key, msg: None, slots=10, liveness=PeerLiveness(4))
+    written: list = []
+    watch = PeerWatch(ex, lambda: THRESHOLD_S, written.append, poll_s=600.0)  # its thread never looks
+    watch.poll()
+    _post(store, 1, "stalled", in_collective=True)
+    watch.poll()
+    assert [(f["phase"], f["rank"]) for f in written] == [("stalled", 1)]
+    watch.start()
+    _post(store, 1, "resumed", in_collective=False)
+    watch.close(wait_s=5.0)
+    assert [(f["phase"], f["rank"]) for f in written] == [("stalled", 1), ("resumed", 1)]
+    assert not watch._thread.is_alive()

@@ -62,8 +62,7 @@ def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tm
     watcher.join()
     for _ in range(5):
         handle.step()
-    time.sleep(STALL_MIN_S / 2)  # the watch notices the steps again
-    handle.close()
+    handle.close()  # at once: steps after a hang that take less than one watch poll are resumed too
     stalls = _events(log, "stall")
     assert "after_s" in seen, "no stall event within 30 s"
     assert seen["after_s"] <= 2 * STALL_MIN_S, seen

@@ -685,6 +685,19 @@ class StepMonitor:
             self._finalize(final=True)
             return True
 
+    def _resume_at_close(self) -> None:
+        """A hang that ended after the monitor thread's last watch (the steps after it can
+        take less than one watch poll) is reported resumed now, and its post is in the store
+        before this rank's last exchange rows: rank 0's last look, after those rows, reads it."""
+        if self.hang.hung is None:
+            return
+        self.hang.check(self.step, perf_counter_ns())  # a hang reported: only notes a resume
+        if self.hang.resumed is None:
+            return
+        post = self.hang.report_resumed(self.events, self.rank)
+        if self.exchange is not None:
+            self.exchange.post_hang(post, wait_s=EXCHANGE_CLOSE_S)
+
     def emergency_flush(self, reason: str) -> bool:
         """Write every measured step now (exit, SIGTERM, exception). False when mid-step:
         then it happens at the end of that step."""
@@ -706,12 +719,15 @@ class StepMonitor:
         if thread is not None:
             self._wake.put(None)
             thread.join(timeout=EXIT_WAIT_S)
+        idle = thread is None or not thread.is_alive()
+        if idle:
+            self._resume_at_close()
         self._write_everything(exchange=False)
         exitflush.unregister(self)
-        if self._peers is not None:
-            self._peers.stop()
-        if self.exchange is not None and (thread is None or not thread.is_alive()):
+        if self.exchange is not None and idle:
             self._exchange_the_rest()
+        if self._peers is not None:
+            self._peers.close(wait_s=EXCHANGE_CLOSE_S)
         self.comm.close()
         self.sampler.close()
         close_sinks(self.sinks, self.warn)

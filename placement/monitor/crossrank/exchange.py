@@ -329,10 +329,12 @@ class Exchange:
         return {r: self._hosts[r] for r in ranks if r in self._hosts}
 
     # ---- hang posts and peeks (rank 0's peer watch thread, health/peers.py) --------------------
-    def post_hang(self, fields: dict) -> None:
+    def post_hang(self, fields: dict, wait_s: float = 0.0) -> None:
         """A rank (not 0) posts its hang or resume for rank 0, from a short-lived thread: a
         store op may wait on the client's lock, held by a training thread blocked in a store
-        call, and the monitor thread must not wait with it."""
+        call, and the monitor thread must not wait with it. `wait_s`: how long to wait for the
+        post to be in the store (at close: before this rank's last rows, which rank 0 waits
+        for before its last look)."""
         transport = self.transport
         if self.rank == 0 or transport is None or self._posts_sent >= POSTS_MAX:
             return
@@ -345,7 +347,10 @@ class Exchange:
             except Exception as e:
                 self._warn("stall-post", f"stall post to rank 0 through the c10d store failed ({first_line(e)})")
 
-        threading.Thread(target=post, name="placement_post", daemon=True).start()
+        thread = threading.Thread(target=post, name="placement_post", daemon=True)
+        thread.start()
+        if wait_s > 0:
+            thread.join(timeout=wait_s)
 
     def read_posts(self) -> list[dict]:
         """Rank 0: peers' hang posts not read yet (one round trip when there are none). Posts

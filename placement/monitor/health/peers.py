@@ -258,6 +258,19 @@ class PeerWatch:
     def stop(self) -> None:
         self._stop.set()
 
+    def close(self, wait_s: float) -> None:
+        """At the monitor's close, after its last exchange: stop the thread (waiting at most
+        `wait_s` for a look in progress) and take one last look, so that what came since the
+        thread's last look is written: a peer's resume posted in the job's last steps, the
+        rows of the last exchange that show a named rank back. A job whose last steps run in
+        less than a poll otherwise ends with that rank named stalled and never resumed."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=wait_s)
+            if self._thread.is_alive():
+                return  # a look still in progress (a slow store): it writes what it finds
+        self.poll()
+
     def _run(self) -> None:
         name_this_thread(b"placement_peers")
         while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
