@@ -409,6 +409,7 @@ def cost(c: Run) -> dict:
     device = "cpu" if c.cpu else "cuda"
     runs: dict = {m: [] for m in COST_MODES}
     monitor_us: dict = {m: [] for m in COST_MODES}
+    thread_us: dict = {m: [] for m in COST_MODES}  # the monitor thread's CPU per step (its end event)
     errors: dict = {}
     out_left = None
     reps = 0  # the first run sizes the step (~10 ms of matrix products); every run after uses its count
@@ -433,6 +434,8 @@ def cost(c: Run) -> dict:
             _, _, end = read_log(d / "rank0.jsonl")
             if end.get("monitor_us_per_step") is not None:
                 monitor_us[mode].append(end["monitor_us_per_step"])
+            if end.get("monitor_thread_us_per_step") is not None:
+                thread_us[mode].append(end["monitor_thread_us_per_step"])
     out: dict = {"rounds": rounds, "steps": steps, "matmuls_per_step": reps, "errors": errors}
     if out_left:
         out["rounds_left_out"] = out_left
@@ -441,7 +444,9 @@ def cost(c: Run) -> dict:
             out[mode] = {"step_ms_mean": round(statistics.median(j["step_ms_mean"] for j in js), 4),
                          "step_ms_median": round(statistics.median(j["step_ms_median"] for j in js), 4),
                          "monitor_us_per_step": round(statistics.median(monitor_us[mode]), 2) if monitor_us[mode]
-                         else None}
+                         else None,
+                         "monitor_thread_us_per_step": round(statistics.median(thread_us[mode]), 2)
+                         if thread_us[mode] else None}
     if "off" in out:
         base = out["off"]["step_ms_mean"]
         for mode in ("attach", "auto"):
@@ -484,6 +489,7 @@ def headline(result: dict) -> dict:
         if mode in co:
             h[f"cost_{mode}_pct_of_step"] = co[mode].get("pct_of_step")
             h[f"cost_{mode}_monitor_pct_of_step"] = co[mode].get("monitor_pct_of_step")
+            h[f"cost_{mode}_monitor_thread_us_per_step"] = co[mode].get("monitor_thread_us_per_step")
     ab = s.get("ablation") or {}
     for name in ABLATION:
         if isinstance(ab.get(name), dict):

@@ -100,6 +100,33 @@ def test_optimizer_post_step_hook_makes_one_record_per_step(tmp_path):
     assert len(seen) == 10
 
 
+def test_the_end_event_says_what_the_monitor_thread_cost_per_step(tmp_path):
+    """The monitor thread's CPU over its life per step: no less than the kernel's own count of
+    that thread's CPU read just before close, no more than the whole process used."""
+    model, opt = _model()
+    cpu0 = sum(os.times()[:2])
+    h = _attach(tmp_path, model, opt, monitor={"flush_every": 4})
+    x = torch.randn(8, 16)
+    for _ in range(40):
+        _train_step(model, opt, x)
+    tid = h.monitor._thread.native_id
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        seen_ns = int(f.read().split()[0])
+    h.close()
+    used_s = sum(os.times()[:2]) - cpu0
+    (end,) = [l for l in _lines(tmp_path) if l["type"] == "end" and l.get("source") == "monitor"]
+    thread_s = end["monitor_thread_us_per_step"] * end["steps"] / 1e6
+    assert end["steps"] == 40 and "monitor_thread_null" not in end, end
+    assert seen_ns / 1e9 * 0.99 <= thread_s <= used_s + 0.01, (seen_ns, thread_s, used_s)
+
+
+def test_the_end_event_says_why_the_monitor_thread_has_no_figure(tmp_path):
+    h = _attach(tmp_path, *_model())
+    h.close()  # no step: its thread ran (the stall watch runs from step 1) but has no step to share
+    (end,) = [l for l in _lines(tmp_path) if l["type"] == "end" and l.get("source") == "monitor"]
+    assert end["monitor_thread_us_per_step"] is None and end["monitor_thread_null"] == "no step was monitored", end
+
+
 def test_wrapped_optimizers_are_found():
     model, opt = _model()
 

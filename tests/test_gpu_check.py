@@ -77,6 +77,8 @@ def test_throughput_and_cost_figures_or_null_with_a_reason(check):
     assert cost["errors"] == {} and cost["matmuls_per_step"] >= 1
     for mode in ("attach", "auto"):
         assert cost[mode]["monitor_us_per_step"] > 0 and "pct_of_step" in cost[mode]
+        assert cost[mode]["monitor_thread_us_per_step"] > 0
+        assert head[f"cost_{mode}_monitor_thread_us_per_step"] == cost[mode]["monitor_thread_us_per_step"]
     assert cost["off"]["monitor_us_per_step"] is None  # the monitor off writes no end event
 
 

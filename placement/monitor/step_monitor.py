@@ -168,6 +168,7 @@ class StepMonitor:
         self._wake: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
+        self.thread_cpu_ns: Optional[int] = None  # the monitor thread's CPU, set as it ends
 
         # -- monitor thread (or whoever holds _lock) --------------------------------------
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
@@ -326,6 +327,12 @@ class StepMonitor:
     # ---- the monitor thread ----------------------------------------------------------------
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
+        try:
+            self._loop()
+        finally:
+            self.thread_cpu_ns = time.thread_time_ns()  # its whole life: the end event's figure
+
+    def _loop(self) -> None:
         sampled = self._sampled
         # A comm source read by polling (NCCL's flight recorder) is polled on its own cadence,
         # hand-over or not (a ring of thousands of collectives per step wraps long before a
@@ -736,9 +743,23 @@ class StepMonitor:
             {"straggler_candidates_held_back": self.exchange.naming.held_back}  # naming.py: not costly, or not yet confirmed
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
+                          **self._thread_cost(thread),
                           probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED
+
+
+    def _thread_cost(self, thread: Optional[threading.Thread]) -> dict:
+        """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life
+        per step monitored (what a Python-bound step pays for it through the GIL, beside the
+        hook's own figure), or null and `monitor_thread_null` saying why."""
+        steps = self.steps_timed
+        why = ("the monitor thread never started" if thread is None else
+               f"the monitor thread was still busy at close (after {EXIT_WAIT_S:.0f} s)" if self.thread_cpu_ns is None
+               else "no step was monitored" if steps <= 0 else None)
+        if why is not None:
+            return {"monitor_thread_us_per_step": None, "monitor_thread_null": why}
+        return {"monitor_thread_us_per_step": round(self.thread_cpu_ns / 1e3 / steps, 2)}
 
 
 def _raw_step(fields: tuple) -> RawStep:

@@ -117,7 +117,9 @@ def _describe(e: dict) -> str:
                 + _resident_words(e.get("resident")))
     if kind == "end" and e.get("source") == "monitor":
         held = e.get("straggler_candidates_held_back")
-        return (f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the monitor"
+        thread = e.get("monitor_thread_us_per_step")
+        return (f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the step hook"
+                + ("" if thread is None else f", {thread} us/step of CPU on its own thread")
                 + (f"; {held} straggler candidate(s) not named (cost under the threshold, or not in 2 windows in a row)"
                    if held else ""))
     if kind == "start" and e.get("source") == "monitor":
