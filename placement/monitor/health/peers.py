@@ -22,7 +22,10 @@ What
       life, not from when the others noticed their own wait (which named a frozen host at
       twice the limit); the ranks that wait too get one watch poll to post first.
     PeerLiveness holds what rank 0 knows of each peer (the exchange hands it the rows it takes,
-    PeerWatch the posts it reads); PeerWatch runs the looks and writes the events.
+    PeerWatch the posts it reads); PeerWatch runs the looks and writes the events. At close it
+    takes one last look after rank 0's last exchange, and a rank whose hang ended since its
+    monitor thread's last watch posts its resume before its last rows: a job whose steps after a
+    hang take less than a poll does not end with that rank named and never resumed.
 
 Why this way
     The store is one every rank already holds a client of: no process group, port or
