@@ -748,7 +748,6 @@ class StepMonitor:
         self.events.flush()
         self.state = MonitorState.CLOSED
 
-
     def _thread_cost(self, thread: Optional[threading.Thread]) -> dict:
         """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life
         per step monitored (what a Python-bound step pays for it through the GIL, beside the
