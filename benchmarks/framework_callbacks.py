@@ -105,7 +105,9 @@ def launcher(name: str) -> list[str]:
 # --decompose: placerun with one part of the product off, beside the two launchers' own defaults.
 DDP_PARTS = {"placerun monitor off": ["placement.monitor.auto=false"],
              "placerun comm timing off": ["placement.monitor.comm_timing=off"],
-             "placerun binding off": ["placement.policy=none"]}
+             "placerun binding off": ["placement.policy=none"],
+             "placerun one set per process": ["placement.policy=node"],
+             "placerun tuner off": ["placement.tune.enabled=false"]}
 
 
 def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
