@@ -20,10 +20,8 @@ Last line, one JSON object.
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 CHILD = r"""
 import json, os, socket, statistics, sys, threading, time

@@ -16,9 +16,7 @@ from placement.events import EventLog
 from placement.plan.model import GpuRef, MemoryPolicy, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
 from placement.tune.rules.base import Proposal, Rule
-from placement.tune.tuner import Tuner
 from placerun_helpers import allowed
-from tune_fakes import FakeFacts, ListEvents, tune_cfg, window
 
 ALLOWED = sorted(os.sched_getaffinity(0))
 pytestmark = pytest.mark.skipif(len(ALLOWED) < 2, reason="role sets that differ need 2 allowed CPUs")

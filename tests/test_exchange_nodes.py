@@ -3,7 +3,6 @@ two ranks each (4 processes), figures sent to rank 0 through the job's own c10d 
 on the second node, waits for its batches: rank 0 names it data-slow on node 1, nobody else,
 and `placement report` over both nodes' logs says the same."""
 import json
-import os
 
 import pytest
 

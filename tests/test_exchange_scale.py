@@ -3,7 +3,6 @@ names the worst ranks in full and counts the rest by kind, the same verdicts a f
 import json
 import random
 
-import numpy as np
 
 from placement.monitor.crossrank.exchange import decode_rows, encode_row, split_rows
 from placement.monitor.stragglers.event import NAMED, TRIAGE_ABOVE, WindowJudgement, judge_rows, straggler_event

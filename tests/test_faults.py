@@ -5,7 +5,6 @@ The file is also the training program: `python tests/test_faults.py MODE LOG_DIR
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import re
@@ -13,7 +12,6 @@ import resource
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 

@@ -17,7 +17,6 @@
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import time

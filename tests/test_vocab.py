@@ -7,7 +7,6 @@ import json
 import pkgutil
 import types
 
-import pytest
 
 import placement
 from placement.config import PlacementConfig, load_config

@@ -9,7 +9,6 @@ ChainedOptimizer), attach (the program calls placement.attach itself), noopt (ev
 Prints "iterations N" on rank 0: the loop's iterations (optimizer steps for accum).
 """
 import argparse
-import os
 import sys
 import time
 
