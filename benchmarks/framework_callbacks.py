@@ -148,7 +148,7 @@ def main() -> None:
     p.add_argument("--cadence", action="store_true",
                    help="Lightning only: bare, monitor, and monitor with its hand-overs made rarer (monitor_sparse)")
     p.add_argument("--decompose", action="store_true",
-                   help="DDP only, with placerun's monitor off and its comm timing off as arms of their own")
+                   help="DDP only, with each of DDP_PARTS (placerun with one part off or changed) as an arm of its own")
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}

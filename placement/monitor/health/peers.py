@@ -258,9 +258,6 @@ class PeerWatch:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stop.set()
-
     def close(self, wait_s: float) -> None:
         """At the monitor's close, after its last exchange: stop the thread (waiting at most
         `wait_s` for a look in progress) and take one last look, so that what came since the
