@@ -16,7 +16,7 @@ What
 Cost
     --quick: 1,500 steps (~20 s) and ~5 s of primitives.
 
-    python benchmarks/monitor_thread.py [--quick]
+    python benchmarks/monitor_thread.py [--quick] [--handover-min-s S]
 
 Last line: {"monitor_thread_us_per_step": ..., "parts_us_per_step": {...}, "wake_us": ..., ...}
 """
@@ -44,7 +44,7 @@ LABELS = ("hand-over (all of it)", "  records built and written", "    of which 
           "  thread list", "  budget", "counter readings", "stall watch", "held steps")
 
 
-def parts_run(steps: int) -> dict:
+def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
     import torch
 
     import placement
@@ -83,16 +83,21 @@ def parts_run(steps: int) -> dict:
     model, opt, data = make_job(batch)
     run_block(model, opt, data, 20, data)
     with tempfile.TemporaryDirectory() as d:
-        h = placement.attach(model, policy="none", tune={"enabled": False}, monitor={"log_dir": d, "summary_every": 0})
+        monitor = {"log_dir": d, "summary_every": 0}
+        if handover_min_s is not None:
+            monitor["handover_min_s"] = handover_min_s
+        h = placement.attach(model, policy="none", tune={"enabled": False}, monitor=monitor)
         block = run_block(model, opt, data, steps, h.watch(torch.utils.data.DataLoader(data, batch_size=None)), h.step)
         total_us = thread_cpu_ms(h.monitor._thread) * 1e3
-        every = h.monitor.budget.every
+        every, stride = h.monitor.budget.every, h.monitor.stride
+        floor_s = h.monitor.cfg.handover_min_s
         h.close()
     parts = {label.strip(): round(spent[label] / 1e3 / steps, 2) for label in LABELS if label in spent}
     top_level = sum(ns for label, ns in spent.items() if not label.startswith(" "))
     parts["the loop: waking, waiting"] = round((total_us * 1e3 - top_level) / 1e3 / steps, 2)
     per_call = {label.strip(): round(ns / 1e3 / calls[label], 1) for label, ns in spent.items() if calls[label]}
     return {"step_ms": round(statistics.median(block.wall), 3), "probe_every": every,
+            "handover_min_s": floor_s, "handover_stride": stride,
             "monitor_thread_us_per_step": round(total_us / steps, 1), "parts_us_per_step": parts,
             "us_per_call": per_call}
 
@@ -135,10 +140,16 @@ def primitives() -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="1,500 steps")
+    ap.add_argument("--handover-min-s", type=float, default=None,
+                    help="monitor.handover_min_s for the run (default: the config's; 0: a hand-over at every due step)")
     args = ap.parse_args(argv)
-    result = parts_run(1500 if args.quick else 6000)
+    if args.handover_min_s is not None and not 0 <= args.handover_min_s <= 60:
+        print(f"monitor_thread: --handover-min-s {args.handover_min_s}: seconds, 0 to 60", file=sys.stderr)
+        return 2
+    result = parts_run(1500 if args.quick else 6000, args.handover_min_s)
     print(f"monitor thread: {result['monitor_thread_us_per_step']} us of CPU per ~{result['step_ms']} ms step "
-          f"(counters read every {result['probe_every']} steps)")
+          f"(counters read every {result['probe_every']} steps, a hand-over every "
+          f"{result['handover_stride']} flush strides)")
     for label in LABELS + ("the loop: waking, waiting",):
         name = label.strip()
         if name in result["parts_us_per_step"]:

@@ -96,6 +96,9 @@ class MonitorConfig:
     log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
                                        "~10x smaller; `placement report` reads both); 0 = never")
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
+    handover_min_s: float = _key(0.5, "least time between two hand-overs of steps to the monitor thread: at short "
+                                      "steps each builds, writes and exchanges flush_every x 2^k steps at once "
+                                      "(docs/monitor.md, cadence); 0 = at every flush, rescan and exchange step")
     rescan_every: int = _key(20, "steps between rescans of the thread list")
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
     straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
@@ -223,6 +226,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
+    _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
     _range("monitor.digest_every", m.digest_every, 0, 1_000_000)

@@ -177,7 +177,9 @@ def worker(scenario: str, log_dir: str) -> None:
     rank = dist.get_rank()
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": 5,
-                                       "summary_every": 0, "stall_min_s": STALL_MIN_S})
+                                       "summary_every": 0, "stall_min_s": STALL_MIN_S,
+                                       # the frozen rank's last row is the window before it froze
+                                       "handover_min_s": 0})
     dist.barrier()
     x = torch.ones(16)
     rank0_log = Path(log_dir) / "rank0.jsonl"

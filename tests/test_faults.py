@@ -163,7 +163,7 @@ def _attach(log_dir: str, flush_every: int):
 
     return placement.attach(policy="none", tune={"enabled": False},
                             monitor={"log_dir": log_dir, "flush_every": flush_every, "summary_every": 0,
-                                     "budget_pct": 0})
+                                     "budget_pct": 0, "handover_min_s": 0})  # written at its flush steps
 
 
 def main(mode: str, log_dir: str, *extra: str) -> None:

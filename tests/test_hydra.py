@@ -137,10 +137,11 @@ def test_example_app_composes_with_overrides():
 def test_changed_settings_are_what_the_app_set(store_app):
     assert changed_settings(_compose(store_app, []).placement) == {}
     got = changed_settings(_compose(store_app, ["placement/monitor=light", "placement.policy=node"]).placement)
-    assert got == {"policy": "node", "monitor": {"flush_every": 50, "rescan_every": 100, "exchange_every": 100,
-                                                 "summary_every": 0}}
+    assert got == {"policy": "node", "monitor": {"flush_every": 50, "handover_min_s": 2.0, "rescan_every": 100,
+                                                 "exchange_every": 100, "summary_every": 0}}
     assert build_config(None, got) == load_config([
-        "placement.policy=node", "placement.monitor.flush_every=50", "placement.monitor.rescan_every=100",
+        "placement.policy=node", "placement.monitor.flush_every=50", "placement.monitor.handover_min_s=2.0",
+        "placement.monitor.rescan_every=100",
         "placement.monitor.exchange_every=100", "placement.monitor.summary_every=0"])
 
 

@@ -77,7 +77,10 @@ from placement.roles import name_this_thread
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
 # lets the monitor thread run only one switch interval (5 ms) per system call it makes.
 MAX_BACKLOG = 4
-MAX_EXCHANGES_DUE = 16  # exchanges waiting for their steps to be built (see _send_due_exchanges)
+MAX_EXCHANGES_DUE = 64  # exchanges waiting for their steps to be built (see _send_due_exchanges)
+# The most flush_every strides one hand-over may hold (a power of two; see _pace): it also
+# holds at most MAX_EXCHANGES_DUE / 2 exchange windows.
+MAX_STRIDE = 32
 # How long an exit path waits for the monitor thread to finish what it is doing (it can
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
@@ -154,6 +157,9 @@ class StepMonitor:
         self.data_ns = 0  # data wait of the current step, added to by handle.watch() (watch.py)
         self.last_batch = None  # the last batch handle.watch() handed out (the residence watch reads it)
         self._raw: list[tuple] = []  # steps measured since the last hand-over (RawStep's fields)
+        # flush_every strides per hand-over, a power of two the monitor thread sets from the step
+        # time (_pace): 1 hands over at every due step (flush, span, exchange, an observer's window).
+        self.stride = 1
         self._span_due = self.step + self.cfg.rescan_every
         # The next step with work for the monitor thread: one comparison per step.
         self._next_due = min(self._span_due, _next_multiple(self.step, self.cfg.flush_every),
@@ -185,6 +191,7 @@ class StepMonitor:
         self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
         # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
         self._exchanged_step = self.step - self.step % self.cfg.exchange_every
+        self._handed_through = self.step  # the last step of the last hand-over processed
         self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
         # Where built records go, in this order (sinks/).
         self._observers = ObserverSink(warn)
@@ -291,9 +298,12 @@ class StepMonitor:
             self._span_due = step + cfg.rescan_every
         self._handed.append(HandOver(step, raw, span, self.self_ns, self.steps_timed))
         exchange = self.exchange
-        self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
-                             _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
-                             else NEVER, self._window_due(step) if self._window_ends else NEVER)
+        if self.stride > 1:  # short steps: spans, exchanges and windows come with the next flush
+            self._next_due = _next_multiple(step, cfg.flush_every * self.stride)
+        else:
+            self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
+                                 _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
+                                 else NEVER, self._window_due(step) if self._window_ends else NEVER)
         self._start_thread()
         self._wake.put(step)
         if len(self._handed) > MAX_BACKLOG:
@@ -472,21 +482,43 @@ class StepMonitor:
             self._last_span_step = step
             self.sampler.refresh()
         self._pending.extend(raw)
-        self._judge_budget(raw, item.hook_ns, item.hook_steps, item.last_step)
+        step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
+        self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step)
+        self._pace(step_ms)
         ex = self.exchange if exchange else None
-        exchange_now = ex is not None and ex.enabled and step % cfg.exchange_every == 0
+        # every exchange step this hand-over holds (several when it holds several strides)
+        due = range(_next_multiple(self._handed_through, cfg.exchange_every), step + 1, cfg.exchange_every)
+        self._handed_through = step
+        exchange_now = ex is not None and ex.enabled and len(due) > 0
         flush_now = exchange_now or step % cfg.flush_every == 0
         if flush_now or (self._window_ends and self._window_complete(step)):
             self._finalize(final=False)
         if flush_now:
             self.events.flush()
         if exchange_now:
-            self._exchanges_due.append(step)
+            self._exchanges_due.extend(due)
         sent = ex is not None and bool(self._exchanges_due) and self._send_due_exchanges()
         if not sent and ex is not None and ex.pending:
             self._publish(ex.collect())
 
-    def _judge_budget(self, raw: list[RawStep], hook_ns: int, hook_steps: int, step: int) -> None:
+    def _pace(self, step_ms: Optional[float]) -> None:
+        """The hand-overs' stride: the fewest flush_every strides (a power of two, so that ranks
+        whose step times differ a little still meet at the larger one's exchange steps) that
+        last monitor.handover_min_s at this step time. A hand-over's fixed cost (a wake-up, the
+        span reading of every thread, the flush's write, the exchanges' round trips) is then
+        paid a few times a second whatever the step time (benchmarks/monitor_thread.py)."""
+        floor_s = self.cfg.handover_min_s
+        if step_ms is None or step_ms <= 0:
+            return
+        cap = MAX_STRIDE
+        if self.exchange is not None and self.exchange.enabled:
+            cap = min(cap, max(1, MAX_EXCHANGES_DUE // 2 * self.cfg.exchange_every // self.cfg.flush_every))
+        stride = 1
+        while stride * 2 <= cap and stride * self.cfg.flush_every * step_ms < floor_s * 1e3:
+            stride *= 2
+        self.stride = stride
+
+    def _judge_budget(self, step_ms: Optional[float], hook_ns: int, hook_steps: int, step: int) -> None:
         """Read the kernel counters every k-th step when reading them every step costs more than
         the budget: the hook's cost on the training thread and the readings' on the monitor
         thread, per step, together."""
@@ -494,12 +526,11 @@ class StepMonitor:
         sampled = self._sampled
         read_ns = sampled.cost_ns if sampled is not None else 0
         self._hook_seen = (hook_ns, hook_steps, read_ns)
-        if hook_steps - steps0 < 4 or len(raw) < 4:
+        if hook_steps - steps0 < 4 or step_ms is None:
             return
         hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
         read_us = (read_ns - read0) / 1e3 / (hook_steps - steps0)
         cost_us = hook_us + read_us
-        step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:]))
         was = self.budget.every
         now = self.budget.update(cost_us, step_ms, step)
         if sampled is not None:

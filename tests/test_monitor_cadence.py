@@ -1,0 +1,64 @@
+"""The hand-overs' cadence (monitor.handover_min_s): at short steps the training thread hands its
+steps to the monitor thread only at multiples of flush_every x stride, a power of two the
+monitor thread sets so that a hand-over holds at least handover_min_s of steps; every step is
+still written once, in order. handover_min_s = 0 hands over at every due step."""
+import json
+
+import pytest
+
+import placement
+from placement.errors import ConfigError
+from placement.monitor.step_monitor import MAX_STRIDE
+
+FLUSH = 5
+STEPS = 3000
+
+
+def _run(tmp_path, floor_s: float) -> tuple[list[int], list[int], int]:
+    """A loop of trivial steps (tens of us each, well under any floor here): the last step of each
+    hand-over the monitor processed, the steps written, and the stride at the end."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
+                                  "summary_every": 0, "handover_min_s": floor_s})
+    mon = h.monitor
+    handed: list[int] = []
+    process = mon._process
+
+    def counted(item, exchange):
+        handed.append(item.last_step)
+        return process(item, exchange)
+
+    mon._process = counted
+    for _ in range(STEPS):
+        h.step()
+    stride = mon.stride
+    h.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
+             if '"type":"step"' in line]
+    return handed, steps, stride
+
+
+def test_short_steps_are_handed_over_a_floor_apart_and_every_step_is_written(tmp_path):
+    handed, steps, stride = _run(tmp_path, floor_s=2.0)
+    assert steps == list(range(1, STEPS + 1))
+    # 160 steps of this loop take far less than 2 s, so the stride goes to its cap ...
+    assert stride == MAX_STRIDE
+    # ... within the first few hand-overs (the training thread may pass a few due steps before
+    # the monitor thread has seen a step time), and each later one holds a whole stride.
+    at_cap = [s for s in handed if s % (FLUSH * MAX_STRIDE) == 0]
+    assert len(handed) - len(at_cap) <= 8, handed[:20]
+    assert len(handed) <= STEPS // (FLUSH * MAX_STRIDE) + 8
+
+
+def test_a_floor_of_zero_hands_over_at_every_due_step(tmp_path):
+    handed, steps, stride = _run(tmp_path, floor_s=0.0)
+    assert steps == list(range(1, STEPS + 1))
+    assert stride == 1
+    # every flush (and span) step is a hand-over; the close's drain may add the last few steps
+    assert set(range(FLUSH, STEPS + 1, FLUSH)) <= set(handed)
+
+
+@pytest.mark.parametrize("value", [-0.5, 61.0])
+def test_a_floor_out_of_range_is_refused_with_its_range(value):
+    with pytest.raises(ConfigError, match=r"monitor.handover_min_s=.* is out of range; valid: \[0.0, 60.0\]"):
+        placement.attach(policy="none", monitor={"handover_min_s": value})
