@@ -62,3 +62,28 @@ def test_a_floor_of_zero_hands_over_at_every_due_step(tmp_path):
 def test_a_floor_out_of_range_is_refused_with_its_range(value):
     with pytest.raises(ConfigError, match=r"monitor.handover_min_s=.* is out of range; valid: \[0.0, 60.0\]"):
         placement.attach(policy="none", monitor={"handover_min_s": value})
+
+
+def _run_observed(tmp_path, window_end) -> int:
+    """The stride at the end of a loop of trivial steps with an observer that judges windows."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "summary_every": 0,
+                                  "handover_min_s": 2.0})
+    seen: list[int] = []
+    h.add_observer(lambda rec: seen.append(rec.step), window_end)
+    for _ in range(STEPS):
+        h.step()
+    stride = h.monitor.stride
+    h.close()
+    assert seen == list(range(1, STEPS + 1))
+    return stride
+
+
+def test_an_observer_that_judges_windows_gets_each_as_it_ends(tmp_path):
+    # a tuner's rules answer and its moves are judged in steps: no stride while it watches
+    assert _run_observed(tmp_path, lambda after: (after // 20 + 1) * 20) == 1
+
+
+def test_an_observer_that_stopped_judging_windows_lets_the_stride_grow(tmp_path):
+    # window_end None: no window wanted (a tuner that stopped)
+    assert _run_observed(tmp_path, lambda after: None) == MAX_STRIDE

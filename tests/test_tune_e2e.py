@@ -231,9 +231,7 @@ def _reference_run(tmp: Path) -> None:
 
     torch.set_num_threads(1)
     handle = placement.attach(config=[f"monitor.log_dir={tmp / 'reference'}", "policy=none", "tune.enabled=false",
-                                      f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0",
-                                      # steps are counted to the move: every window handed over at once
-                                      "monitor.handover_min_s=0"])
+                                      f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0"])
     train = _train_step()
     for _ in range(WINDOW):
         train()
@@ -263,9 +261,7 @@ def _worker(tmp: Path) -> None:
 
     torch.set_num_threads(1)
     handle = placement.attach(config=[f"monitor.log_dir={tmp}", f"tune.window={WINDOW}",
-                                      f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0",
-                                      # steps are counted to the move: every window handed over at once
-                                      "monitor.handover_min_s=0"])
+                                      f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0"])
     train = _train_step()
     times: list[float] = []  # times[i] is the monitor's step i + 1
     hog_step = None  # the monitor's number of the first step the hogs spin through

@@ -506,9 +506,15 @@ class StepMonitor:
         whose step times differ a little still meet at the larger one's exchange steps) that
         last monitor.handover_min_s at this step time. A hand-over's fixed cost (a wake-up, the
         span reading of every thread, the flush's write, the exchanges' round trips) is then
-        paid a few times a second whatever the step time (benchmarks/monitor_thread.py)."""
+        paid a few times a second whatever the step time (benchmarks/monitor_thread.py).
+        While an observer judges windows, 1."""
         floor_s = self.cfg.handover_min_s
         if step_ms is None or step_ms <= 0:
+            return
+        if self._window_ends and self._window_due(self._handed_through) != NEVER:
+            # An observer judges whole windows (the tuner): each is handed over as it ends, as
+            # its moves are judged, and its rules answer, in steps (benchmarks/contention.py).
+            self.stride = 1
             return
         cap = MAX_STRIDE
         if self.exchange is not None and self.exchange.enabled:
