@@ -20,11 +20,12 @@ by round as above.
 
     python benchmarks/framework_callbacks.py --quick     # ~4 minutes
     python benchmarks/framework_callbacks.py --quick --decompose   # DDP only, placerun's parts off one at a time
-    python benchmarks/framework_callbacks.py --cadence   # Lightning only: the monitor's hand-overs made rarer
+    python benchmarks/framework_callbacks.py --cadence   # Lightning only: the hand-overs' floor off and on
 
 --cadence: the monitor thread's hand-over (records built and written, the thread scan) holds the
-GIL, so a Python-bound step waits for it; arm `monitor_sparse` is `monitor` with
-monitor.flush_every=100 and rescan_every=400 (hand-overs 5x and 20x rarer than the defaults).
+GIL, so a Python-bound step waits for it; arm `monitor` has hand-overs at least
+monitor.handover_min_s (0.5 s) apart, the default; arm `monitor_no_floor` is the same callback with
+handover_min_s=0, a hand-over at every due step (every 20 steps at the defaults).
 """
 from __future__ import annotations
 
@@ -52,7 +53,7 @@ if framework == "lightning":
     from torch.utils.data import DataLoader
     class Stamp(Callback):
         def on_train_batch_end(self, *a): stamps.append(time.perf_counter())
-    policy = {"monitor": "none", "monitor_sparse": "none", "bound": "auto"}.get(mode)
+    policy = {"monitor": "none", "monitor_no_floor": "none", "bound": "auto"}.get(mode)
     cbs = [Stamp()] + ([ex.PlacementCallback(policy=policy, tune={"enabled": False}, monitor={"log_dir": out, **cadence})] if policy else [])
     Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=cbs, enable_checkpointing=False, logger=False,
             enable_progress_bar=False, enable_model_summary=False).fit(ex.Regression(), DataLoader(ex.Points(), batch_size=16))
@@ -128,14 +129,14 @@ def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
             return json.load(f)
 
 
-SPARSE = {"flush_every": 100, "rescan_every": 400}  # --cadence's monitor_sparse arm
+NO_FLOOR = {"handover_min_s": 0}  # --cadence's monitor_no_floor arm
 
 
 def run(framework: str, mode: str, steps: int) -> list[float]:
     with tempfile.TemporaryDirectory() as out:
         env = dict(os.environ, PYTHONWARNINGS="ignore")
         p = subprocess.run([sys.executable, "-c", CHILD, framework, mode, str(steps), out,
-                            str(REPO / "examples" / EXAMPLE[framework]), json.dumps(SPARSE if mode == "monitor_sparse" else {})],
+                            str(REPO / "examples" / EXAMPLE[framework]), json.dumps(NO_FLOOR if mode == "monitor_no_floor" else {})],
                            capture_output=True, text=True, env=env, timeout=600)
     if p.returncode != 0:
         sys.exit(f"framework_callbacks: {framework} {mode} failed: {p.stderr.strip().splitlines()[-1]}")
@@ -146,13 +147,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="fewer steps and rounds")
     p.add_argument("--cadence", action="store_true",
-                   help="Lightning only: bare, monitor, and monitor with its hand-overs made rarer (monitor_sparse)")
+                   help="Lightning only: bare, monitor, and monitor with a hand-over at every due step (monitor_no_floor)")
     p.add_argument("--decompose", action="store_true",
                    help="DDP only, with each of DDP_PARTS (placerun with one part off or changed) as an arm of its own")
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
-    modes = ("bare", "monitor", "monitor_sparse") if args.cadence else ("bare", "monitor", "bound")
+    modes = ("bare", "monitor", "monitor_no_floor") if args.cadence else ("bare", "monitor", "bound")
     frameworks = () if args.decompose else ("lightning",) if args.cadence else EXAMPLE
     for framework in frameworks:
         per_round = alternated(modes, rounds, lambda mode: run(framework, mode, steps))
