@@ -55,6 +55,7 @@ class AutoState(enum.Enum):
 # The hooks run right after a step, when every code path is cold: the state is compared by
 # identity with these, not looked up on the enum class each time (benchmarks/hook_profile.py).
 _RUNNING, _WAITING = AutoState.RUNNING, AutoState.WAITING
+_get_ident = threading.get_ident
 
 NO_STEP_LINE = ("no optimizer step ran, so this run has no step records (placerun finds a step where a "
                 "torch.optim optimizer steps: docs/monitor.md); a loop without one can mark its steps with "
@@ -98,10 +99,18 @@ class AutoMonitor:
         imports.when_imported("torch.nn.parallel.distributed", self._hook_ddp)
 
     def _hook_optimizers(self, module) -> None:
-        fire = self._fire
+        auto = self
 
         def placement_auto_step(optimizer, _args, _kwargs):
-            fire(id(optimizer), False)
+            # _fire, inline: this runs at every step of every program, right after its optimizer
+            # step, where each frame costs microseconds (benchmarks/monitor_overhead.py, auto_us)
+            if _get_ident() != auto._main and not (auto._find_main and auto._adopt_main()):
+                return
+            state = auto.state
+            if state is _RUNNING:
+                auto.finder.fire(id(optimizer), False)
+            elif state is _WAITING:
+                auto._start(id(optimizer), False)
 
         self._undo.append(module.register_optimizer_step_post_hook(placement_auto_step).remove)
 
@@ -125,7 +134,7 @@ class AutoMonitor:
 
         @functools.wraps(next_original)
         def __next__(it):
-            if threading.get_ident() != auto._main:  # (after give_way the class has its own again)
+            if _get_ident() != auto._main:  # (after give_way the class has its own again)
                 return next_original(it)
             first = it._num_yielded == 0  # dataloader.py:723 counts the batches handed out
             t0 = perf_counter_ns()
@@ -134,7 +143,14 @@ class AutoMonitor:
             except StopIteration:
                 auto._waited(t0)
                 raise
-            auto._fetched(t0, first, batch)
+            # what a fetch tells the monitor, inline (one frame less at every fetch)
+            monitor = auto.monitor
+            if auto.state is not _RUNNING or monitor is None:
+                auto.fetches += 1
+                return batch
+            auto.finder.fetched(t0, first)  # may end the step at t0: the wait below is the next step's
+            monitor.data_ns += perf_counter_ns() - t0
+            monitor.last_batch = batch
             return batch
 
         @functools.wraps(iter_original)
@@ -208,15 +224,6 @@ class AutoMonitor:
             self.finder.fire(key, outer)
         elif state is _WAITING:
             self._start(key, outer)
-
-    def _fetched(self, t0: int, first: bool, batch) -> None:
-        monitor = self.monitor
-        if self.state is not _RUNNING or monitor is None:
-            self.fetches += 1
-            return
-        self.finder.fetched(t0, first)  # may end the step at t0: the wait below is the next step's
-        monitor.data_ns += perf_counter_ns() - t0
-        monitor.last_batch = batch
 
     def _waited(self, t0: int) -> None:
         monitor = self.monitor
