@@ -4,7 +4,9 @@ that turns its raw readings into records and delivers them.
 What
     on_step(), training thread: a perf_counter stamp, the step's data wait and comm
     counters, and an append; no system call. At the next due step (a span reading, a flush or
-    an exchange) the raw steps are handed over: a deque append and one wake-up.
+    an exchange) the raw steps are handed over: a deque append and one wake-up. At short steps
+    with no observer judging windows, only every `stride` flushes: at least
+    monitor.handover_min_s of steps per hand-over (_pace).
     The monitor thread (`placement_mon`, role `other`, so never on a hot core): every few steps
     (the budget's cadence) and at each hand-over, the hot threads' kernel counters (main's
     thread clock and schedstat, one pread per backward/nccl/pin_memory thread), each reading
