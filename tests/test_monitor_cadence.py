@@ -12,11 +12,14 @@ from placement.monitor.step_monitor import MAX_STRIDE
 
 FLUSH = 5
 STEPS = 3000
+NO_OBSERVER = object()
 
 
-def _run(tmp_path, floor_s: float) -> tuple[list[int], list[int], int]:
-    """A loop of trivial steps (tens of us each, well under any floor here): the last step of each
-    hand-over the monitor processed, the steps written, and the stride at the end."""
+def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], list[int], list[int], int]:
+    """A loop of trivial steps (tens of us each, well under any floor here), with an observer
+    when `window_end` is given (None included: one that wants no window): the last step of each
+    hand-over the monitor processed, the steps written, the steps observed, and the stride at
+    the end."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
                                   "summary_every": 0, "handover_min_s": floor_s})
@@ -29,17 +32,20 @@ def _run(tmp_path, floor_s: float) -> tuple[list[int], list[int], int]:
         return process(item, exchange)
 
     mon._process = counted
+    seen: list[int] = []
+    if window_end is not NO_OBSERVER:
+        h.add_observer(lambda rec: seen.append(rec.step), window_end)
     for _ in range(STEPS):
         h.step()
     stride = mon.stride
     h.close()
     steps = [json.loads(line)["step"] for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
              if '"type":"step"' in line]
-    return handed, steps, stride
+    return handed, steps, seen, stride
 
 
 def test_short_steps_are_handed_over_a_floor_apart_and_every_step_is_written(tmp_path):
-    handed, steps, stride = _run(tmp_path, floor_s=2.0)
+    handed, steps, _, stride = _run(tmp_path, floor_s=2.0)
     assert steps == list(range(1, STEPS + 1))
     # 160 steps of this loop take far less than 2 s, so the stride goes to its cap ...
     assert stride == MAX_STRIDE
@@ -51,7 +57,7 @@ def test_short_steps_are_handed_over_a_floor_apart_and_every_step_is_written(tmp
 
 
 def test_a_floor_of_zero_hands_over_at_every_due_step(tmp_path):
-    handed, steps, stride = _run(tmp_path, floor_s=0.0)
+    handed, steps, _, stride = _run(tmp_path, floor_s=0.0)
     assert steps == list(range(1, STEPS + 1))
     assert stride == 1
     # every flush (and span) step is a hand-over; the close's drain may add the last few steps
@@ -64,26 +70,17 @@ def test_a_floor_out_of_range_is_refused_with_its_range(value):
         placement.attach(policy="none", monitor={"handover_min_s": value})
 
 
-def _run_observed(tmp_path, window_end) -> int:
-    """The stride at the end of a loop of trivial steps with an observer that judges windows."""
-    h = placement.attach(policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "summary_every": 0,
-                                  "handover_min_s": 2.0})
-    seen: list[int] = []
-    h.add_observer(lambda rec: seen.append(rec.step), window_end)
-    for _ in range(STEPS):
-        h.step()
-    stride = h.monitor.stride
-    h.close()
+def _stride_observed(tmp_path, window_end) -> int:
+    _, _, seen, stride = _run(tmp_path, 2.0, window_end)
     assert seen == list(range(1, STEPS + 1))
     return stride
 
 
 def test_an_observer_that_judges_windows_gets_each_as_it_ends(tmp_path):
     # a tuner's rules answer and its moves are judged in steps: no stride while it watches
-    assert _run_observed(tmp_path, lambda after: (after // 20 + 1) * 20) == 1
+    assert _stride_observed(tmp_path, lambda after: (after // 20 + 1) * 20) == 1
 
 
 def test_an_observer_that_stopped_judging_windows_lets_the_stride_grow(tmp_path):
     # window_end None: no window wanted (a tuner that stopped)
-    assert _run_observed(tmp_path, lambda after: None) == MAX_STRIDE
+    assert _stride_observed(tmp_path, lambda after: None) == MAX_STRIDE
