@@ -3,7 +3,9 @@ stay out of the way when nothing is wrong?
 
 One rank, a real training-like loop: a torch CPU step of a few ms on the main thread
 (torch.set_num_threads(1), like a GPU rank's Python thread), fed by a DataLoader with 2
-worker processes, measured by placement.attach(). Two scenarios, each in phases:
+worker processes, measured by placement.attach(). With --pool, main computes instead on the
+intra-op pool the plan gives a CPU-only rank (main's and other's cores): there the tuner has
+no free core to offer main, and must do no harm. Two scenarios, each in phases:
 
   hog:  quiet -> a foreign CPU hog (another process, spinning) pinned to the core the main
         thread runs on -> hog gone
@@ -101,7 +103,8 @@ def allowed_cpus(tid: int) -> str:
 LAG_STEPS = 2
 
 
-def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str, lag: bool = False) -> None:
+def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str, lag: bool = False,
+          pool: bool = False) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -127,6 +130,8 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
                                      f"monitor.rescan_every={window}", "monitor.summary_every=0"]
                       + ([f"monitor.flush_every={2 * window}"] if lag else []))
     handle = placement.attach(config=cfg)
+    if not pool:  # attach() gave torch the plan's OMP_NUM_THREADS; this main thread computes alone
+        torch.set_num_threads(1)
     if lag and handle.monitor is not None:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
         from nccl_standins import settle_steps_late
@@ -224,6 +229,8 @@ def tune_actions(log_path: str) -> list[str]:
                                   else f" (evidence: steps {first}-{last})"))
                 elif e.get("type") == "rollback":
                     out.append(f"rollback {e['rule']} {e['role']}: {e['why']}")
+                elif e.get("type") == "warning" and e.get("source") == "tune":
+                    out.append(f"warning {e['rule']}: {e['message']}")
     except OSError:
         pass
     return out
@@ -242,14 +249,15 @@ def children_cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int, lag: bool = False) -> dict:
+def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int, lag: bool = False,
+            pool: bool = False) -> dict:
     """One run in a fresh process; also measures how busy the rest of the machine was
     meanwhile (all CPU time minus this run's own processes, hog included), in CPUs."""
     log_dir = os.path.join(tmp, f"{scenario}-{mode}-{rep}")
     out = os.path.join(tmp, f"{scenario}-{mode}-{rep}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", scenario, mode, "--window", str(window),
            "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out] \
-        + (["--nccl-lag"] if lag else [])
+        + (["--nccl-lag"] if lag else []) + (["--pool"] if pool else [])
     busy0, ours0, t0 = busy_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -321,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
     ap.add_argument("--nccl-lag", action="store_true",
                     help=f"records reach the tuner as under NCCL timing: {LAG_STEPS} steps late, every 2 windows")
+    ap.add_argument("--pool", action="store_true",
+                    help="main computes on the plan's intra-op pool (a CPU-only rank), not alone")
     ap.add_argument("--hog", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     ap.add_argument("--steps", help=argparse.SUPPRESS)
@@ -332,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         steps = Steps(*map(int, args.steps.split(",")))
-        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out, args.nccl_lag)
+        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out, args.nccl_lag, args.pool)
         return 0
     modes = args.modes.split(",")
     scenarios = args.scenarios.split(",")
@@ -351,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
             for scenario in scenarios:
                 for m in modes:
-                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep, args.nccl_lag))
+                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep, args.nccl_lag, args.pool))
     all_results = {sc: {m: combine_runs(runs[(sc, m)], steps, w) for m in modes} for sc in scenarios}
     for scenario in scenarios:
         print_table(scenario, all_results[scenario], steps, w)
@@ -359,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     hog_res = all_results.get("hog", {})
     headline = {
         "nccl_lag_steps": LAG_STEPS if args.nccl_lag else 0,
+        "pool": args.pool,
         "quiet_p99_ms": round(hog_res["tune"]["phases"][0]["p99"], 3) if "tune" in hog_res else None,
         "hog_p99_ratio": {m: round(r["during_settled_p99_ratio"], 3) for m, r in hog_res.items()},
         "recovery_windows": hog_res["tune"]["recovery_windows"] if "tune" in hog_res else None,

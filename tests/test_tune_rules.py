@@ -70,6 +70,31 @@ def test_fleeing_a_hog_onto_our_workers_core_swaps_them_in_one_action():
     assert p.cpus == {2} and dict(p.also) == {DL: {3}}
 
 
+def test_main_stays_off_a_core_where_our_own_threads_are_busy_and_says_so_once():
+    # A CPU-only rank computing on its intra-op pool: main's OpenMP team has a thread on
+    # `other`'s CPU 1, busy most of the step. Main moved there would share a core with a thread
+    # of its own team (contention --pool: steps 7 -> 96 ms); with the hog on CPU 0 it stays.
+    plan = {"main": [0], "nccl": [1], "pin_memory": [1], "dataloader": [1], "other": [1]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}, "other": {"cpu_ms": 0.6}})
+    rule = RULES["runqueue"]()
+    c = ctx(recs, plan, topo=topology(2), facts=FakeFacts(foreign=[hog(0)]))
+    p = rule.propose(c)
+    assert p is not None and not p.is_move and p.role is None
+    assert p.evidence["held_by_own"] == [{"core": [1], "role": "other", "cpu_pct_per_cpu": 60.0}]
+    assert "stays" in p.reason and "other 60% per CPU" in p.reason
+    assert rule.propose(c) is None  # said once
+    # the same plan whose other threads barely run (main computes alone): main flees to CPU 1
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}, "other": {"cpu_ms": 0.02}})
+    p = RULES["runqueue"]().propose(ctx(recs, plan, topo=topology(2), facts=FakeFacts(foreign=[hog(0)])))
+    assert p.is_move and p.role is MAIN and p.cpus == {1}
+    # busy per CPU counts: an other set of 4 CPUs, 60% busy in all, leaves each of them free
+    plan = {"main": [0], "nccl": [1], "dataloader": [2, 3], "other": [2, 3, 4, 5]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4, "cpus": [0]}, "nccl": NCCL_IDLE,
+                             "other": {"cpu_ms": 0.6}})
+    p = RULES["runqueue"]().propose(ctx(recs, plan, topo=topology(6), facts=FakeFacts(foreign=[hog(0)])))
+    assert p.is_move and p.role is MAIN and p.cpus == {4}  # of those, the one without DataLoader workers
+
+
 def test_runqueue_skips_a_core_with_a_pinned_foreign_thread():
     roles = {"main": [0], "nccl": [1], "other": [2, 3]}
     recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.3}, "nccl": NCCL_IDLE})

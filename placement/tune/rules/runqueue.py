@@ -11,7 +11,7 @@ from typing import Optional
 from placement.cpuset import format_cpulist
 from placement.roles import HOT_ROLES, ThreadRole
 from placement.tune.rules.base import Proposal, Rule, RuleContext, rounded
-from placement.tune.rules.free import active_hot_roles, free_cores
+from placement.tune.rules.free import active_hot_roles, busy_own, free_cores
 
 # A co-runner of ours is blamed only when it is on-CPU at least this fraction of the time
 # the hot thread waited: a role that barely ran cannot have kept it waiting.
@@ -20,6 +20,9 @@ CO_RUNNER_MIN_FRACTION = 0.5
 
 class RunqueueRule(Rule):
     name = "runqueue"
+
+    def __init__(self) -> None:
+        self._said_held: set[tuple[ThreadRole, frozenset[int]]] = set()  # (hot role, core) told once
 
     def propose(self, ctx: RuleContext) -> Optional[Proposal]:
         waiting = []
@@ -54,7 +57,7 @@ class RunqueueRule(Rule):
                                    for t in foreign[:8]]
         cores = free_cores(ctx, hot)
         if not cores:
-            return None
+            return self._held_by_own(ctx, hot, core, wait_pct, evidence)
         target = layout.shaped_like(hot, cores[0])
         cause = (f"foreign {foreign[0].name!r} (pid {foreign[0].pid})" if foreign
                  else "an unseen co-runner" if own is None else f"our {own[0]}")
@@ -64,6 +67,24 @@ class RunqueueRule(Rule):
         return Proposal(self.name, hot, target,
                         f"{hot} waits {wait_pct:.0f}% of the step on core {format_cpulist(core)} behind "
                         f"{cause}: move it to free core {format_cpulist(target)}{room}", evidence, also)
+
+    def _held_by_own(self, ctx: RuleContext, hot: ThreadRole, core: frozenset[int], wait_pct: float,
+                     evidence: dict) -> Optional[Proposal]:
+        """No free core because our own busy roles hold the others: said once per hot role and
+        core, as a warning that moves nothing."""
+        held = [(c, busy) for c in ctx.layout.candidate_cores(hot, active_hot_roles(ctx))
+                for busy in [busy_own(ctx, hot, ctx.layout.cores.cores_of(c))] if busy is not None]
+        if not held or (hot, core) in self._said_held:
+            return None
+        self._said_held.add((hot, core))
+        where = ", ".join(f"{format_cpulist(c)} ({role} {pct:.0f}% per CPU)" for c, (role, pct) in held)
+        evidence["held_by_own"] = [{"core": sorted(c), "role": role.value, "cpu_pct_per_cpu": rounded(pct)}
+                                   for c, (role, pct) in held]
+        return Proposal(self.name, None, None,
+                        f"{hot} waits {wait_pct:.0f}% of the step on core {format_cpulist(core)}, and stays: the "
+                        f"other cores of its share run our own busy threads: {where}; moved there, it would "
+                        f"share a core with our own work",
+                        evidence)
 
     @staticmethod
     def _make_room(ctx: RuleContext, hot: ThreadRole,
