@@ -136,7 +136,7 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
         from nccl_standins import settle_steps_late
 
-        settle_steps_late(handle.monitor.comm, LAG_STEPS)  # the stand-in for NCCL's late durations
+        settle_steps_late(handle, LAG_STEPS)  # the stand-in for NCCL's late durations
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     loader = DataLoader(Batches(), batch_size=None, num_workers=WORKERS, prefetch_factor=4, persistent_workers=False)
