@@ -72,9 +72,14 @@ class RunqueueRule(Rule):
                      evidence: dict) -> Optional[Proposal]:
         """No free core because our own busy roles hold the others: said once per hot role and
         core, as a warning that moves nothing."""
-        held = [(c, busy) for c in ctx.layout.candidate_cores(hot, active_hot_roles(ctx))
-                for busy in [busy_own(ctx, hot, ctx.layout.cores.cores_of(c))] if busy is not None]
-        if not held or (hot, core) in self._said_held:
+        if (hot, core) in self._said_held:
+            return None
+        held = []
+        for c in ctx.layout.candidate_cores(hot, active_hot_roles(ctx)):
+            busy = busy_own(ctx, hot, ctx.layout.cores.cores_of(c))
+            if busy is not None:
+                held.append((c, busy))
+        if not held:
             return None
         self._said_held.add((hot, core))
         where = ", ".join(f"{format_cpulist(c)} ({role} {pct:.0f}% per CPU)" for c, (role, pct) in held)
