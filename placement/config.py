@@ -99,7 +99,8 @@ class MonitorConfig:
     handover_min_s: float = _key(0.5, "least time between two hand-overs of steps to the monitor thread while no "
                                       "tuner judges windows: at short steps each builds, writes and exchanges "
                                       "flush_every x 2^k steps at once (docs/monitor.md); 0 = at every due step")
-    rescan_every: int = _key(20, "steps between rescans of the thread list")
+    rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
+                                  "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
     straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
                                               "removed) is at least this share of step time (docs/monitor.md)")

@@ -227,7 +227,8 @@ def test_thread_roles_in_the_span_reading(tmp_path):
         t.start()
     time.sleep(0.05)
     try:
-        h = _attach(tmp_path, monitor={"rescan_every": 5})
+        # every due step a hand-over, each with its span (the floors apart are test_monitor_cadence's)
+        h = _attach(tmp_path, monitor={"rescan_every": 5, "handover_min_s": 0.0})
         for _ in range(10):
             time.sleep(0.005)
             h.step()

@@ -3,15 +3,17 @@ steps to the monitor thread only at multiples of flush_every x stride, a power o
 monitor thread sets so that a hand-over holds at least handover_min_s of steps; every step is
 still written once, in order. handover_min_s = 0 hands over at every due step."""
 import json
+import time
 
 import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.step_monitor import MAX_STRIDE
+from placement.monitor.step_monitor import MAX_STRIDE, SPAN_FLOORS
 
 FLUSH = 5
 STEPS = 3000
+STEP_NS = 10_000_000  # the stamped steps' length (_span_steps)
 NO_OBSERVER = object()
 
 
@@ -84,3 +86,34 @@ def test_an_observer_that_judges_windows_gets_each_as_it_ends(tmp_path):
 def test_an_observer_that_stopped_judging_windows_lets_the_stride_grow(tmp_path):
     # window_end None: no window wanted (a tuner that stopped)
     assert _stride_observed(tmp_path, lambda after: None) == MAX_STRIDE
+
+
+def _span_steps(tmp_path, floor_s: float) -> list[int]:
+    """Steps 10 ms apart by their own stamps (the hook's `at`), however fast the loop runs: the
+    steps whose record carries a span reading (main's involuntary switches, read at spans only)."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
+                                  "summary_every": 0, "handover_min_s": floor_s})
+    t0 = time.perf_counter_ns()
+    for i in range(1, STEPS + 1):
+        h.monitor.on_step(at=t0 + i * STEP_NS)
+    h.close()
+    records = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
+               if '"type":"step"' in line]
+    assert [r["step"] for r in records] == list(range(1, STEPS + 1))
+    return [r["step"] for r in records if "nivcsw" in r["roles"]["main"]]
+
+
+def test_without_a_tuner_span_readings_are_four_floors_of_steps_apart(tmp_path):
+    spans = _span_steps(tmp_path, floor_s=0.5)
+    floors = SPAN_FLOORS * 0.5e9 / STEP_NS  # 200 steps of 10 ms
+    gaps = [b - a for a, b in zip(spans, spans[1:])]
+    # rarer than the hand-overs themselves (at most MAX_STRIDE flushes, 1.6 s of these steps)
+    assert gaps and min(gaps) >= floors > FLUSH * MAX_STRIDE, spans
+    # ... and no further apart than a floor's worth plus one hand-over (at most MAX_STRIDE flushes)
+    assert max(gaps) <= floors + FLUSH * MAX_STRIDE, spans
+
+
+def test_a_floor_of_zero_reads_spans_every_rescan_every_steps(tmp_path):
+    spans = _span_steps(tmp_path, floor_s=0.0)
+    assert spans[:10] == list(range(FLUSH, 11 * FLUSH, FLUSH))

@@ -12,7 +12,8 @@ What
     thread clock and schedstat, one pread per backward/nccl/pin_memory thread), each reading
     tagged with the last step ended (probes/sampled.py), a reading due within half the budget's
     steps of a hand-over left to it (one wake-up for both); every monitor.rescan_every steps the
-    span reading of every thread and a refresh of the thread list; every monitor.flush_every
+    span reading of every thread and a refresh of the thread list (while no observer judges
+    windows, at least SPAN_FLOORS hand-over floors apart); every monitor.flush_every
     steps records are built, judged (records/verdict.py), handed to the observers (the tuner),
     encoded and written in one batch (sinks/); as soon as a window of an observer that judges
     whole windows (add_observer's window_end) is complete with its
@@ -83,6 +84,12 @@ MAX_EXCHANGES_DUE = 64  # exchanges waiting for their steps to be built (see _se
 # The most flush_every strides one hand-over may hold (a power of two; see _pace): it also
 # holds at most MAX_EXCHANGES_DUE / 2 exchange windows.
 MAX_STRIDE = 32
+# While no observer judges windows, span readings (every thread read in full, the thread list
+# rescanned) are at least this many monitor.handover_min_s apart (2 s at the defaults), whatever
+# rescan_every says: at short steps each costs hundreds of us on the monitor thread
+# (benchmarks/monitor_thread.py), and their figures (faults, switches, MHz, DataLoader and
+# `other`) are per-step means over the span anyway.
+SPAN_FLOORS = 4
 # How long an exit path waits for the monitor thread to finish what it is doing (it can
 # be waiting up to Exchange.WAIT_S for a late peer's exchange) before writing anyway.
 EXIT_WAIT_S = 15.0
@@ -187,6 +194,7 @@ class StepMonitor:
         self._t_last = self._anchor[0]
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
+        self._span_ns = -math.inf  # the end (perf_counter_ns) of the last step with a span reading
         self._hook_seen = (0, 0, 0)  # (hook ns, hook steps, reading ns) at the last budget judgement
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
@@ -479,14 +487,15 @@ class StepMonitor:
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
         step, raw = item.last_step, [_raw_step(t) for t in item.raw]
-        if item.span:
+        windowed = bool(self._window_ends) and self._window_due(self._handed_through) != NEVER
+        if item.span and (windowed or raw[-1].end_ns - self._span_ns >= SPAN_FLOORS * cfg.handover_min_s * 1e9):
             raw[-1].span = self.sampler.read_span(step - self._last_span_step)
-            self._last_span_step = step
+            self._last_span_step, self._span_ns = step, raw[-1].end_ns
             self.sampler.refresh()
         self._pending.extend(raw)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step)
-        self._pace(step_ms)
+        self._pace(step_ms, windowed)
         ex = self.exchange if exchange else None
         # every exchange step this hand-over holds (several when it holds several strides)
         due = range(_next_multiple(self._handed_through, cfg.exchange_every), step + 1, cfg.exchange_every)
@@ -503,17 +512,17 @@ class StepMonitor:
         if not sent and ex is not None and ex.pending:
             self._publish(ex.collect())
 
-    def _pace(self, step_ms: Optional[float]) -> None:
+    def _pace(self, step_ms: Optional[float], windowed: bool) -> None:
         """The hand-overs' stride: the fewest flush_every strides (a power of two, so that ranks
         whose step times differ a little still meet at the larger one's exchange steps) that
         last monitor.handover_min_s at this step time. A hand-over's fixed cost (a wake-up, the
         span reading of every thread, the flush's write, the exchanges' round trips) is then
         paid a few times a second whatever the step time (benchmarks/monitor_thread.py).
-        While an observer judges windows, 1."""
+        While an observer judges windows (`windowed`), 1."""
         floor_s = self.cfg.handover_min_s
         if step_ms is None or step_ms <= 0:
             return
-        if self._window_ends and self._window_due(self._handed_through) != NEVER:
+        if windowed:
             # An observer judges whole windows (the tuner): each is handed over as it ends, as
             # its moves are judged, and its rules answer, in steps (benchmarks/contention.py).
             self.stride = 1
@@ -601,7 +610,8 @@ class StepMonitor:
             comm = late_comm.get(i, r.comm)
             step_ms, data_ms, t_last = (r.end_ns - t_last) / 1e6, r.data_ns / 1e6, r.end_ns
             roles = roles_of[i]
-            if r.span is not None:
+            if r.span is not None:  # its own copy: the other steps of its reading share theirs
+                roles = {name: dataclasses.replace(s) for name, s in roles.items()}
                 merge_span(roles, r.span)
             c = comm.comm_ms
             rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
@@ -619,8 +629,8 @@ class StepMonitor:
     def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
         """Per-step role samples: a probe step's counter deltas are spread evenly over it and
         the steps since the probe step before it, which share its samples (records are not
-        changed once built; only a step with a span reading gets its own copy, which
-        merge_span fills). Steps after the last probe step, only at exit, have none."""
+        changed once built; a step with a span reading, which need not be a probe step, gets
+        its own copy in _finalize). Steps after the last probe step, only at exit, have none."""
         roles_of: list[dict] = []
         probe_steps: list[int] = []
         run = 0  # steps waiting for the next probe step
@@ -628,10 +638,7 @@ class StepMonitor:
             run += 1
             if r.main is None:
                 continue
-            roles = self.sampler.samples(r.main, r.hot, run)
-            roles_of.extend([roles] * (run - 1))
-            roles_of.append(roles if r.span is None or run == 1 else
-                            {name: dataclasses.replace(s) for name, s in roles.items()})
+            roles_of.extend([self.sampler.samples(r.main, r.hot, run)] * run)
             probe_steps.extend([run] * run)
             run = 0
         for _ in range(run):

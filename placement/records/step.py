@@ -9,7 +9,8 @@ Sampling tiers
       runq_ms (per-step means over `probe_steps` steps when the monitor's budget has their
       counters read every k-th step);
     - their other counters (nivcsw, minflt, migrations, cpus, mhz), and every figure of
-      `dataloader` and `other`, are read every monitor.rescan_every steps and appear in that
+      `dataloader` and `other`, are read every monitor.rescan_every steps (while no tuner
+      judges windows, at least 4 x monitor.handover_min_s apart) and appear in that
       step's record as per-step means over the `span_steps` steps since the previous reading
       (None on the steps between; `dataloader` and `other` are absent from `roles` there).
       cpus/mhz of the hot roles on the steps between are the last reading's.
@@ -43,7 +44,7 @@ _ROLE_KEY = {role: f'"{role.value}":' for role in ThreadRole}
 _VERDICT = {v: f'"verdict":"{v.value}"' for v in StepVerdict}
 
 
-# Counters read at span readings only (every monitor.rescan_every steps): None between them.
+# Counters read at span readings only (see the module docstring): None between them.
 SPAN_FIELDS = ("nivcsw", "migrations", "minflt", "mhz")
 
 

@@ -179,20 +179,30 @@ class MainThreadProbe:
         # The main thread's pthread id when probing the live /proc (else never matched).
         self._ident = main.ident if proc == "/proc" else -1
         self._schedstat_fd = self._files._fds.get("schedstat")
+        self._clock = self._files._clock  # main's CPU clock (None when probing another /proc)
 
     def step_read(self) -> MainRead:
-        """On-CPU and runqueue ns: two syscalls. On the main thread itself no parsing (the line
-        is parsed by MainRead.parse on the monitor thread): every frame and every parse costs
-        on that path."""
+        """On-CPU and runqueue ns: two syscalls, and no parsing (the line is parsed by
+        MainRead.parse at the hand-over): on the main thread right after a step, and on the
+        monitor thread woken for one reading, every code path is cold, and each frame and
+        parse costs microseconds (benchmarks/monitor_thread.py)."""
+        fd = self._schedstat_fd
         if _get_ident() == self._ident:
             raw = None
-            if self._schedstat_fd is not None:
+            if fd is not None:
                 try:  # the main thread reading its own file: it cannot be gone
-                    raw = os.pread(self._schedstat_fd, _procfs.SCHEDSTAT_MAX, 0)
+                    raw = os.pread(fd, _procfs.SCHEDSTAT_MAX, 0)
                 except OSError as e:
                     self._fail("schedstat", e)
             return MainRead(time.thread_time_ns(), None, raw)
-        try:  # from another thread (the monitor's): its thread clock and schedstat, nothing else
+        clock = self._clock
+        if fd is not None and clock is not None:
+            try:  # from the monitor thread: schedstat, then main's thread clock
+                raw = os.pread(fd, _procfs.SCHEDSTAT_MAX, 0)
+                return MainRead(time.clock_gettime_ns(clock), None, raw)
+            except OSError:
+                pass  # gone (ESRCH, EINVAL) or unreadable: the careful path below tells which
+        try:
             cpu_ns, runq_ns = self._files.schedstat()
         except ThreadGone:  # the main thread exited while others run on
             cpu_ns = runq_ns = None

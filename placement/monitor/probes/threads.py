@@ -6,7 +6,8 @@ What
       which runs the GPU backward work), `nccl` and `pin_memory` threads, read by the monitor
       thread (sampled.py), or by the step hook with budget_pct = 0. The deltas and RoleSamples
       are made on the monitor thread (`samples`).
-    - every span (monitor.rescan_every steps, on the monitor thread): everything else, as
+    - every span (monitor.rescan_every steps or more: step_monitor.py SPAN_FLOORS; on the
+      monitor thread): everything else, as
       per-step means over the span: the hot roles' faults, involuntary switches, migrations,
       CPUs and MHz; all figures of `dataloader` and `other`.
     Which threads exist, and their roles, is looked at every span (ThreadScan): the binder's
