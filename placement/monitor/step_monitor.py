@@ -386,8 +386,14 @@ class StepMonitor:
                             sampled.postpone()
                         else:
                             # The reading's cost, which the budget judges, includes the wake-up
-                            # it took (benchmarks/monitor_thread.py: tens of us on a VM).
-                            sampled.take(woke_ns=time.thread_time_ns() - c0)
+                            # it took (benchmarks/monitor_thread.py: tens of us on a VM). It is
+                            # put no later than a hand-over waiting here, whose steps are then
+                            # built at it (a reading past it would leave them to the next one).
+                            try:
+                                waiting = self._handed[0].last_step
+                            except IndexError:
+                                waiting = None
+                            sampled.take(at_most=waiting, woke_ns=time.thread_time_ns() - c0)
                 except Exception as e:
                     self.warn(f"probe:{type(e).__name__}", f"counter reading failed ({type(e).__name__}: "
                                                            f"{first_line(e)}); the figures it misses are spread over the next")
