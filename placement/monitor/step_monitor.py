@@ -389,9 +389,10 @@ class StepMonitor:
                             # it took (benchmarks/monitor_thread.py: tens of us on a VM). It is
                             # put no later than a hand-over waiting here, whose steps are then
                             # built at it (a reading past it would leave them to the next one).
+                            handed_over = self._handed
                             try:
-                                waiting = self._handed[0].last_step
-                            except IndexError:
+                                waiting = handed_over[0].last_step if handed_over else None
+                            except IndexError:  # emptied meanwhile by the training thread (MAX_BACKLOG)
                                 waiting = None
                             sampled.take(at_most=waiting, woke_ns=time.thread_time_ns() - c0)
                 except Exception as e:
