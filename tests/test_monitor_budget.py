@@ -9,7 +9,8 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.probes.budget import AIM, JUDGED, MAX_EVERY, MIN_HOLD_STEPS, ProbeBudget
+from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
+                                              ProbeBudget, max_every)
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
@@ -26,9 +27,43 @@ def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
     assert [c for c in changes if c is not None] == [1]
     assert b.hold_steps == 2 * MIN_HOLD_STEPS  # a reversal: the next change waits twice as long
     assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step + 20 * JUDGED + 1) is None  # held
-    assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step + 20 * JUDGED + 2 * MIN_HOLD_STEPS) == MAX_EVERY
+    step += 20 * JUDGED + 2 * MIN_HOLD_STEPS
+    assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) > MAX_EVERY  # the overshoot, in one change
+    assert not b.over(hook_us_per_step=300.0, step_ms=1.0)  # not yet at its cap
+    while b.every < max_every(1.0):
+        step += b.hold_steps
+        assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) is not None
     assert b.over(hook_us_per_step=300.0, step_ms=1.0)
     assert not b.over(hook_us_per_step=2.0, step_ms=1.0)
+
+
+def test_the_cap_is_a_quarter_second_of_short_steps_and_follows_the_steps_when_they_grow():
+    # at 25 ms or more the cap is MAX_EVERY steps; below, MAX_PERIOD_S of them
+    assert max_every(25.0) == max_every(100.0) == MAX_EVERY
+    assert max_every(0.4) * 0.4 == pytest.approx(MAX_PERIOD_S * 1e3, rel=0.01) and max_every(0.4) > 50 * MAX_EVERY
+    b = ProbeBudget(budget_pct=0.3)
+    # a 0.4 ms step whose hook alone (5 us) is over 0.3% of it: up to the cap in a change or two
+    step, changes = 0, []
+    while b.every < max_every(0.4) and step < 20 * MIN_HOLD_STEPS:
+        step += 20
+        new = b.update(hook_us_per_step=5.0 + 150.0 / b.every, step_ms=0.4, step=step)
+        if new is not None:
+            changes.append(new)
+    assert b.every == max_every(0.4) and len(changes) <= 2, changes
+    assert b.over(hook_us_per_step=5.0, step_ms=0.4)
+    # the steps grow to 100 ms: back to MAX_EVERY at the next batch, inside the hold
+    assert b.update(hook_us_per_step=5.0, step_ms=100.0, step=step + 1) == MAX_EVERY
+
+
+def test_the_cadence_comes_down_in_one_change_to_a_k_inside_the_aim():
+    b = ProbeBudget(budget_pct=0.3, every=25)  # aim 18 us at 10 ms
+    step = 2 * MIN_HOLD_STEPS
+    changes = [b.update(hook_us_per_step=4.0 + 100.0 / 25, step_ms=10.0, step=step + 20 * i) for i in range(JUDGED)]
+    new = [c for c in changes if c is not None]
+    assert len(new) == 1 and 1 < new[0] < 25, changes
+    # the cost there, were all of it reads, stays under LOWER_BELOW of the aim; one k finer would not
+    k = new[0]
+    assert 8.0 * 25 / k < LOWER_BELOW * AIM * 30.0 <= 8.0 * 25 / (k - 1)
 
 
 def _noisy_loop(b: ProbeBudget, steps: int, seed: int) -> list[tuple[int, int]]:

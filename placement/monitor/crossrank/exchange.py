@@ -66,10 +66,11 @@ LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-cr
 
 def exchange_steps(step: int, every: int) -> tuple[int, int]:
     """The absolute steps (first, last) every rank sends at the exchange of step `step`: the
-    `every` steps ending MAX_EVERY - 1 before it. Each rank builds its records up to its own
-    last probe step (a probe every MAX_EVERY steps at most, whatever its budget chose), so these
-    are built on every rank, whatever its cadence; an exchange waits for its steps to be built
-    (their comm figures settled: StepMonitor._send_due_exchanges)."""
+    `every` steps ending MAX_EVERY - 1 before it. Each rank builds its records up to its last
+    reading of the counters; the hand-over of step `step` takes one at its last step
+    (probes/sampled.py), and the lag leaves room for one that lands a few steps past it. So
+    these are built on every rank at that hand-over, whatever its cadence; an exchange waits
+    for its steps to be built (their comm figures settled: StepMonitor._send_due_exchanges)."""
     last = step - MAX_EVERY + 1
     return max(1, last - every + 1), last
 

@@ -13,15 +13,19 @@ Why
     against a nested-virtualised VM: benchmarks/monitor_overhead.py prints both). The hook times
     itself from the inside, so its figure misses its call and handle.watch()'s clock reads: k is
     chosen for AIM of the budget, so that all of it together stays inside the budget. The
-    hook's own cost does not depend on k; when it alone is over the budget, k goes to MAX_EVERY
-    and the monitor says so once.
+    hook's own cost does not depend on k; when it alone is over the budget, k goes to its cap
+    (max_every: MAX_EVERY steps, or MAX_PERIOD_S of steps when that is more) and the monitor says
+    so once. The cap is in time at short steps: each reading wakes the monitor thread, whose
+    wake-up takes the GIL from a training thread that runs Python (tens to a hundred us of CPU on
+    a VM, benchmarks/monitor_thread.py), and at a 0.4 ms step ten steps would be hundreds of
+    wake-ups a second.
 
     The controller has hysteresis, so that a noisy machine does not make it change its mind
     several times a second (each change is a `monitor` event in the user's log):
     - it judges the median of the last JUDGED batch costs measured at the current k, not one
       batch (a single window of a busy host can cost ten times the others);
-    - it goes up as soon as that median is over the aim (the budget is a promise), down only when
-      the cost at k-1 would stay under LOWER_BELOW of the aim;
+    - it goes up as soon as that median is over the aim (the budget is a promise), down only to a
+      k whose cost would stay under LOWER_BELOW of the aim;
     - after a change it holds for `hold` steps; a change against the previous one (down after
       up, up after down) doubles the hold, up to MAX_HOLD_STEPS; a change the same way keeps it.
     At steady state that is at most one change per MAX_HOLD_STEPS / 2 steps however noisy.
@@ -36,12 +40,18 @@ import math
 import statistics
 from typing import Optional
 
-MAX_EVERY = 10  # never coarser than this: a hog of a few steps must still show
+MAX_EVERY = 10  # the cap at steps of 25 ms or more: a hog of a few steps must still show
+MAX_PERIOD_S = 0.25  # ... and at shorter steps, a reading at least four times a second
 AIM = 0.6  # share of the budget the hook's own figure is held to (the rest: its call, handle.watch())
-LOWER_BELOW = 0.8  # come down a step only when the cost would stay under this share of the aim
+LOWER_BELOW = 0.8  # come down only to a k whose cost would stay under this share of the aim
 JUDGED = 5  # batch costs (at the current k) whose median is judged
 MIN_HOLD_STEPS = 100  # steps after a change before the next, at first
 MAX_HOLD_STEPS = 2000  # ... doubled at each reversal, up to this
+
+
+def max_every(step_ms: float) -> int:
+    """The coarsest cadence allowed at this step time."""
+    return max(MAX_EVERY, int(MAX_PERIOD_S * 1e3 / step_ms)) if step_ms > 0 else MAX_EVERY
 
 
 class ProbeBudget:
@@ -61,19 +71,26 @@ class ProbeBudget:
         if self.budget_pct <= 0 or step_ms <= 0 or hook_us_per_step <= 0:
             return None
         self._costs.append(hook_us_per_step)
-        if step - self._changed_at < self.hold_steps:
+        k, cap = self.every, max_every(step_ms)
+        if k > cap:
+            new = cap  # the steps grew longer: back under the cap at once, held or not
+        elif step - self._changed_at < self.hold_steps:
             return None
-        cost = statistics.median(self._costs)
-        aim_us = AIM * self.budget_pct / 100.0 * step_ms * 1e3
-        k = self.every
-        if cost > aim_us and k < MAX_EVERY:
-            # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is reads,
-            # so it lands inside the aim in an update or two.
-            new = min(MAX_EVERY, max(k + 1, math.ceil(k * cost / aim_us)))
-        elif k > 1 and len(self._costs) == JUDGED and cost * k / (k - 1) < LOWER_BELOW * aim_us:
-            new = k - 1  # the cost at k-1 if all of it were reads: an upper bound
         else:
-            return None
+            cost = statistics.median(self._costs)
+            aim_us = AIM * self.budget_pct / 100.0 * step_ms * 1e3
+            if cost > aim_us and k < cap:
+                # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is reads,
+                # so it lands inside the aim in an update or two.
+                new = min(cap, max(k + 1, math.ceil(k * cost / aim_us)))
+            elif k > 1 and len(self._costs) == JUDGED:
+                # Down to the finest k whose cost, if all of it were reads (cost * k / k', an
+                # upper bound), stays under LOWER_BELOW of the aim: in one change, not one a hold.
+                new = max(1, math.floor(cost * k / (LOWER_BELOW * aim_us)) + 1)
+                if new >= k:
+                    return None
+            else:
+                return None
         direction = 1 if new > k else -1
         if self._direction and direction != self._direction:
             self.hold_steps = min(MAX_HOLD_STEPS, 2 * self.hold_steps)
@@ -85,5 +102,5 @@ class ProbeBudget:
 
     def over(self, hook_us_per_step: float, step_ms: float) -> bool:
         """Whether the cost is over the budget although the counters are read as seldom as allowed."""
-        return (self.budget_pct > 0 and self.every >= MAX_EVERY
+        return (self.budget_pct > 0 and self.every >= max_every(step_ms)
                 and hook_us_per_step > self.budget_pct / 100.0 * step_ms * 1e3)
