@@ -2,6 +2,7 @@
 monitor.budget_pct of the step, they are read every k-th step, and each step of the k gets
 their per-step mean; the means still add up to the kernel's own accounting."""
 import json
+import math
 import random
 import time
 
@@ -10,7 +11,7 @@ import pytest
 import placement
 from placement.errors import ConfigError
 from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
-                                              ProbeBudget, max_every)
+                                              STRETCH, ProbeBudget, max_every)
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
@@ -51,8 +52,27 @@ def test_the_cap_is_a_quarter_second_of_short_steps_and_follows_the_steps_when_t
             changes.append(new)
     assert b.every == max_every(0.4) and len(changes) <= 2, changes
     assert b.over(hook_us_per_step=5.0, step_ms=0.4)
+    # a batch whose median step is half as long again (a busy host): k stays, no event
+    assert max_every(0.6) < b.every < STRETCH * max_every(0.6)
+    assert b.update(hook_us_per_step=5.0, step_ms=0.6, step=step + 1) is None and b.every == max_every(0.4)
     # the steps grow to 100 ms: back to MAX_EVERY at the next batch, inside the hold
-    assert b.update(hook_us_per_step=5.0, step_ms=100.0, step=step + 1) == MAX_EVERY
+    assert b.update(hook_us_per_step=5.0, step_ms=100.0, step=step + 2) == MAX_EVERY
+
+
+def test_an_up_move_that_did_not_land_goes_to_the_cap():
+    # The cost falls slower than 1/k (a reading's wake-up costs more the longer the thread slept):
+    # 4 us per reading at k = 1, 4 * k**0.5 at k.
+    b = ProbeBudget(budget_pct=0.3)  # aim 0.72 us at a 0.4 ms step
+    step, changes = 0, []
+    while step < 20 * MIN_HOLD_STEPS:
+        step += 20
+        new = b.update(hook_us_per_step=0.2 + 4.0 / b.every ** 0.5, step_ms=0.4, step=step)
+        if new is not None:
+            changes.append(new)
+    assert changes[:2] == [math.ceil(4.2 / (AIM * 1.2)), max_every(0.4)], changes
+    # then down, each change to a k still inside the aim and a quarter below the one before
+    assert all(0.2 + 4.0 / k ** 0.5 < AIM * 1.2 for k in changes[1:]), changes
+    assert all(b <= 0.75 * a for a, b in zip(changes[1:], changes[2:])) and len(changes) <= 5, changes
 
 
 def test_the_cadence_comes_down_in_one_change_to_a_k_inside_the_aim():

@@ -18,14 +18,17 @@ Why
     so once. The cap is in time at short steps: each reading wakes the monitor thread, whose
     wake-up takes the GIL from a training thread that runs Python (tens to a hundred us of CPU on
     a VM, benchmarks/monitor_thread.py), and at a 0.4 ms step ten steps would be hundreds of
-    wake-ups a second.
+    wake-ups a second. When the steps grow, k comes back to the cap as soon as it is more than
+    STRETCH times past it: a batch's median step time moves by tens of percent on a busy host,
+    and each change of k is an event in the user's log.
 
     The controller has hysteresis, so that a noisy machine does not make it change its mind
     several times a second (each change is a `monitor` event in the user's log):
     - it judges the median of the last JUDGED batch costs measured at the current k, not one
       batch (a single window of a busy host can cost ten times the others);
-    - it goes up as soon as that median is over the aim (the budget is a promise), down only to a
-      k whose cost would stay under LOWER_BELOW of the aim;
+    - it goes up as soon as that median is over the aim (the budget is a promise), by the
+      overshoot, and to the cap when the change before went up too and did not land; down only
+      to a k whose cost would stay under LOWER_BELOW of the aim, and by a quarter at least;
     - after a change it holds for `hold` steps; a change against the previous one (down after
       up, up after down) doubles the hold, up to MAX_HOLD_STEPS; a change the same way keeps it.
     At steady state that is at most one change per MAX_HOLD_STEPS / 2 steps however noisy.
@@ -42,6 +45,7 @@ from typing import Optional
 
 MAX_EVERY = 10  # the cap at steps of 25 ms or more: a hog of a few steps must still show
 MAX_PERIOD_S = 0.25  # ... and at shorter steps, a reading at least four times a second
+STRETCH = 2  # k past the cap by more than this factor (the steps grew) comes back to it at once
 AIM = 0.6  # share of the budget the hook's own figure is held to (the rest: its call, handle.watch())
 LOWER_BELOW = 0.8  # come down only to a k whose cost would stay under this share of the aim
 JUDGED = 5  # batch costs (at the current k) whose median is judged
@@ -72,7 +76,7 @@ class ProbeBudget:
             return None
         self._costs.append(hook_us_per_step)
         k, cap = self.every, max_every(step_ms)
-        if k > cap:
+        if k > STRETCH * cap:
             new = cap  # the steps grew longer: back under the cap at once, held or not
         elif step - self._changed_at < self.hold_steps:
             return None
@@ -80,14 +84,22 @@ class ProbeBudget:
             cost = statistics.median(self._costs)
             aim_us = AIM * self.budget_pct / 100.0 * step_ms * 1e3
             if cost > aim_us and k < cap:
-                # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is reads,
-                # so it lands inside the aim in an update or two.
-                new = min(cap, max(k + 1, math.ceil(k * cost / aim_us)))
+                if self._direction > 0:
+                    # The last change went up and did not land: the cost does not fall as 1/k
+                    # (a wake-up costs more the longer the thread slept), so to the cap, and the
+                    # down-moves find the k from there.
+                    new = cap
+                else:
+                    # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is
+                    # reads, so it lands inside the aim when the model holds.
+                    new = min(cap, max(k + 1, math.ceil(k * cost / aim_us)))
             elif k > 1 and len(self._costs) == JUDGED:
                 # Down to the finest k whose cost, if all of it were reads (cost * k / k', an
                 # upper bound), stays under LOWER_BELOW of the aim: in one change, not one a hold.
+                # A quarter down at least: a cost that falls slower than 1/k would otherwise
+                # bring it down a few percent a hold, each an event in the user's log.
                 new = max(1, math.floor(cost * k / (LOWER_BELOW * aim_us)) + 1)
-                if new >= k:
+                if new > k - max(1, k // 4):
                     return None
             else:
                 return None
