@@ -68,13 +68,13 @@ from placement.monitor.health.hang import HangWatch
 from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
-from placement.records.parts import record_parts
+from placement.records.parts import split_step
 from placement.monitor.probes.counters import MainRead
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
-from placement.roles import name_this_thread
+from placement.roles import ThreadRole, name_this_thread
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
@@ -110,6 +110,7 @@ class MonitorState(enum.Enum):
 
 
 _STOPPING, _CLOSED = MonitorState.STOPPING, MonitorState.CLOSED  # compared by identity in the step hook
+MAIN = ThreadRole.MAIN
 
 
 @dataclasses.dataclass(slots=True)
@@ -118,7 +119,7 @@ class RawStep:
 
     end_ns: int  # perf_counter_ns at the end of the step
     data_ns: int  # time blocked waiting for data
-    comm: CommStep  # (the hook keeps the clock's take_raw() tuple; _raw_step makes it this)
+    comm: CommStep  # (the hook keeps the clock's take_raw() tuple; _raw_steps makes it this)
     main: Optional[MainRead] = None  # main's counters; None on the steps between readings
     hot: Optional[tuple[HotRead, ...]] = None  # the backward/nccl/pin_memory threads' counters (same steps)
     span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
@@ -493,7 +494,7 @@ class StepMonitor:
 
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
-        step, raw = item.last_step, [_raw_step(t) for t in item.raw]
+        step, raw = item.last_step, _raw_steps(item.raw)
         windowed = bool(self._window_ends) and self._window_due(self._handed_through) != NEVER
         if item.span and (windowed or raw[-1].end_ns - self._span_ns >= SPAN_FLOORS * cfg.handover_min_s * 1e9):
             raw[-1].span = self.sampler.read_span(step - self._last_span_step)
@@ -611,23 +612,30 @@ class StepMonitor:
         roles_of, probe_steps = self._role_samples(ready)
         tune = self._tune
         runq_pct, comm_pct, data_pct, run = tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct, self.events.run
+        rank, local_rank = self.rank, self.local_rank
+        # Written out for the monitor thread, which builds every step's record (its cost per
+        # record: benchmarks/monitor_thread.py): the steps of one reading share their roles,
+        # and main's runqueue wait (the CPU stall) is looked up once for them.
         batch = []
-        t_last = self._t_last
+        append = batch.append
+        t_last, shared, runq = self._t_last, None, None
         for i, r in enumerate(ready):
-            comm = late_comm.get(i, r.comm)
-            step_ms, data_ms, t_last = (r.end_ns - t_last) / 1e6, r.data_ns / 1e6, r.end_ns
+            comm = late_comm.get(i, r.comm) if late_comm else r.comm
+            end_ns = r.end_ns
+            step_ms, data_ms, t_last = (end_ns - t_last) / 1e6, r.data_ns / 1e6, end_ns
             roles = roles_of[i]
             if r.span is not None:  # its own copy: the other steps of its reading share theirs
                 roles = {name: dataclasses.replace(s) for name, s in roles.items()}
                 merge_span(roles, r.span)
+            if roles is not shared:
+                shared, main = roles, roles.get(MAIN)
+                runq = None if main is None else main.runq_ms
             c = comm.comm_ms
-            rec = StepRecord(self.rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
-                             local_rank=self.local_rank, comm_enter_t=comm.enter_t, probe_steps=probe_steps[i],
-                             run=run)
             # split once here and kept on the record: the digest, summary and metrics read them too
-            stall = record_parts(rec).cpu_stall_ms
-            rec.verdict = step_verdict(step_ms, data_ms, c, stall, runq_pct, comm_pct, data_pct)
-            batch.append(rec)
+            parts = split_step(step_ms, data_ms, c, runq)
+            append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
+                              step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
+                              local_rank, comm.enter_t, probe_steps[i], run, parts))
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self.hang.step_times(rec.step_ms for rec in batch)
@@ -733,7 +741,7 @@ class StepMonitor:
                 self._sampled.take(at_most=self._handed[-1].last_step)
             self._drain(exchange=exchange)
             pending = self._pending
-            pending.extend(_raw_step(t) for t in self._raw)
+            pending.extend(_raw_steps(self._raw))
             self._raw = []
             if self._sampled is not None:
                 self._sampled.attach(pending, self._pending_first_step)
@@ -814,11 +822,14 @@ class StepMonitor:
         return {"monitor_thread_us_per_step": round(self.thread_cpu_ns / 1e3 / steps, 2)}
 
 
-def _raw_step(fields: tuple) -> RawStep:
-    """A step as the hook kept it (a tuple of RawStep's fields, its comm as the clock gave it)."""
-    r = RawStep(*fields)
-    r.comm = comm_step(r.comm)
-    return r
+def _raw_steps(kept: list[tuple]) -> list[RawStep]:
+    """The steps as the hook kept them (tuples of RawStep's fields, each comm as the clock gave
+    it: most often a shared CommStep already)."""
+    steps = [RawStep(*fields) for fields in kept]
+    for r in steps:
+        if r.comm.__class__ is not CommStep:
+            r.comm = comm_step(r.comm)
+    return steps
 
 
 def _next_multiple(step: int, every: int) -> int:

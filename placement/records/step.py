@@ -48,7 +48,7 @@ _VERDICT = {v: f'"verdict":"{v.value}"' for v in StepVerdict}
 SPAN_FIELDS = ("nivcsw", "migrations", "minflt", "mhz")
 
 
-@dataclass
+@dataclass(slots=True)
 class RoleSample:
     """What the threads of one role did during one step (deltas over the step)."""
 
@@ -92,7 +92,7 @@ class RoleSample:
         return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
 
 
-@dataclass
+@dataclass(slots=True)
 class StepRecord:
     rank: int
     step: int

@@ -128,8 +128,11 @@ class DigestSink:
     def write(self, batch: Sequence[StepRecord]) -> None:
         if not self.every:
             return
-        for rec in batch:
-            self._digest.add(rec)
+        i = 0
+        while i < len(batch):  # up to each digest's end, in one add
+            take = self.every - self._digest.steps
+            self._digest.add_records(batch[i:i + take])
+            i += take
             if self._digest.steps >= self.every:
                 self._write()
 
