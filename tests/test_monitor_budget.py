@@ -30,12 +30,18 @@ def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
     assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step + 20 * JUDGED + 1) is None  # held
     step += 20 * JUDGED + 2 * MIN_HOLD_STEPS
     assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) > MAX_EVERY  # the overshoot, in one change
-    assert not b.over(hook_us_per_step=300.0, step_ms=1.0)  # not yet at its cap
+    assert not b.over(step_ms=1.0)  # not yet at its cap
     while b.every < max_every(1.0):
         step += b.hold_steps
         assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) is not None
-    assert b.over(hook_us_per_step=300.0, step_ms=1.0)
-    assert not b.over(hook_us_per_step=2.0, step_ms=1.0)
+    assert not b.over(step_ms=1.0)  # at its cap, and no batch judged there yet
+    for _ in range(JUDGED - 1):
+        step += 20
+        assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) is None
+    assert not b.over(step_ms=1.0)  # one batch short of JUDGED: one busy window does not say so
+    step += 20
+    assert b.update(hook_us_per_step=300.0, step_ms=1.0, step=step) is None and b.over(step_ms=1.0)
+    assert b.judged_us() == 300.0
 
 
 def test_the_cap_is_a_quarter_second_of_short_steps_and_follows_the_steps_when_they_grow():
@@ -51,7 +57,10 @@ def test_the_cap_is_a_quarter_second_of_short_steps_and_follows_the_steps_when_t
         if new is not None:
             changes.append(new)
     assert b.every == max_every(0.4) and len(changes) <= 2, changes
-    assert b.over(hook_us_per_step=5.0, step_ms=0.4)
+    for _ in range(JUDGED):
+        step += 20
+        assert b.update(hook_us_per_step=5.0 + 150.0 / b.every, step_ms=0.4, step=step) is None
+    assert b.over(step_ms=0.4)
     # a batch whose median step is half as long again (a busy host): k stays, no event
     assert max_every(0.6) < b.every < STRETCH * max_every(0.6)
     assert b.update(hook_us_per_step=5.0, step_ms=0.6, step=step + 1) is None and b.every == max_every(0.4)
@@ -133,7 +142,7 @@ def test_the_cadence_settles_under_a_real_steady_loop(tmp_path):
 def test_zero_budget_reads_every_step_whatever_it_costs():
     b = ProbeBudget(budget_pct=0.0)
     assert b.update(hook_us_per_step=1e6, step_ms=1.0) is None and b.every == 1
-    assert not b.over(hook_us_per_step=1e6, step_ms=1.0)
+    assert not b.over(step_ms=1.0)
 
 
 def test_budget_out_of_range_is_one_line_naming_the_range():
@@ -250,3 +259,31 @@ def test_a_reading_due_near_a_hand_over_is_left_to_it(tmp_path, step, read_in_st
             m.step, m._next_due, m.budget.every, m._sampled.period_s = kept
     finally:
         h.close()
+
+
+def _spin(cpu_s: float) -> None:
+    end = time.thread_time() + cpu_s
+    while time.thread_time() < end:
+        pass
+
+
+@pytest.mark.parametrize("windowed", [False, True])
+def test_the_budget_counts_the_monitor_threads_cpu_unless_a_tuner_judges_windows(tmp_path, windowed):
+    """An observer that spends 300 us of the monitor thread's CPU on each record: without a
+    tuner's windows the budget counts it (k goes up for it); with them, the readings alone."""
+    burn_us = 300.0
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20, "budget_pct": 1.0})
+    h.add_observer(lambda rec: _spin(burn_us / 1e6), (lambda after: (after // 20 + 1) * 20) if windowed else None)
+    for _ in range(400):  # ~2 ms steps: 1% is 20 us, far under the observer's 300
+        _step(0.0005, 0.0015)
+        h.step()
+    h.close()
+    events = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    cadence = [e for e in events if e["type"] == "monitor" and "probe_every" in e]
+    if windowed:
+        assert all("reading counters" in e["message"] and e["thread_us"] < burn_us / 2 for e in cadence), cadence
+    else:
+        assert cadence and cadence[0]["probe_every"] > 1, events
+        assert "on its own thread" in cadence[0]["message"], cadence
+        assert cadence[0]["hook_us"] + cadence[0]["thread_us"] > burn_us / 2, cadence

@@ -69,7 +69,7 @@ from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
 from placement.records.parts import split_step
-from placement.monitor.probes.counters import MainRead
+from placement.monitor.probes.counters import MainRead, thread_cpu_clock
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
@@ -196,7 +196,8 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
         self._span_ns = -math.inf  # the end (perf_counter_ns) of the last step with a span reading
-        self._hook_seen = (0, 0, 0)  # (hook ns, hook steps, reading ns) at the last budget judgement
+        self._hook_seen = (0, 0, 0, 0)  # (hook ns, hook steps, monitor thread's CPU ns, readings' ns) at the last budget judgement
+        self._thread_clock: Optional[int] = None  # the monitor thread's CPU clock, set as it starts
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
         self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
@@ -348,6 +349,7 @@ class StepMonitor:
     # ---- the monitor thread ----------------------------------------------------------------
     def _run(self) -> None:
         name_this_thread(b"placement_mon")
+        self._thread_clock = thread_cpu_clock(threading.get_native_id())
         try:
             self._loop()
         finally:
@@ -386,10 +388,11 @@ class StepMonitor:
                         if self._read_at_hand_over(0.0):
                             sampled.postpone()
                         else:
-                            # The reading's cost, which the budget judges, includes the wake-up
-                            # it took (benchmarks/monitor_thread.py: tens of us on a VM). It is
-                            # put no later than a hand-over waiting here, whose steps are then
-                            # built at it (a reading past it would leave them to the next one).
+                            # The reading's cost, which the budget judges while a tuner judges
+                            # windows, includes the wake-up it took (benchmarks/monitor_thread.py:
+                            # tens of us on a VM). It is put no later than a hand-over waiting
+                            # here, whose steps are then built at it (a reading past it would
+                            # leave them to the next one).
                             handed_over = self._handed
                             try:
                                 waiting = handed_over[0].last_step if handed_over else None
@@ -502,7 +505,7 @@ class StepMonitor:
             self.sampler.refresh()
         self._pending.extend(raw)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
-        self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step)
+        self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step, windowed)
         self._pace(step_ms, windowed)
         ex = self.exchange if exchange else None
         # every exchange step this hand-over holds (several when it holds several strides)
@@ -543,19 +546,30 @@ class StepMonitor:
             stride *= 2
         self.stride = stride
 
-    def _judge_budget(self, step_ms: Optional[float], hook_ns: int, hook_steps: int, step: int) -> None:
-        """Read the kernel counters every k-th step when reading them every step costs more than
-        the budget: the hook's cost on the training thread and the readings' on the monitor
-        thread, per step, together."""
-        ns0, steps0, read0 = self._hook_seen
+    def _judge_budget(self, step_ms: Optional[float], hook_ns: int, hook_steps: int, step: int,
+                      windowed: bool) -> None:
+        """Read the kernel counters every k-th step when the monitor costs more than the budget
+        otherwise: the hook's cost on the training thread and the monitor thread's, per step,
+        together. Only the readings depend on k. While no observer judges windows that thread's
+        cost is all its CPU (the readings and their wake-ups, the records, the hand-overs), so
+        that the budget is what the job pays; while the tuner does (`windowed`), its readings
+        with their wake-ups alone: its hand-overs then come at the tuner's pace, one a window,
+        and are the tuner's cost, and counting them would take the readings past its windows
+        (benchmarks/contention.py)."""
+        ns0, steps0, thread0, read0 = self._hook_seen
+        thread_ns = self._thread_cpu_ns()
         sampled = self._sampled
         read_ns = sampled.cost_ns if sampled is not None else 0
-        self._hook_seen = (hook_ns, hook_steps, read_ns)
-        if hook_steps - steps0 < 4 or step_ms is None:
-            return
-        hook_us = (hook_ns - ns0) / 1e3 / (hook_steps - steps0)
-        read_us = (read_ns - read0) / 1e3 / (hook_steps - steps0)
-        cost_us = hook_us + read_us
+        self._hook_seen = (hook_ns, hook_steps, thread_ns, read_ns)
+        if hook_steps - steps0 < 4 or step_ms is None or (thread0 == 0 and thread_ns > 0):
+            return  # (the thread's CPU up to its first judgement, its start, is no per-step cost)
+        steps = hook_steps - steps0
+        hook_us = (hook_ns - ns0) / 1e3 / steps
+        if windowed or not thread_ns:
+            thread_us, what = (read_ns - read0) / 1e3 / steps, "reading counters"
+        else:
+            thread_us, what = max(0, thread_ns - thread0) / 1e3 / steps, "on its own thread"
+        cost_us = hook_us + thread_us
         was = self.budget.every
         now = self.budget.update(cost_us, step_ms, step)
         if sampled is not None:
@@ -563,15 +577,30 @@ class StepMonitor:
         if now is not None:
             self.events.event(EventKind.MONITOR, message=(
                 f"kernel counters read every {now} step(s), was {was}: the monitor costs {cost_us:.1f} us "
-                f"per step on this machine ({hook_us:.1f} in the step hook, {read_us:.1f} reading counters "
-                f"on its own thread), {cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
+                f"per step on this machine ({hook_us:.1f} in the step hook, {thread_us:.1f} {what}), "
+                f"{cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
                 f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=step, hook_us=round(hook_us, 1), read_us=round(read_us, 1),
+                probe_every=now, step=step, hook_us=round(hook_us, 1), thread_us=round(thread_us, 1),
                 step_ms=round(step_ms, 3), budget_pct=self.budget.budget_pct)
-        elif self.budget.over(cost_us, step_ms):
-            self.warn("budget", f"the monitor costs {cost_us:.1f} us per step ({hook_us:.1f} in the step hook), "
-                                f"over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although it reads "
-                                f"the kernel counters only every {self.budget.every} steps")
+        elif self.budget.over(step_ms):
+            self.warn("budget", f"the monitor costs {self.budget.judged_us():.1f} us per step (the median of its "
+                                f"last batches; {hook_us:.1f} in the step hook and {thread_us:.1f} {what} in the "
+                                f"last), over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although it "
+                                f"reads the kernel counters only every {self.budget.every} steps")
+
+    def _thread_cpu_ns(self) -> int:
+        """The monitor thread's CPU so far (0 before it starts, or where its clock cannot be
+        read: said once, and the budget then counts the hook alone)."""
+        clock = self._thread_clock
+        if clock is None:
+            return 0
+        try:
+            return time.clock_gettime_ns(clock)
+        except OSError as e:
+            self._thread_clock = None
+            self.warn("budget-clock", f"the monitor thread's CPU clock cannot be read ({first_line(e)}): "
+                                      f"the cost budget counts the step hook alone")
+            return 0
 
     # ---- records ----------------------------------------------------------------------
     def _finalize(self, final: bool) -> None:

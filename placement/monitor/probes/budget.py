@@ -4,18 +4,19 @@ What
     ProbeBudget chooses k: the hot threads' counters are read every k-th step (by the monitor
     thread, sampled.py), and each of those k steps gets their per-step mean
     (StepRecord.probe_steps = k). k = 1 while the cost per step (the step hook's on the training
-    thread and the readings' on the monitor thread) fits monitor.budget_pct of the step;
-    budget_pct = 0 reads them every step, in the hook, whatever it costs.
+    thread and all of the monitor thread's CPU: the readings and their wake-ups, the records,
+    the hand-overs) fits monitor.budget_pct of the step; budget_pct = 0 reads them every step,
+    in the hook, whatever it costs.
 
 Why
     A step's time, data wait and comm come from clocks the hook reads anyway; the runqueue wait
     and on-CPU time need system calls, whose cost differs tenfold between machines (bare metal
     against a nested-virtualised VM: benchmarks/monitor_overhead.py prints both). The hook times
     itself from the inside, so its figure misses its call and handle.watch()'s clock reads: k is
-    chosen for AIM of the budget, so that all of it together stays inside the budget. The
-    hook's own cost does not depend on k; when it alone is over the budget, k goes to its cap
+    chosen for AIM of the budget, so that all of it together stays inside the budget. Only the
+    readings' cost depends on k; when the rest alone is over the budget, k goes to its cap
     (max_every: MAX_EVERY steps, or MAX_PERIOD_S of steps when that is more) and the monitor says
-    so once. The cap is in time at short steps: each reading wakes the monitor thread, whose
+    so once, when JUDGED batches there say so. The cap is in time at short steps: each reading wakes the monitor thread, whose
     wake-up takes the GIL from a training thread that runs Python (tens to a hundred us of CPU on
     a VM, benchmarks/monitor_thread.py), and at a 0.4 ms step ten steps would be hundreds of
     wake-ups a second. When the steps grow, k comes back to the cap as soon as it is more than
@@ -112,7 +113,12 @@ class ProbeBudget:
         self.every = new
         return new
 
-    def over(self, hook_us_per_step: float, step_ms: float) -> bool:
-        """Whether the cost is over the budget although the counters are read as seldom as allowed."""
-        return (self.budget_pct > 0 and self.every >= max_every(step_ms)
-                and hook_us_per_step > self.budget_pct / 100.0 * step_ms * 1e3)
+    def judged_us(self) -> Optional[float]:
+        """The median of the batch costs judged at the current k (None before the first)."""
+        return statistics.median(self._costs) if self._costs else None
+
+    def over(self, step_ms: float) -> bool:
+        """Whether the cost is over the budget although the counters are read as seldom as
+        allowed: the median of JUDGED batches at this k, so that one busy window does not say so."""
+        return (self.budget_pct > 0 and self.every >= max_every(step_ms) and len(self._costs) == JUDGED
+                and statistics.median(self._costs) > self.budget_pct / 100.0 * step_ms * 1e3)
