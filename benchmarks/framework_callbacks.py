@@ -8,7 +8,11 @@ over bare's in the same round.
 A step is timed from one optimizer step's end to the next (a timing callback in both runs);
 printed per framework: median step time of each mode and its ratio to bare (1.00 = no cost).
 Modes: `monitor` is the callback with policy none (its own per-step cost: hooks, records),
-`bound` with policy auto as a user gets it (also the plan's binding and its OMP_NUM_THREADS).
+`bound` with policy auto as a user gets it (also the plan's binding and its OMP_NUM_THREADS),
+`empty_callback` the framework's own base callback class, doing nothing: what any callback costs
+in the framework's dispatch (Lightning calls every hook of every callback, each inside its
+profiler's context). `<framework>_monitor_over_empty_callback` is monitor over it, paired by
+round: the monitor's cost beyond being a callback.
 `bare` is also what torchrun gives a one-process job: it sets OMP_NUM_THREADS=1 only when it
 starts more than one process (torch/distributed/run.py), so bound/bare is bound/torchrun.
 
@@ -18,7 +22,7 @@ processes per node, alternated; each launcher with its own defaults (torchrun: O
 for 2 processes; placerun: the plan's). Rank 0's median step time; placerun/torchrun, paired
 by round as above.
 
-    python benchmarks/framework_callbacks.py --quick     # ~4 minutes
+    python benchmarks/framework_callbacks.py --quick     # ~5 minutes
     python benchmarks/framework_callbacks.py --quick --decompose   # DDP only, placerun's parts off one at a time
     python benchmarks/framework_callbacks.py --cadence   # Lightning only: the hand-overs' floor off and on
 
@@ -55,6 +59,8 @@ if framework == "lightning":
         def on_train_batch_end(self, *a): stamps.append(time.perf_counter())
     policy = {"monitor": "none", "monitor_no_floor": "none", "bound": "auto"}.get(mode)
     cbs = [Stamp()] + ([ex.PlacementCallback(policy=policy, tune={"enabled": False}, monitor={"log_dir": out, **cadence})] if policy else [])
+    if mode == "empty_callback":
+        cbs.append(Callback())
     Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=cbs, enable_checkpointing=False, logger=False,
             enable_progress_bar=False, enable_model_summary=False).fit(ex.Regression(), DataLoader(ex.Points(), batch_size=16))
 else:
@@ -68,6 +74,8 @@ else:
                              report_to=[], save_strategy="no", logging_steps=10**6, disable_tqdm=True)
     policy = {"monitor": "none", "bound": "auto"}.get(mode)
     cbs = [Stamp()] + ([ex.PlacementCallback(policy=policy, tune={"enabled": False})] if policy else [])
+    if mode == "empty_callback":
+        cbs.append(TrainerCallback())
     Trainer(model=model, args=args, train_dataset=ex.Tokens(), callbacks=cbs).train()
 print(json.dumps([(b - a) * 1e3 for a, b in zip(stamps, stamps[1:])][5:]))
 """
@@ -153,7 +161,7 @@ def main() -> None:
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
-    modes = ("bare", "monitor", "monitor_no_floor") if args.cadence else ("bare", "monitor", "bound")
+    modes = ("bare", "monitor", "monitor_no_floor") if args.cadence else ("bare", "empty_callback", "monitor", "bound")
     frameworks = () if args.decompose else ("lightning",) if args.cadence else EXAMPLE
     for framework in frameworks:
         per_round = alternated(modes, rounds, lambda mode: run(framework, mode, steps))
@@ -162,6 +170,9 @@ def main() -> None:
         for mode in med:
             result[f"{framework}_{mode}_ms"] = round(med[mode], 3)
             result[f"{framework}_{mode}_ratio"] = round(ratio[mode], 3)
+        if "empty_callback" in med:
+            # what the monitor costs beyond being a callback at all (the framework's dispatch)
+            result[f"{framework}_monitor_over_empty_callback"] = round(paired(per_round, "empty_callback")[1]["monitor"], 3)
     for nproc in () if args.cadence else (1, 2):
         arms = ("torchrun", "placerun", *(DDP_PARTS if args.decompose else ()))
         per_round = alternated(arms, rounds, lambda arm: run_ddp(arm, nproc, steps * 2))
