@@ -10,8 +10,9 @@ printed per framework: median step time of each mode and its ratio to bare (1.00
 Modes: `monitor` is the callback with policy none (its own per-step cost: hooks, records),
 `bound` with policy auto as a user gets it (also the plan's binding and its OMP_NUM_THREADS),
 `empty_callback` the framework's own base callback class, doing nothing: what any callback costs
-in the framework's dispatch (Lightning calls every hook of every callback, each inside its
-profiler's context). `<framework>_monitor_over_empty_callback` is monitor over it, paired by
+in the framework's dispatch (Lightning 2.6 calls every hook of every callback, each inside
+`trainer.profiler.profile()` named by the callback's `state_key`: lightning/pytorch/trainer/call.py
+`_call_callback_hooks`). `<framework>_monitor_over_empty_callback` is monitor over it, paired by
 round: the monitor's cost beyond being a callback.
 `bare` is also what torchrun gives a one-process job: it sets OMP_NUM_THREADS=1 only when it
 starts more than one process (torch/distributed/run.py), so bound/bare is bound/torchrun.
