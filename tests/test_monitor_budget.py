@@ -10,6 +10,7 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
+from placement.monitor.probes.counters import thread_cpu_clock
 from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
                                               STRETCH, ProbeBudget, max_every)
 
@@ -287,3 +288,21 @@ def test_the_budget_counts_the_monitor_threads_cpu_unless_a_tuner_judges_windows
         assert cadence and cadence[0]["probe_every"] > 1, events
         assert "on its own thread" in cadence[0]["message"], cadence
         assert cadence[0]["hook_us"] + cadence[0]["thread_us"] > burn_us / 2, cadence
+
+
+def test_after_the_monitor_thread_ended_its_clock_is_not_read_nor_warned_about(tmp_path):
+    """A thread's CPU clock dies with it (clock_gettime: EINVAL): the hand-overs close() builds on
+    the training thread are judged without it, and say nothing about it."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20})
+    m = h.monitor
+    for _ in range(60):
+        _step(0.0002, 0.0003)
+        h.step()
+    tid = m._thread.native_id
+    assert m._thread_cpu_ns() > 0  # alive: its clock reads
+    h.close()
+    assert not m._thread.is_alive() and m._thread_clock is None and m._thread_cpu_ns() == 0
+    m._thread_clock = thread_cpu_clock(tid)  # the dead thread's clock, as a race could leave it
+    assert m._thread_cpu_ns() == 0 and m._thread_clock is None
+    assert "budget-clock" not in m.warn._seen

@@ -353,6 +353,7 @@ class StepMonitor:
         try:
             self._loop()
         finally:
+            self._thread_clock = None  # its clock ends with it (EINVAL): batches built at close count the hook
             self.thread_cpu_ns = time.thread_time_ns()  # its whole life: the end event's figure
 
     def _loop(self) -> None:
@@ -589,17 +590,19 @@ class StepMonitor:
                                 f"reads the kernel counters only every {self.budget.every} steps")
 
     def _thread_cpu_ns(self) -> int:
-        """The monitor thread's CPU so far (0 before it starts, or where its clock cannot be
-        read: said once, and the budget then counts the hook alone)."""
+        """The monitor thread's CPU so far; 0 before it starts and after it ends, or where its
+        clock cannot be read (said once; the budget then counts the hook and the readings)."""
         clock = self._thread_clock
         if clock is None:
             return 0
         try:
             return time.clock_gettime_ns(clock)
         except OSError as e:
+            thread = self._thread
+            if thread is not None and thread.is_alive():
+                self.warn("budget-clock", f"the monitor thread's CPU clock cannot be read ({first_line(e)}): "
+                                          f"the cost budget counts the step hook and the readings alone")
             self._thread_clock = None
-            self.warn("budget-clock", f"the monitor thread's CPU clock cannot be read ({first_line(e)}): "
-                                      f"the cost budget counts the step hook alone")
             return 0
 
     # ---- records ----------------------------------------------------------------------
