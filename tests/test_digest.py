@@ -59,20 +59,6 @@ def test_digests_merge_to_the_figures_of_every_step():
     assert _close(got.data_pct + got.comm_pct + got.stall_pct + got.compute_pct, 100.0, 1e-9)
 
 
-def test_a_batch_added_at_once_is_the_steps_added_one_by_one():
-    recs = _records(0, 300, seed=3)
-    one, batched = StepDigest(0), StepDigest(0)
-    for r in recs:
-        one.add(r)
-    for i in range(0, 300, 37):  # batches that do not divide the steps
-        batched.add_records(recs[i:i + 37])
-    a, b = one.fields(), batched.fields()
-    assert a.keys() == b.keys() and a["hist"] == b["hist"] and a["verdicts"] == b["verdicts"]
-    for name, v in a.items():
-        assert (_close(v, b[name], 1e-9) if isinstance(v, float) else v == b[name]), name
-    assert batched.comm_ms is not None and batched.stall_ms is not None
-
-
 def test_a_digest_line_of_the_wrong_shape_is_refused():
     good = StepDigest(0)
     for r in _records(0, 10, seed=2):

@@ -71,10 +71,10 @@ from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink,
 from placement.records.parts import split_step
 from placement.monitor.probes.counters import MainRead, thread_cpu_clock
 from placement.monitor.probes.sampled import SampledReads
-from placement.monitor.probes.threads import HotRead, RoleSampler, merge_span
+from placement.monitor.probes.threads import MAIN, HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
-from placement.roles import ThreadRole, name_this_thread
+from placement.roles import name_this_thread
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
@@ -110,7 +110,6 @@ class MonitorState(enum.Enum):
 
 
 _STOPPING, _CLOSED = MonitorState.STOPPING, MonitorState.CLOSED  # compared by identity in the step hook
-MAIN = ThreadRole.MAIN
 
 
 @dataclasses.dataclass(slots=True)
@@ -353,7 +352,7 @@ class StepMonitor:
         try:
             self._loop()
         finally:
-            self._thread_clock = None  # its clock ends with it (EINVAL): batches built at close count the hook
+            self._thread_clock = None  # its clock ends with it (EINVAL): batches built at close count the readings
             self.thread_cpu_ns = time.thread_time_ns()  # its whole life: the end event's figure
 
     def _loop(self) -> None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional
 
 from placement.records.parts import StepParts, record_parts
 from placement.records.step import StepRecord
@@ -58,42 +58,6 @@ class StepDigest:
 
     def add(self, rec: StepRecord) -> None:
         self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None)
-
-    def add_records(self, records: Sequence[StepRecord]) -> None:
-        """add() for each, in step order: written out with the sums kept in locals, since the
-        monitor thread adds every step."""
-        if not records:
-            return
-        if not self.steps:
-            self.first_step = records[0].step
-        step_ms = data_ms = compute_ms = comm_sum = stall_sum = 0.0
-        comm_read = stall_read = False
-        hist, verdicts = self.hist, self.verdicts
-        for rec in records:
-            ms = rec.step_ms
-            parts = rec.parts or record_parts(rec)
-            step_ms += ms
-            data_ms += parts.data_ms
-            if rec.comm_ms is not None:
-                comm_sum += parts.comm_ms
-                comm_read = True
-            stall = parts.cpu_stall_ms
-            if stall is not None:
-                stall_sum += stall
-                stall_read = True
-            compute_ms += parts.compute_ms
-            hist[hist_bin(ms)] += 1
-            verdicts[rec.verdict] += 1
-        last = records[-1]
-        self.last_step, self.t = last.step, last.t
-        self.steps += len(records)
-        self.step_ms += step_ms
-        self.data_ms += data_ms
-        self.compute_ms += compute_ms
-        if comm_read:
-            self.comm_ms = (self.comm_ms or 0.0) + comm_sum
-        if stall_read:
-            self.stall_ms = (self.stall_ms or 0.0) + stall_sum
 
     def add_step(self, step: int, t: float, step_ms: float, parts: StepParts, verdict: str, comm_read: bool) -> None:
         """One step, by its figures (add: a StepRecord's; benchmarks/report_scale.py: generated ones)."""

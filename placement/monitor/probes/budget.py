@@ -16,10 +16,10 @@ Why
     chosen for AIM of the budget, so that all of it together stays inside the budget. Only the
     readings' cost depends on k; when the rest alone is over the budget, k goes to its cap
     (max_every: MAX_EVERY steps, or MAX_PERIOD_S of steps when that is more) and the monitor says
-    so once, when JUDGED batches there say so. The cap is in time at short steps: each reading wakes the monitor thread, whose
-    wake-up takes the GIL from a training thread that runs Python (tens to a hundred us of CPU on
-    a VM, benchmarks/monitor_thread.py), and at a 0.4 ms step ten steps would be hundreds of
-    wake-ups a second. When the steps grow, k comes back to the cap as soon as it is more than
+    so once, when JUDGED batches there say so. The cap is in time at short steps: each reading
+    wakes the monitor thread, whose wake-up takes the GIL from a training thread that runs
+    Python (tens to a hundred us of CPU on a VM, benchmarks/monitor_thread.py), and at a 0.4 ms
+    step ten steps would be hundreds of wake-ups a second. When the steps grow, k comes back to the cap as soon as it is more than
     STRETCH times past it: a batch's median step time moves by tens of percent on a busy host,
     and each change of k is an event in the user's log.
 

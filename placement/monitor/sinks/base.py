@@ -128,11 +128,8 @@ class DigestSink:
     def write(self, batch: Sequence[StepRecord]) -> None:
         if not self.every:
             return
-        i = 0
-        while i < len(batch):  # up to each digest's end, in one add
-            take = self.every - self._digest.steps
-            self._digest.add_records(batch[i:i + take])
-            i += take
+        for rec in batch:
+            self._digest.add(rec)
             if self._digest.steps >= self.every:
                 self._write()
 
