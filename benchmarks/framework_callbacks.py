@@ -25,6 +25,7 @@ by round as above.
 
     python benchmarks/framework_callbacks.py --quick     # ~5 minutes
     python benchmarks/framework_callbacks.py --quick --decompose   # DDP only, placerun's parts off one at a time
+    python benchmarks/framework_callbacks.py --only lightning    # one framework (or ddp) alone
     python benchmarks/framework_callbacks.py --cadence   # Lightning only: the hand-overs' floor off and on
 
 --cadence: the monitor thread's hand-over (records built and written, the thread scan) holds the
@@ -159,11 +160,14 @@ def main() -> None:
                    help="Lightning only: bare, monitor, and monitor with a hand-over at every due step (monitor_no_floor)")
     p.add_argument("--decompose", action="store_true",
                    help="DDP only, with each of DDP_PARTS (placerun with one part off or changed) as an arm of its own")
+    p.add_argument("--only", choices=(*EXAMPLE, "ddp"), help="one framework, or the DDP loop alone")
     args = p.parse_args()
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
     modes = ("bare", "monitor", "monitor_no_floor") if args.cadence else ("bare", "empty_callback", "monitor", "bound")
     frameworks = () if args.decompose else ("lightning",) if args.cadence else EXAMPLE
+    if args.only:
+        frameworks = tuple(f for f in frameworks if f == args.only)
     for framework in frameworks:
         per_round = alternated(modes, rounds, lambda mode: run(framework, mode, steps))
         med, ratio = paired(per_round, "bare")
@@ -174,7 +178,7 @@ def main() -> None:
         if "empty_callback" in med:
             # what the monitor costs beyond being a callback at all (the framework's dispatch)
             result[f"{framework}_monitor_over_empty_callback"] = round(paired(per_round, "empty_callback")[1]["monitor"], 3)
-    for nproc in () if args.cadence else (1, 2):
+    for nproc in () if args.cadence or args.only not in (None, "ddp") else (1, 2):
         arms = ("torchrun", "placerun", *(DDP_PARTS if args.decompose else ()))
         per_round = alternated(arms, rounds, lambda arm: run_ddp(arm, nproc, steps * 2))
         med, ratio = paired(per_round, "torchrun")

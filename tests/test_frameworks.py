@@ -175,3 +175,55 @@ def test_a_missing_framework_is_one_line_naming_the_extra(module, extra):
         f"ImportError: placement.integrations.{module} needs "
         f"{'PyTorch Lightning' if module == 'lightning' else 'Hugging Face Transformers'}: "
         f"pip install 'placement[{extra}]'")
+
+
+def test_lightning_dispatches_only_the_hooks_the_callback_uses(tmp_path):
+    """Lightning wraps each callable hook of each callback in its profiler; the callback's unused
+    hooks are None, so none of the per-step ones (backward, optimizer step, zero_grad) is dispatched
+    to it, while the ones it uses are, and a step record still ends at each optimizer step."""
+    pytest.importorskip("lightning", reason="the optional extra [lightning]")
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+    from lightning.pytorch.profilers import Profiler
+
+    from placement.integrations.lightning import PlacementCallback
+
+    class Names(Profiler):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def start(self, action_name):
+            self.names.append(action_name)
+
+        def stop(self, action_name):
+            pass
+
+        def summary(self):
+            return ""
+
+    class Tiny(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+
+    steps = 6
+    callback = PlacementCallback(policy="none", tune={"enabled": False}, monitor={"log_dir": str(tmp_path)})
+    profiler = Names()
+    trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=[callback], logger=False, profiler=profiler,
+                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=2))
+    ours = [n.rsplit(".", 1)[1] for n in profiler.names if n.startswith("[Callback]PlacementCallback")]
+    assert ours.count("on_train_batch_start") == steps and ours.count("on_train_batch_end") == steps
+    for hook in ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"):
+        assert hook not in ours
+    events = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    steps_logged = [e for e in events if e["type"] == "step"]
+    assert [s["step"] for s in steps_logged] == list(range(1, steps + 1)), "a record per optimizer step"
+    assert all(s["data_ms"] > 0 for s in steps_logged), "on_train_batch_start still ends the data wait"
