@@ -47,9 +47,9 @@ def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
     assert b.judged_us() == 300.0
 
 
-def test_the_cap_is_a_quarter_second_of_short_steps_and_follows_the_steps_when_they_grow():
-    # at 25 ms or more the cap is MAX_EVERY steps; below, MAX_PERIOD_S of them
-    assert max_every(25.0) == max_every(100.0) == MAX_EVERY
+def test_the_cap_is_half_a_second_of_short_steps_and_follows_the_steps_when_they_grow():
+    # at 50 ms or more the cap is MAX_EVERY steps; below, MAX_PERIOD_S of them
+    assert max_every(50.0) == max_every(100.0) == MAX_EVERY and max_every(25.0) == 2 * MAX_EVERY
     assert max_every(0.4) * 0.4 == pytest.approx(MAX_PERIOD_S * 1e3, rel=0.01) and max_every(0.4) > 50 * MAX_EVERY
     b = ProbeBudget(budget_pct=0.3)
     # a 0.4 ms step whose hook alone (5 us) is over 0.3% of it: up to the cap in a change or two

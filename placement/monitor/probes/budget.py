@@ -44,8 +44,11 @@ import math
 import statistics
 from typing import Optional
 
-MAX_EVERY = 10  # the cap at steps of 25 ms or more: a hog of a few steps must still show
-MAX_PERIOD_S = 0.25  # ... and at shorter steps, a reading at least four times a second
+MAX_EVERY = 10  # the cap at steps of 50 ms or more: a hog of a few steps must still show
+# ... and at shorter steps, a reading at least twice a second: at a 10 ms step on a VM a reading
+# with its wake-up costs ~130 us (benchmarks/monitor_thread.py), 5 us a step at four a second.
+# A window's sums are the same at any k; what k spreads is where within it a hog fell.
+MAX_PERIOD_S = 0.5
 STRETCH = 2  # k past the cap by more than this factor (the steps grew) comes back to it at once
 AIM = 0.6  # share of the budget the hook's own figure is held to (the rest: its call, handle.watch())
 LOWER_BELOW = 0.8  # come down only to a k whose cost would stay under this share of the aim
