@@ -316,3 +316,17 @@ def test_after_the_monitor_thread_ended_its_clock_is_not_read_nor_warned_about(t
     m._thread_clock = thread_cpu_clock(gone.native_id)
     assert m._thread_cpu_ns() == 0 and m._thread_clock is None
     assert "budget-clock" not in m.warn._seen
+
+
+@pytest.mark.parametrize("reads_us, expect", [(30.0, "fits"), (10.0, "cap"), (None, "overshoot")])
+def test_an_up_move_fits_the_readings_into_what_the_rest_leaves_of_the_aim(reads_us, expect):
+    # aim at a 10 ms step: 18 us; the batch costs 40 us a step at k = 1
+    b = ProbeBudget(budget_pct=0.3)
+    aim = AIM * 0.3 / 100 * 10.0 * 1e3
+    new = b.update(hook_us_per_step=40.0, step_ms=10.0, step=MIN_HOLD_STEPS, reads_us=reads_us)
+    if expect == "fits":  # the rest (10 us) leaves 8 of the aim: the readings at k' cost 30 / k'
+        assert new == math.ceil(30.0 / (aim - 10.0)) and 10.0 + 30.0 / new <= aim < 10.0 + 30.0 / (new - 1)
+    elif expect == "cap":  # the rest alone (30 us) is over the aim: no k brings it inside
+        assert new == max_every(10.0)
+    else:  # the readings' share unknown: all of the cost taken for readings
+        assert new == math.ceil(40.0 / aim)

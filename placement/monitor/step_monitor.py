@@ -565,13 +565,14 @@ class StepMonitor:
             return  # (the thread's CPU up to its first judgement, its start, is no per-step cost)
         steps = hook_steps - steps0
         hook_us = (hook_ns - ns0) / 1e3 / steps
+        reads_us = (read_ns - read0) / 1e3 / steps  # the readings and the wake-ups they took
         if windowed or not thread_ns:
-            thread_us, what = (read_ns - read0) / 1e3 / steps, "reading counters"
+            thread_us, what = reads_us, "reading counters"
         else:
             thread_us, what = max(0, thread_ns - thread0) / 1e3 / steps, "on its own thread"
         cost_us = hook_us + thread_us
         was = self.budget.every
-        now = self.budget.update(cost_us, step_ms, step)
+        now = self.budget.update(cost_us, step_ms, step, reads_us=reads_us if sampled is not None else None)
         if sampled is not None:
             sampled.pace(self.budget.every, step_ms)
         if now is not None:

@@ -27,8 +27,10 @@ Why
     several times a second (each change is a `monitor` event in the user's log):
     - it judges the median of the last JUDGED batch costs measured at the current k, not one
       batch (a single window of a busy host can cost ten times the others);
-    - it goes up as soon as that median is over the aim (the budget is a promise), by the
-      overshoot, and to the cap when the change before went up too and did not land; down only
+    - it goes up as soon as that median is over the aim (the budget is a promise), to the k at
+      which the readings' share would fit what the rest of the cost leaves of the aim (the cap
+      when the rest alone is over it), and to the cap when the change before went up too and
+      did not land; down only
       to a k whose cost would stay under LOWER_BELOW of the aim, and by a quarter at least;
     - after a change it holds for `hold` steps; a change against the previous one (down after
       up, up after down) doubles the hold, up to MAX_HOLD_STEPS; a change the same way keeps it.
@@ -63,22 +65,27 @@ def max_every(step_ms: float) -> int:
 
 
 class ProbeBudget:
-    __slots__ = ("budget_pct", "every", "hold_steps", "_costs", "_changed_at", "_direction")
+    __slots__ = ("budget_pct", "every", "hold_steps", "_costs", "_reads", "_changed_at", "_direction")
 
     def __init__(self, budget_pct: float, every: int = 1):
         self.budget_pct = budget_pct
         self.every = every  # the counters are read every `every` steps
         self.hold_steps = MIN_HOLD_STEPS
         self._costs: collections.deque = collections.deque(maxlen=JUDGED)
+        self._reads: collections.deque = collections.deque(maxlen=JUDGED)  # the readings' share of each
         self._changed_at = -MAX_HOLD_STEPS  # the step of the last change
         self._direction = 0  # +1: the last change went up, -1: down
 
-    def update(self, hook_us_per_step: float, step_ms: float, step: int = 0) -> Optional[int]:
-        """Judge one batch ending at `step`: the hook's mean cost per step and the median step
-        time. Returns the new `every` when it changes, else None."""
+    def update(self, hook_us_per_step: float, step_ms: float, step: int = 0,
+               reads_us: Optional[float] = None) -> Optional[int]:
+        """Judge one batch ending at `step`: the monitor's mean cost per step, of which
+        `reads_us` (when known) is the readings', and the median step time. Returns the new
+        `every` when it changes, else None."""
         if self.budget_pct <= 0 or step_ms <= 0 or hook_us_per_step <= 0:
             return None
         self._costs.append(hook_us_per_step)
+        if reads_us is not None:
+            self._reads.append(min(reads_us, hook_us_per_step))
         k, cap = self.every, max_every(step_ms)
         if k > STRETCH * cap:
             new = cap  # the steps grew longer: back under the cap at once, held or not
@@ -94,9 +101,13 @@ class ProbeBudget:
                     # down-moves find the k from there.
                     new = cap
                 else:
-                    # Cost ~ fixed + reads / k; scaling k by the overshoot assumes all of it is
-                    # reads, so it lands inside the aim when the model holds.
-                    new = min(cap, max(k + 1, math.ceil(k * cost / aim_us)))
+                    # Cost = fixed + reads * k / k': the k' whose readings fit what the rest
+                    # leaves of the aim, the cap when the rest alone is over it (records and
+                    # hand-overs at sub-ms steps). With the readings' share unknown, all of
+                    # the cost is taken for readings: k scales by the overshoot.
+                    reads = statistics.median(self._reads) if len(self._reads) == len(self._costs) else cost
+                    room = aim_us - (cost - reads)
+                    new = cap if room <= 0 else min(cap, max(k + 1, math.ceil(k * reads / room)))
             elif k > 1 and len(self._costs) == JUDGED:
                 # Down to the finest k whose cost, if all of it were reads (cost * k / k', an
                 # upper bound), stays under LOWER_BELOW of the aim: in one change, not one a hold.
@@ -113,6 +124,7 @@ class ProbeBudget:
         self._direction = direction
         self._changed_at = step
         self._costs.clear()  # costs measured at the old k say little of the new one
+        self._reads.clear()
         self.every = new
         return new
 
