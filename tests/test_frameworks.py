@@ -227,3 +227,34 @@ def test_lightning_dispatches_only_the_hooks_the_callback_uses(tmp_path):
     steps_logged = [e for e in events if e["type"] == "step"]
     assert [s["step"] for s in steps_logged] == list(range(1, steps + 1)), "a record per optimizer step"
     assert all(s["data_ms"] > 0 for s in steps_logged), "on_train_batch_start still ends the data wait"
+
+
+@pytest.mark.parametrize("automatic", [True, False])
+def test_lightning_without_an_optimizer_makes_a_batch_a_step(tmp_path, automatic):
+    """configure_optimizers returns None: Lightning's automatic optimization steps a stand-in
+    optimizer (its post-step hook ends the record), manual optimization steps nothing, and the
+    callback ends a record at each batch's end instead. One record per batch either way."""
+    pytest.importorskip("lightning", reason="the optional extra [lightning]")
+    import torch
+    from lightning.pytorch import LightningModule, Trainer
+
+    from placement.integrations.lightning import PlacementCallback
+
+    class NoOptimizer(LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(4, 1)
+            self.automatic_optimization = automatic
+
+        def training_step(self, batch, batch_idx):
+            return self.net(batch).sum()
+
+        def configure_optimizers(self):
+            return None
+
+    callback = PlacementCallback(policy="none", tune={"enabled": False}, monitor={"log_dir": str(tmp_path)})
+    trainer = Trainer(accelerator="cpu", devices=1, max_epochs=1, limit_train_batches=5, callbacks=[callback],
+                      logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(NoOptimizer(), torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=2))
+    events = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    assert [e["step"] for e in events if e["type"] == "step"] == [1, 2, 3, 4, 5]

@@ -8,7 +8,8 @@ optimizers) it calls placement.attach(trainer.strategy.model, the first optimize
 it joins the rank's Session; under Lightning's own launcher, which starts the other processes
 itself, each process plans its share of the node (LOCAL_WORLD_SIZE from trainer.num_devices when
 the launcher did not set it, removed again at close) and binds itself. A step record ends at each
-optimizer step: with accumulate_grad_batches=k, one record per k batches. The data wait is the
+optimizer step: with accumulate_grad_batches=k, one record per k batches; at each batch's end in
+manual optimization without an optimizer (configure_optimizers returned None). The data wait is the
 time from the end of one batch (or the start of an epoch, or the end of a validation run) to
 Lightning's on_train_batch_start, where it has fetched the next batch. Callbacks Lightning runs
 after this one at a batch's end (ModelCheckpoint saving) count in that wait. close() at fit end.
@@ -42,13 +43,20 @@ class PlacementCallback(Callback):
     def __init__(self, config: Any = None, **overrides: Any):
         super().__init__()
         self.steps = FrameworkSteps(config, overrides)
+        self._batch_is_step = False  # manual optimization without optimizers: a batch is a step
 
     @property
     def handle(self) -> Any:
         return self.steps.handle
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        optimizer = trainer.optimizers[0] if trainer.optimizers else None
+        optimizers = trainer.optimizers
+        optimizer = optimizers[0] if optimizers else None
+        # configure_optimizers returned None: Lightning holds a stand-in optimizer
+        # (lightning/pytorch/core/optimizer.py `_MockOptimizer`, set at L186 in 2.6.6), which its
+        # automatic optimization steps (the post-step hook fires) and manual optimization does not.
+        self._batch_is_step = optimizer is None or (not pl_module.automatic_optimization and all(
+            type(o).__name__ == "_MockOptimizer" for o in optimizers))
         self.steps.start(trainer.strategy.model, optimizer, env_defaults={"LOCAL_WORLD_SIZE": str(trainer.num_devices)})
 
     def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
@@ -58,8 +66,8 @@ class PlacementCallback(Callback):
         self.steps.batch_start()
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not trainer.optimizers and self.handle is not None:
-            self.handle.step()  # manual optimization without optimizers: a batch is a step
+        if self._batch_is_step and self.handle is not None:
+            self.handle.step()
         self.steps.mark()
 
     def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
