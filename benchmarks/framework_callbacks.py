@@ -177,6 +177,7 @@ def main() -> None:
         per_round = alternated(modes, rounds, lambda mode: run(framework, mode, n))
         med, ratio = paired(per_round, "bare")
         print(f"{framework:13s} " + "  ".join(f"{m} {med[m]:7.3f} ms ({ratio[m]:.3f}x)" for m in med))
+        result[f"{framework}_steps"] = n
         for mode in med:
             result[f"{framework}_{mode}_ms"] = round(med[mode], 3)
             result[f"{framework}_{mode}_ratio"] = round(ratio[mode], 3)

@@ -177,14 +177,17 @@ def test_a_missing_framework_is_one_line_naming_the_extra(module, extra):
         f"pip install 'placement[{extra}]'")
 
 
-def test_lightning_dispatches_only_the_hooks_the_callback_uses(tmp_path):
+def test_lightning_dispatches_no_hook_of_the_callback_at_a_step(tmp_path):
     """Lightning wraps each callable hook of each callback in its profiler; the callback's unused
-    hooks are None, so none of the per-step ones (backward, optimizer step, zero_grad) is dispatched
-    to it, while the ones it uses are, and a step record still ends at each optimizer step."""
+    hooks are None, and it uses none at a step: a record still ends at each optimizer step, with
+    the time the fetches took (a dataset that sleeps in __getitem__) as its data wait."""
     pytest.importorskip("lightning", reason="the optional extra [lightning]")
+    import time
+
     import torch
     from lightning.pytorch import LightningModule, Trainer
     from lightning.pytorch.profilers import Profiler
+    from torch.utils.data import dataloader
 
     from placement.integrations.lightning import PlacementCallback
 
@@ -213,20 +216,74 @@ def test_lightning_dispatches_only_the_hooks_the_callback_uses(tmp_path):
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.01)
 
+    nap_s = 0.02
+
+    class Slow(torch.utils.data.Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, i):
+            time.sleep(nap_s / 2)  # two items a batch
+            return torch.ones(4)
+
+    own = dataloader._BaseDataLoaderIter.__next__, dataloader.DataLoader.__iter__
     steps = 6
     callback = PlacementCallback(policy="none", tune={"enabled": False}, monitor={"log_dir": str(tmp_path)})
     profiler = Names()
     trainer = Trainer(accelerator="cpu", devices=1, max_steps=steps, callbacks=[callback], logger=False, profiler=profiler,
                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    trainer.fit(Tiny(), torch.utils.data.DataLoader(torch.randn(64, 4), batch_size=2))
+    trainer.fit(Tiny(), torch.utils.data.DataLoader(Slow(), batch_size=2))
     ours = [n.rsplit(".", 1)[1] for n in profiler.names if n.startswith("[Callback]PlacementCallback")]
-    assert ours.count("on_train_batch_start") == steps and ours.count("on_train_batch_end") == steps
-    for hook in ("on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad"):
-        assert hook not in ours
+    assert "on_fit_start" in ours and "on_fit_end" in ours
+    assert not [h for h in ours if "batch" in h or "backward" in h or "optimizer" in h or "zero_grad" in h], ours
     events = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     steps_logged = [e for e in events if e["type"] == "step"]
     assert [s["step"] for s in steps_logged] == list(range(1, steps + 1)), "a record per optimizer step"
-    assert all(s["data_ms"] > 0 for s in steps_logged), "on_train_batch_start still ends the data wait"
+    assert all(s["data_ms"] >= 0.9 * nap_s * 1e3 for s in steps_logged), [s["data_ms"] for s in steps_logged]
+    assert (dataloader._BaseDataLoaderIter.__next__, dataloader.DataLoader.__iter__) == own, "put back at fit end"
+
+
+def test_fetch_wait_times_the_training_threads_fetches_only(tmp_path):
+    """FetchWait adds the calling thread's fetches to the data wait, not another thread's; stop()
+    puts the classes' own methods back, and one patched over it is left alone."""
+    import threading
+
+    import torch
+    from torch.utils.data import dataloader
+
+    from placement.integrations._steps import FetchWait
+
+    class Counter:
+        data_ns = 0
+
+    monitor = Counter()
+    own_next = dataloader._BaseDataLoaderIter.__next__
+    wait = FetchWait(monitor)
+    loader = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=2)
+    other = threading.Thread(target=lambda: list(loader))
+    other.start()
+    other.join(timeout=60)
+    assert not other.is_alive() and monitor.data_ns == 0, "another thread's fetches are not timed"
+    assert len(list(loader)) == 4 and monitor.data_ns > 0
+    wait.stop()
+    assert dataloader._BaseDataLoaderIter.__next__ is own_next
+    seen = monitor.data_ns
+    list(loader)
+    assert monitor.data_ns == seen
+
+    wait = FetchWait(monitor)
+    ours = dataloader._BaseDataLoaderIter.__next__
+    def over(it):
+        return ours(it)
+    dataloader._BaseDataLoaderIter.__next__ = over
+    try:
+        wait.stop()
+        assert dataloader._BaseDataLoaderIter.__next__ is over, "a method patched over ours is left"
+        list(loader)
+        assert monitor.data_ns == seen, "ours passes straight through once stopped"
+    finally:
+        dataloader._BaseDataLoaderIter.__next__ = own_next
+        dataloader.DataLoader.__iter__ = wait._originals[1]
 
 
 @pytest.mark.parametrize("automatic", [True, False])

@@ -1,18 +1,22 @@
 """What the framework callbacks (placement.integrations.lightning, .transformers) share: attach at
-the start of training, a step record per optimizer step, the data wait taken between two of the
-framework's own hooks, close at the end.
+the start of training, a step record per optimizer step, the data wait, close at the end.
 
-The frameworks fetch the next batch themselves, between the end of one step (with its logging,
-saving and evaluation) and the hook that starts the next: the callback marks the first and adds
-the time up to the second to the step's data wait, the counter a watched iterator adds to
-(placement.monitor.watch.DataWaitCounter). Steps end where the optimizer steps (its post-step hook,
-as attach() installs it): with gradient accumulation a record is an optimizer step, not a batch.
-Environment a callback sets for attach() (Lightning's LOCAL_WORLD_SIZE) is put back at close: the
-process outlives the fit (a second fit, a test run, the user's own code after it).
+The frameworks fetch the next batch themselves. The data wait is taken one of two ways, added to
+the counter a watched iterator adds to (placement.monitor.watch.DataWaitCounter):
+- between two of the framework's own hooks (Transformers: its callbacks get every event anyway):
+  the callback marks the end of one step (with its logging, saving and evaluation) and adds the
+  time up to the hook that starts the next;
+- as the automatic monitor takes it (FetchWait, Lightning): the time the training thread is
+  blocked in a DataLoader fetch, so that the callback needs no hook of the framework at each step.
+Steps end where the optimizer steps (its post-step hook, as attach() installs it): with gradient
+accumulation a record is an optimizer step, not a batch. Environment a callback sets for attach()
+(Lightning's LOCAL_WORLD_SIZE) is put back at close: the process outlives the fit (a second fit,
+a test run, the user's own code after it).
 """
 from __future__ import annotations
 
 import os
+import threading
 from time import perf_counter_ns
 from typing import Any, Optional
 
@@ -27,12 +31,14 @@ class FrameworkSteps:
         self.handle: Any = None
         self._mark: Optional[int] = None
         self._env_set: list[str] = []  # keys start() added to os.environ, removed again by close()
+        self._fetches: Optional[FetchWait] = None
 
     def start(self, model: Any, optimizer: Any, default_log_dir: Optional[str] = None,
-              env_defaults: Optional[dict[str, str]] = None) -> Any:
+              env_defaults: Optional[dict[str, str]] = None, time_fetches: bool = False) -> Any:
         """placement.attach(model, optimizer) with the callback's settings; `default_log_dir` (where
         the framework keeps its own output) when no monitor.log_dir was given and placerun's is not there;
-        `env_defaults` set in os.environ where missing (attach() reads them), until close()."""
+        `env_defaults` set in os.environ where missing (attach() reads them), until close();
+        `time_fetches`: the data wait is the DataLoader fetches' (FetchWait), not mark()'s."""
         for key, value in (env_defaults or {}).items():
             if key not in os.environ:
                 os.environ[key] = value
@@ -46,7 +52,11 @@ class FrameworkSteps:
                 and self.config is None and _current_session() is None:
             overrides["monitor.log_dir"] = default_log_dir
         self.handle = placement.attach(model, optimizer, config=self.config, **overrides)
-        self.mark()
+        monitor = self.handle.monitor
+        if time_fetches and monitor is not None:
+            self._fetches = FetchWait(monitor)
+        else:
+            self.mark()
         return self.handle
 
     def mark(self) -> None:
@@ -61,9 +71,63 @@ class FrameworkSteps:
         self._mark = None
 
     def close(self) -> None:
+        if self._fetches is not None:
+            self._fetches.stop()
+            self._fetches = None
         if self.handle is not None:
             self.handle.close()
             self.handle = None
         for key in self._env_set:
             os.environ.pop(key, None)
         self._env_set.clear()
+
+
+class FetchWait:
+    """The time the calling (training) thread is blocked in a DataLoader fetch, added to the
+    monitor's data wait: `_BaseDataLoaderIter.__next__` (torch/utils/data/dataloader.py:720, the
+    span torch's profiler names `enumerate(DataLoader)#<Iter>.__next__`) and DataLoader.__iter__,
+    where a DataLoader starts its workers: what the automatic monitor times (placement/auto/
+    monitor.py, `_hook_dataloader`), without its step finding (here the optimizer's post-step hook
+    ends the steps). Other threads' fetches and a forked worker's are not timed. In from
+    construction to stop(), which puts the classes' own methods back (a method patched over ours
+    meanwhile is left, and ours passes straight through from then on)."""
+
+    def __init__(self, monitor: Any):
+        from torch.utils.data import dataloader
+
+        self._it_cls, self._loader_cls = dataloader._BaseDataLoaderIter, dataloader.DataLoader
+        next_original, iter_original = self._it_cls.__next__, self._loader_cls.__iter__
+        self._originals = (next_original, iter_original)
+        main = threading.get_ident()
+        get_ident = threading.get_ident
+        self.active = True
+        timer = self
+
+        def __next__(it):
+            if get_ident() != main or not timer.active:
+                return next_original(it)
+            t0 = perf_counter_ns()
+            try:
+                return next_original(it)
+            finally:  # StopIteration too: the wait for a loader to find its end is data wait
+                monitor.data_ns += perf_counter_ns() - t0
+
+        def __iter__(loader):
+            if get_ident() != main or not timer.active:
+                return iter_original(loader)
+            t0 = perf_counter_ns()
+            try:
+                return iter_original(loader)
+            finally:
+                monitor.data_ns += perf_counter_ns() - t0
+
+        __next__.__wrapped__, __iter__.__wrapped__ = next_original, iter_original
+        self._ours = (__next__, __iter__)
+        self._it_cls.__next__, self._loader_cls.__iter__ = __next__, __iter__
+
+    def stop(self) -> None:
+        self.active = False
+        for cls, name, ours, original in ((self._it_cls, "__next__", self._ours[0], self._originals[0]),
+                                          (self._loader_cls, "__iter__", self._ours[1], self._originals[1])):
+            if cls.__dict__.get(name) is ours:
+                setattr(cls, name, original)

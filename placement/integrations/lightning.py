@@ -10,18 +10,18 @@ itself, each process plans its share of the node (LOCAL_WORLD_SIZE from trainer.
 the launcher did not set it, removed again at close) and binds itself. A step record ends at each
 optimizer step: with accumulate_grad_batches=k, one record per k batches; at each batch's end in
 manual optimization without an optimizer (configure_optimizers returned None). The data wait is the
-time from the end of one batch (or the start of an epoch, or the end of a validation run) to
-Lightning's on_train_batch_start, where it has fetched the next batch. Callbacks Lightning runs
-after this one at a batch's end (ModelCheckpoint saving) count in that wait. close() at fit end.
+time the training thread is blocked in DataLoader fetches (Lightning's data fetcher fetches one
+batch ahead, through the DataLoader's iterator: integrations/_steps.py FetchWait), as under
+placerun's automatic monitor. close() at fit end.
 
 Keyword arguments are placement.attach's (`PlacementCallback(monitor={"log_dir": "runs/x"})`).
 
-The hooks of Lightning's Callback that this one does not use are None on it, so Lightning skips
-them: it calls a callback's hook only if it is callable, and each call it makes runs inside
-trainer.profiler.profile() named by the callback's state_key (lightning/pytorch/trainer/call.py,
-`_call_callback_hooks`: lines 224-228 in 2.6.6, 186-190 in 2.0.0). The base class's empty hooks
-would cost that dispatch four times more every optimizer step (before and after backward, before
-the optimizer step and zero_grad). A subclass that needs one of them defines it again.
+No hook of this callback runs at a step. Lightning calls a callback's hook only if it is callable,
+each call inside trainer.profiler.profile() named by the callback's state_key
+(lightning/pytorch/trainer/call.py, `_call_callback_hooks`: lines 224-228 in 2.6.6, 186-190 in
+2.0.0), a few microseconds each: the hooks of Lightning's Callback that this one does not use are
+None on it, so Lightning skips them (the base class's empty ones are six a step). A subclass that
+needs one of them defines it again.
 """
 from __future__ import annotations
 
@@ -43,7 +43,6 @@ class PlacementCallback(Callback):
     def __init__(self, config: Any = None, **overrides: Any):
         super().__init__()
         self.steps = FrameworkSteps(config, overrides)
-        self._batch_is_step = False  # manual optimization without optimizers: a batch is a step
 
     @property
     def handle(self) -> Any:
@@ -55,23 +54,17 @@ class PlacementCallback(Callback):
         # configure_optimizers returned None: Lightning holds a stand-in optimizer
         # (lightning/pytorch/core/optimizer.py `_MockOptimizer`, set at L186 in 2.6.6), which its
         # automatic optimization steps (the post-step hook fires) and manual optimization does not.
-        self._batch_is_step = optimizer is None or (not pl_module.automatic_optimization and all(
+        batch_is_step = optimizer is None or (not pl_module.automatic_optimization and all(
             type(o).__name__ == "_MockOptimizer" for o in optimizers))
-        self.steps.start(trainer.strategy.model, optimizer, env_defaults={"LOCAL_WORLD_SIZE": str(trainer.num_devices)})
+        self.steps.start(trainer.strategy.model, optimizer, env_defaults={"LOCAL_WORLD_SIZE": str(trainer.num_devices)},
+                         time_fetches=True)
+        # the one hook at a step, and only where no optimizer step ends it (the instance's
+        # attribute is what Lightning's getattr finds)
+        self.on_train_batch_end = self._batch_end if batch_is_step else None
 
-    def on_train_epoch_start(self, trainer: Any, pl_module: Any) -> None:
-        self.steps.mark()
-
-    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
-        self.steps.batch_start()
-
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if self._batch_is_step and self.handle is not None:
+    def _batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if self.handle is not None:
             self.handle.step()
-        self.steps.mark()
-
-    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
-        self.steps.mark()
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         self.steps.close()
