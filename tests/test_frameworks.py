@@ -283,7 +283,7 @@ def test_fetch_wait_times_the_training_threads_fetches_only(tmp_path):
         assert monitor.data_ns == seen, "ours passes straight through once stopped"
     finally:
         dataloader._BaseDataLoaderIter.__next__ = own_next
-        dataloader.DataLoader.__iter__ = wait._originals[1]
+        dataloader.DataLoader.__iter__ = wait._patches[1][2]
 
 
 @pytest.mark.parametrize("automatic", [True, False])

@@ -15,6 +15,7 @@ a test run, the user's own code after it).
 """
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from time import perf_counter_ns
@@ -95,39 +96,32 @@ class FetchWait:
     def __init__(self, monitor: Any):
         from torch.utils.data import dataloader
 
-        self._it_cls, self._loader_cls = dataloader._BaseDataLoaderIter, dataloader.DataLoader
-        next_original, iter_original = self._it_cls.__next__, self._loader_cls.__iter__
-        self._originals = (next_original, iter_original)
         main = threading.get_ident()
         get_ident = threading.get_ident
         self.active = True
         timer = self
 
-        def __next__(it):
-            if get_ident() != main or not timer.active:
-                return next_original(it)
-            t0 = perf_counter_ns()
-            try:
-                return next_original(it)
-            finally:  # StopIteration too: the wait for a loader to find its end is data wait
-                monitor.data_ns += perf_counter_ns() - t0
+        def timed(original):
+            @functools.wraps(original)
+            def wrapper(obj):
+                if get_ident() != main or not timer.active:
+                    return original(obj)
+                t0 = perf_counter_ns()
+                try:
+                    return original(obj)
+                finally:  # StopIteration too: the wait for a loader to find its end is data wait
+                    monitor.data_ns += perf_counter_ns() - t0
+            return wrapper
 
-        def __iter__(loader):
-            if get_ident() != main or not timer.active:
-                return iter_original(loader)
-            t0 = perf_counter_ns()
-            try:
-                return iter_original(loader)
-            finally:
-                monitor.data_ns += perf_counter_ns() - t0
-
-        __next__.__wrapped__, __iter__.__wrapped__ = next_original, iter_original
-        self._ours = (__next__, __iter__)
-        self._it_cls.__next__, self._loader_cls.__iter__ = __next__, __iter__
+        self._patches = []  # (class, name, its own method, ours)
+        for cls, name in ((dataloader._BaseDataLoaderIter, "__next__"), (dataloader.DataLoader, "__iter__")):
+            original = getattr(cls, name)
+            ours = timed(original)
+            setattr(cls, name, ours)
+            self._patches.append((cls, name, original, ours))
 
     def stop(self) -> None:
         self.active = False
-        for cls, name, ours, original in ((self._it_cls, "__next__", self._ours[0], self._originals[0]),
-                                          (self._loader_cls, "__iter__", self._ours[1], self._originals[1])):
+        for cls, name, original, ours in self._patches:
             if cls.__dict__.get(name) is ours:
                 setattr(cls, name, original)

@@ -572,7 +572,7 @@ class StepMonitor:
             thread_us, what = max(0, thread_ns - thread0) / 1e3 / steps, "on its own thread"
         cost_us = hook_us + thread_us
         was = self.budget.every
-        now = self.budget.update(cost_us, step_ms, step, reads_us=reads_us if sampled is not None else None)
+        now = self.budget.update(cost_us, step_ms, step, reads_us=reads_us)
         if sampled is not None:
             sampled.pace(self.budget.every, step_ms)
         if now is not None:
