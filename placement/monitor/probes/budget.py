@@ -19,9 +19,9 @@ Why
     so once, when JUDGED batches there say so. The cap is in time at short steps: each reading
     wakes the monitor thread, whose wake-up takes the GIL from a training thread that runs
     Python (tens to a hundred us of CPU on a VM, benchmarks/monitor_thread.py), and at a 0.4 ms
-    step ten steps would be hundreds of wake-ups a second. When the steps grow, k comes back to the cap as soon as it is more than
-    STRETCH times past it: a batch's median step time moves by tens of percent on a busy host,
-    and each change of k is an event in the user's log.
+    step ten steps would be hundreds of wake-ups a second. When the steps grow, k comes back to
+    the cap as soon as it is more than STRETCH times past it: a batch's median step time moves by
+    tens of percent on a busy host, and each change of k is an event in the user's log.
 
     The controller has hysteresis, so that a noisy machine does not make it change its mind
     several times a second (each change is a `monitor` event in the user's log):
@@ -30,8 +30,8 @@ Why
     - it goes up as soon as that median is over the aim (the budget is a promise), to the k at
       which the readings' share would fit what the rest of the cost leaves of the aim (the cap
       when the rest alone is over it), and to the cap when the change before went up too and
-      did not land; down only
-      to a k whose cost would stay under LOWER_BELOW of the aim, and by a quarter at least;
+      did not land; down only to a k whose cost would stay under LOWER_BELOW of the aim, and by
+      a quarter at least;
     - after a change it holds for `hold` steps; a change against the previous one (down after
       up, up after down) doubles the hold, up to MAX_HOLD_STEPS; a change the same way keeps it.
     At steady state that is at most one change per MAX_HOLD_STEPS / 2 steps however noisy.
