@@ -86,6 +86,7 @@ EXAMPLE = {"lightning": "lightning_ddp.py", "transformers": "transformers_traine
 # monitor's start (its first hand-overs, the budget's first judgement) more than its steady cost.
 # Ten times the steps: about as many seconds of steps as the Transformers runs.
 STEPS_SCALE = {"lightning": 10}
+ONLY = (*EXAMPLE, "ddp")  # --only's choices
 
 DDP = r"""
 import json, os, sys, time
@@ -164,8 +165,11 @@ def main() -> None:
                    help="Lightning only: bare, monitor, and monitor with a hand-over at every due step (monitor_no_floor)")
     p.add_argument("--decompose", action="store_true",
                    help="DDP only, with each of DDP_PARTS (placerun with one part off or changed) as an arm of its own")
-    p.add_argument("--only", choices=(*EXAMPLE, "ddp"), help="one framework, or the DDP loop alone")
+    p.add_argument("--only", help=f"one of {', '.join(ONLY)}: one framework, or the DDP loop alone")
     args = p.parse_args()
+    if args.only is not None and args.only not in ONLY:
+        print(f"framework_callbacks: unknown --only {args.only!r}; choose from {', '.join(ONLY)}", file=sys.stderr)
+        sys.exit(2)
     steps, rounds = (60, 3) if args.quick else (300, 5)
     result = {"benchmark": "framework_callbacks", "steps": steps, "rounds": rounds}
     modes = ("bare", "monitor", "monitor_no_floor") if args.cadence else ("bare", "empty_callback", "monitor", "bound")
