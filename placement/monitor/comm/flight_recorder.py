@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 import json
 import os
 import re
@@ -52,6 +53,8 @@ DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCC
 
 # (recorder, route, name) in order of preference.
 NCCL, GENERIC = "nccl", "generic"
+_SERVER_NUMBERS = itertools.count()  # worker-server socket paths of this process
+
 _SOURCES = (
     (NCCL, "server", "dump_nccl_trace_json"),  # FlightRecorderCuda.cpp jsonDumpHandler
     (NCCL, "binding", "_dump_nccl_trace_json"),
@@ -158,7 +161,15 @@ class WorkerServer:
         if self._server is None:
             import tempfile
 
-            self.path = os.path.join(tempfile.gettempdir(), f"placement-fr-{os.getpid()}-{id(self):x}.sock")
+            # A number of this process's own, not id(self): an id is reused once its object is
+            # gone, and a server dropped without close() leaves its socket file behind (the
+            # worker server refuses a path that exists). A file at a fresh number is left by an
+            # earlier process of this pid, dead: removed.
+            self.path = os.path.join(tempfile.gettempdir(), f"placement-fr-{os.getpid()}-{next(_SERVER_NUMBERS)}.sock")
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
             self._server = self._c10d._WorkerServer(self.path, -1)
         path = self.path
 
