@@ -14,5 +14,7 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for (x,) in loader:
     model(x).sum().backward()
     opt.step()
-print("main cpus", ",".join(map(str, sorted(os.sched_getaffinity(0)))), flush=True)
+# one write(2) of a whole line: the two ranks share the launcher's stdout, and print() writes its
+# pieces one by one when the stream is unbuffered, so their lines could interleave
+os.write(1, f"main cpus {','.join(map(str, sorted(os.sched_getaffinity(0))))}\n".encode())
 dist.destroy_process_group()
