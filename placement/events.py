@@ -22,6 +22,7 @@ import weakref
 from typing import Any, Callable, Optional, Sequence
 
 from placement.errors import PlacementError
+from placement.roles import OWN_THREADS
 from placement.vocab import Vocabulary
 
 
@@ -405,7 +406,7 @@ class EventLog:
             return
         old, self._fd, self._size = self._fd, fd, 0
         os.close(old)
-        threading.Thread(target=compress_rotated, args=(rotated, self.rank), name="placement_gzip", daemon=True).start()
+        OWN_THREADS.start(compress_rotated, "placement_gzip", (rotated, self.rank))
 
     def _count_lost(self, n: int, why: str) -> None:
         if n <= 0:

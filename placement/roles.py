@@ -25,6 +25,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -164,3 +165,65 @@ def name_this_thread(name: bytes) -> None:
         ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name[:15]), 0, 0, 0)  # PR_SET_NAME
     except (OSError, AttributeError):
         pass
+
+
+class OwnThreads:
+    """placement's own threads in this process (the monitor's, the binder's watcher, rank 0's
+    peer watch, the exchange's posts, the flight recorder's dumps, the log's compression), and
+    the CPU they have spent: with the step hook's time, what placement's presence costs the
+    rank (the `monitor` and `end` events' placement_cpu_us_per_step, the budget's figure).
+
+    Each is started here, named in the kernel (comm, so /proc and top -H show it), and read by
+    its own CPU clock (clock_gettime on MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED): one system
+    call, no file, no GIL-held parsing); a thread that ends adds its CPU to the total as it ends
+    (its clock dies with it)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[int, int] = {}  # native tid -> its CPU clock id
+        self._ended_ns = 0  # the CPU of the threads that ended
+        os.register_at_fork(after_in_child=self._forget)  # a forked child has none of them
+
+    def _forget(self) -> None:
+        self._lock = threading.Lock()
+        self._live = {}
+        self._ended_ns = 0
+
+    def start(self, target, name: str, args: tuple = ()) -> threading.Thread:
+        """Start `target(*args)` on a daemon thread of ours named `name` (at most 15 bytes)."""
+        thread = threading.Thread(target=self._run, args=(target, name, args), name=name, daemon=True)
+        thread.start()
+        return thread
+
+    def _run(self, target, name: str, args: tuple) -> None:
+        name_this_thread(name.encode())
+        tid = threading.get_native_id()
+        with self._lock:
+            self._live[tid] = ((~tid) << 3) | 6  # MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+        try:
+            target(*args)
+        finally:
+            spent = time.thread_time_ns()
+            with self._lock:
+                self._live.pop(tid, None)
+                self._ended_ns += spent
+
+    def cpu_ns(self) -> int:
+        """The CPU all of them have spent so far (the ones that ended included)."""
+        with self._lock:  # a thread ending meanwhile waits: counted once, live or ended
+            total = self._ended_ns
+            for clock in self._live.values():
+                try:
+                    total += time.clock_gettime_ns(clock)
+                except OSError:  # ending: its CPU is in _ended_ns as soon as it has the lock
+                    pass
+            return total
+
+    def names(self) -> list[str]:
+        """The kernel names of the live ones (tests, placement doctor)."""
+        with self._lock:
+            tids = list(self._live)
+        return [n for n in (_comm(os.getpid(), t, "/proc") for t in tids) if n]
+
+
+OWN_THREADS = OwnThreads()  # the process's one ledger

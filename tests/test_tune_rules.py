@@ -45,6 +45,25 @@ def test_runqueue_moves_main_off_a_foreign_hog_to_the_fastest_free_core():
     assert "hog" in p.reason
 
 
+def test_runqueue_scans_proc_only_when_a_move_can_follow():
+    # A rank alone on its core (the 2-core plan: main, nccl and other share CPU 0) whose main
+    # waits in every window: no other core to go to, so no /proc scan of the machine's threads
+    # (a scan reads every thread of every process: it was most of the monitor thread's CPU in a
+    # DDP job with DataLoader workers, benchmarks/job_cost.py).
+    roles = {"main": [0], "nccl": [0], "pin_memory": [0], "other": [0]}
+    recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}, "nccl": NCCL_IDLE})
+    facts = FakeFacts(foreign=[hog(0)])
+    rule = RULES["runqueue"]()
+    for _ in range(3):
+        assert rule.propose(ctx(recs, roles, topo=topology(1), facts=facts)) is None
+    assert facts.foreign_calls == 0
+    # With a free core the scan is made and names the hog.
+    facts = FakeFacts(foreign=[hog(0)])
+    p = RULES["runqueue"]().propose(ctx(recs, {"main": [0], "nccl": [0], "other": [1]}, topo=topology(2), facts=facts))
+    assert p is not None and p.cpus == {1} and facts.foreign_calls >= 1
+    assert p.evidence["foreign"][0]["pid"] == 4242
+
+
 def test_a_hot_role_without_live_threads_holds_no_core():
     roles = {"main": [0], "nccl": [1], "pin_memory": [1], "other": [1]}  # the 2-CPU plan of a CPU-only job
     recs = window(20, roles={"main": {"cpu_ms": 0.5, "runq_ms": 0.4}})

@@ -35,7 +35,7 @@ from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.plan.model import RankPlan
 from placement import _procfs
-from placement.roles import HOT_ROLES, ThreadInfo, ThreadRole, name_this_thread, scan_threads
+from placement.roles import HOT_ROLES, OWN_THREADS, ThreadInfo, ThreadRole, scan_threads
 
 log = logging.getLogger("placement")
 
@@ -162,9 +162,7 @@ class RoleBinder:
         if self._watcher is not None and self._watcher.is_alive():
             return
         self._stop.clear()
-        self._watcher = threading.Thread(target=self._watch, args=(interval_s,),
-                                         name="placement_watch", daemon=True)
-        self._watcher.start()
+        self._watcher = OWN_THREADS.start(self._watch, "placement_watch", (interval_s,))
 
     @property
     def watching(self) -> bool:
@@ -180,7 +178,6 @@ class RoleBinder:
 
     # ---- internals --------------------------------------------------------
     def _watch(self, interval_s: float) -> None:
-        name_this_thread(b"placement_watch")
         while not self._stop.wait(interval_s):
             self.rescan()
             if self.events is not None:

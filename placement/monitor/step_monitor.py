@@ -69,12 +69,12 @@ from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
 from placement.records.parts import split_step
-from placement.monitor.probes.counters import MainRead, thread_cpu_clock
+from placement.monitor.probes.counters import MainRead
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import MAIN, HotRead, RoleSampler, merge_span
 from placement.records.verdict import step_verdict
 from placement.monitor.warn import WarnOnce, first_line, log
-from placement.roles import name_this_thread
+from placement.roles import OWN_THREADS
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
@@ -195,8 +195,11 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
         self._span_ns = -math.inf  # the end (perf_counter_ns) of the last step with a span reading
-        self._hook_seen = (0, 0, 0, 0)  # (hook ns, hook steps, monitor thread's CPU ns, readings' ns) at the last budget judgement
-        self._thread_clock: Optional[int] = None  # the monitor thread's CPU clock, set as it starts
+        # (hook ns, hook steps, placement's threads' CPU ns, readings' ns) at the last budget judgement
+        self._hook_seen = (0, 0, 0, 0)
+        self._judged = False  # the first batch (the threads' start) is not judged
+        self._own_ns0 = OWN_THREADS.cpu_ns()  # placement's threads' CPU before step 1 (start() re-takes it)
+        self._start_ns = time.perf_counter_ns()  # step 1's start (start() re-takes it)
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
         self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
@@ -226,7 +229,10 @@ class StepMonitor:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
         the tuner, the first events) is neither step time nor the first step's CPU."""
         self.sampler.rebase()
+        self._own_ns0 = OWN_THREADS.cpu_ns()
+        self._hook_seen = (self.self_ns, self.steps_timed, self._own_ns0, 0)
         self._anchor = (time.perf_counter_ns(), wall_clock())
+        self._start_ns = self._anchor[0]
         self._t_last, self._wall_last = self._anchor
         self.hang.progress(self.step, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
@@ -258,8 +264,7 @@ class StepMonitor:
     def _start_thread(self) -> None:
         if self._thread is None and self.state is MonitorState.CREATED:
             self.state = MonitorState.RUNNING
-            self._thread = threading.Thread(target=self._run, name="placement_mon", daemon=True)
-            self._thread.start()
+            self._thread = OWN_THREADS.start(self._run, "placement_mon")
 
     # ---- fed by the training loop --------------------------------------------------------
     def on_step(self, _optimizer=None, _args=None, _kwargs=None, at: Optional[int] = None) -> None:
@@ -347,12 +352,9 @@ class StepMonitor:
 
     # ---- the monitor thread ----------------------------------------------------------------
     def _run(self) -> None:
-        name_this_thread(b"placement_mon")
-        self._thread_clock = thread_cpu_clock(threading.get_native_id())
         try:
             self._loop()
         finally:
-            self._thread_clock = None  # its clock ends with it (EINVAL): batches built at close count the readings
             self.thread_cpu_ns = time.thread_time_ns()  # its whole life: the end event's figure
 
     def _loop(self) -> None:
@@ -548,62 +550,48 @@ class StepMonitor:
 
     def _judge_budget(self, step_ms: Optional[float], hook_ns: int, hook_steps: int, step: int,
                       windowed: bool) -> None:
-        """Read the kernel counters every k-th step when the monitor costs more than the budget
-        otherwise: the hook's cost on the training thread and the monitor thread's, per step,
-        together. Only the readings depend on k. While no observer judges windows that thread's
-        cost is all its CPU (the readings and their wake-ups, the records, the hand-overs), so
-        that the budget is what the job pays; while the tuner does (`windowed`), its readings
-        with their wake-ups alone: its hand-overs then come at the tuner's pace, one a window,
-        and are the tuner's cost, and counting them would take the readings past its windows
-        (benchmarks/contention.py)."""
-        ns0, steps0, thread0, read0 = self._hook_seen
-        thread_ns = self._thread_cpu_ns()
+        """Read the kernel counters every k-th step when placement costs more than the budget
+        otherwise. The cost judged is all of it: the hook's time on the training thread and the
+        CPU of every thread placement started in this process (roles.OWN_THREADS, read by their
+        CPU clocks: this monitor thread's readings, records, hand-overs, the tuner's windows,
+        the exchange; the binder's watcher; rank 0's peer watch; the posts), per step. Only the
+        readings depend on k: when the rest alone is over the budget, k goes to its cap and the
+        monitor says so once (probes/budget.py). The readings come at least once a window of an
+        observer that judges windows (a hand-over reads), whatever k."""
+        ns0, steps0, own0, read0 = self._hook_seen
+        own_ns = OWN_THREADS.cpu_ns()
         sampled = self._sampled
         read_ns = sampled.cost_ns if sampled is not None else 0
-        self._hook_seen = (hook_ns, hook_steps, thread_ns, read_ns)
-        if hook_steps - steps0 < 4 or step_ms is None or (thread0 == 0 and thread_ns > 0):
-            return  # (the thread's CPU up to its first judgement, its start, is no per-step cost)
+        self._hook_seen = (hook_ns, hook_steps, own_ns, read_ns)
+        if hook_steps - steps0 < 4 or step_ms is None:
+            return
+        if not self._judged:
+            self._judged = True
+            return  # (up to the first judgement: the threads' start, no per-step cost)
         steps = hook_steps - steps0
         hook_us = (hook_ns - ns0) / 1e3 / steps
         reads_us = (read_ns - read0) / 1e3 / steps  # the readings and the wake-ups they took
-        if windowed or not thread_ns:
-            thread_us, what = reads_us, "reading counters"
-        else:
-            thread_us, what = max(0, thread_ns - thread0) / 1e3 / steps, "on its own thread"
-        cost_us = hook_us + thread_us
+        own_us = max(0, own_ns - own0) / 1e3 / steps
+        cost_us = hook_us + own_us
         was = self.budget.every
         now = self.budget.update(cost_us, step_ms, step, reads_us=reads_us)
         if sampled is not None:
             sampled.pace(self.budget.every, step_ms)
         if now is not None:
             self.events.event(EventKind.MONITOR, message=(
-                f"kernel counters read every {now} step(s), was {was}: the monitor costs {cost_us:.1f} us "
-                f"per step on this machine ({hook_us:.1f} in the step hook, {thread_us:.1f} {what}), "
-                f"{cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms step, "
-                f"budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=step, hook_us=round(hook_us, 1), thread_us=round(thread_us, 1),
+                f"kernel counters read every {now} step(s), was {was}: placement costs {cost_us:.1f} us "
+                f"per step on this machine ({hook_us:.1f} in the step hook, {own_us:.1f} on its own threads, "
+                f"{reads_us:.1f} of it reading counters), {cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms "
+                f"step, budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
+                probe_every=now, step=step, hook_us=round(hook_us, 1), thread_us=round(own_us, 1),
+                reads_us=round(reads_us, 1), placement_cpu_us_per_step=round(cost_us, 1),
+                placement_cost_pct=round(cost_us / 10 / step_ms, 3),
                 step_ms=round(step_ms, 3), budget_pct=self.budget.budget_pct)
         elif self.budget.over(step_ms):
-            self.warn("budget", f"the monitor costs {self.budget.judged_us():.1f} us per step (the median of its "
-                                f"last batches; {hook_us:.1f} in the step hook and {thread_us:.1f} {what} in the "
-                                f"last), over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although it "
-                                f"reads the kernel counters only every {self.budget.every} steps")
-
-    def _thread_cpu_ns(self) -> int:
-        """The monitor thread's CPU so far; 0 before it starts and after it ends, or where its
-        clock cannot be read (said once; the budget then counts the hook and the readings)."""
-        clock = self._thread_clock
-        if clock is None:
-            return 0
-        try:
-            return time.clock_gettime_ns(clock)
-        except OSError as e:
-            thread = self._thread
-            if thread is not None and thread.is_alive():
-                self.warn("budget-clock", f"the monitor thread's CPU clock cannot be read ({first_line(e)}): "
-                                          f"the cost budget counts the step hook and the readings alone")
-            self._thread_clock = None
-            return 0
+            self.warn("budget", f"placement costs {self.budget.judged_us():.1f} us per step (the median of its "
+                                f"last batches; {hook_us:.1f} in the step hook and {own_us:.1f} on its own threads "
+                                f"in the last), over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although "
+                                f"it reads the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
     def _finalize(self, final: bool) -> None:
@@ -814,6 +802,7 @@ class StepMonitor:
     def close(self) -> None:
         if self.closed:
             return
+        c0 = time.thread_time_ns()  # close's own work on this thread is placement's cost too
         self.state = MonitorState.STOPPING
         thread = self._thread
         if thread is not None:
@@ -836,10 +825,23 @@ class StepMonitor:
             {"straggler_candidates_held_back": self.exchange.naming.held_back}  # naming.py: not costly, or not yet confirmed
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
-                          **self._thread_cost(thread),
+                          **self._thread_cost(thread), **self._whole_cost(time.thread_time_ns() - c0),
                           probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED
+
+    def _whole_cost(self, closing_ns: int) -> dict:
+        """The end event's `placement_cpu_us_per_step`: all that placement cost this rank over
+        the steps monitored (the hook's time, the CPU of every thread of ours, the ones that
+        ended included, and `closing_ns`, close's own work on its thread), and `placement_cost_pct`, its share of the mean step; null and
+        `placement_cost_null` saying why when no step was monitored."""
+        steps = self.steps_timed
+        if steps <= 0 or self._t_last <= self._start_ns:
+            return {"placement_cpu_us_per_step": None, "placement_cost_pct": None,
+                    "placement_cost_null": "no step was monitored"}
+        us = (self.self_ns + closing_ns + max(0, OWN_THREADS.cpu_ns() - self._own_ns0)) / 1e3 / steps
+        step_us = (self._t_last - self._start_ns) / 1e3 / steps
+        return {"placement_cpu_us_per_step": round(us, 2), "placement_cost_pct": round(100 * us / step_us, 3)}
 
     def _thread_cost(self, thread: Optional[threading.Thread]) -> dict:
         """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life

@@ -61,6 +61,7 @@ from placement.monitor.comm.flight_recorder import (NCCL, DumpSource, RingReader
                                                 ring_setting, settled_test)
 from placement.bind.nccl_env import TIMING_VAR, timing_enabled_by_env
 from placement.monitor.warn import WarnOnce, first_line
+from placement.roles import OWN_THREADS
 
 # How long a step may wait for its collectives to settle before it is built with comm time
 # null (counted as comm_unsettled). Far above the watchdog's 100 ms retire period and a GPU
@@ -396,8 +397,7 @@ class NcclFlightRecorderComm(NcclTiming):
             except Exception as e:
                 answer["error"] = e
 
-        thread = threading.Thread(target=dump, name="placement_frdump", daemon=True)
-        thread.start()
+        thread = OWN_THREADS.start(dump, "placement_frdump")
         thread.join(STALL_DUMP_WAIT_S)
         if thread.is_alive():
             self._stall_dump = thread

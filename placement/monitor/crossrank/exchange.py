@@ -57,6 +57,7 @@ from placement.monitor.stragglers.event import WindowJudgement, judge_rows
 from placement.monitor.stragglers.figures import FIELDS, RankFigures, StragglerReport, Thresholds
 from placement.monitor.stragglers.naming import Naming
 from placement.monitor.warn import WarnOnce, first_line
+from placement.roles import OWN_THREADS
 
 PREFIX = "placement/exchange"
 HEADER = ("seq", "node_rank")
@@ -348,8 +349,7 @@ class Exchange:
             except Exception as e:
                 self._warn("stall-post", f"stall post to rank 0 through the c10d store failed ({first_line(e)})")
 
-        thread = threading.Thread(target=post, name="placement_post", daemon=True)
-        thread.start()
+        thread = OWN_THREADS.start(post, "placement_post")
         if wait_s > 0:
             thread.join(timeout=wait_s)
 

@@ -54,7 +54,7 @@ from typing import Any, Callable, Optional
 from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.records.words import cause_first, collective_words
-from placement.roles import name_this_thread
+from placement.roles import OWN_THREADS
 
 log = logging.getLogger("placement")
 
@@ -252,10 +252,10 @@ class PeerWatch:
         self._own_seen: Optional[dict] = None
         self._stop = threading.Event()
         self._failed = False
-        self._thread = threading.Thread(target=self._run, name="placement_peers", daemon=True)
+        self._thread: Optional[threading.Thread] = None
 
     def start(self) -> "PeerWatch":
-        self._thread.start()
+        self._thread = OWN_THREADS.start(self._run, "placement_peers")
         return self
 
     def close(self, wait_s: float) -> None:
@@ -265,14 +265,14 @@ class PeerWatch:
         rows of the last exchange that show a named rank back. A job whose last steps run in
         less than a poll otherwise ends with that rank named stalled and never resumed."""
         self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=wait_s)
-            if self._thread.is_alive():
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            thread.join(timeout=wait_s)
+            if thread.is_alive():
                 return  # a look still in progress (a slow store): it writes what it finds
         self.poll()
 
     def _run(self) -> None:
-        name_this_thread(b"placement_peers")
         while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
             if not self.poll():
                 return

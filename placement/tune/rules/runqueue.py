@@ -51,13 +51,17 @@ class RunqueueRule(Rule):
                                 f"{hot} waits {wait_pct:.0f}% of the step behind our {other} on core "
                                 f"{format_cpulist(core)}: move {other} to {format_cpulist(move)}", evidence)
 
-        foreign = ctx.facts.foreign_threads(core)
-        if foreign:
-            evidence["foreign"] = [{"pid": t.pid, "tid": t.tid, "name": t.name, "pinned": t.pinned_within(core)}
-                                   for t in foreign[:8]]
+        # The /proc scan for foreign threads reads every thread of the machine (milliseconds on a
+        # node of busy ranks): it is made only when a move can follow, not at every window in
+        # which the hot thread waits with no other core to go to (a rank alone on its core).
+        if not layout.candidate_cores(hot, active_hot_roles(ctx)):
+            return None
         cores = free_cores(ctx, hot)
         if not cores:
             return self._held_by_own(ctx, hot, core, wait_pct, evidence)
+        foreign = ctx.facts.foreign_threads(core)
+        if foreign:
+            evidence["foreign"] = _foreign_evidence(foreign, core)
         target = layout.shaped_like(hot, cores[0])
         cause = (f"foreign {foreign[0].name!r} (pid {foreign[0].pid})" if foreign
                  else "an unseen co-runner" if own is None else f"our {own[0]}")
@@ -82,6 +86,9 @@ class RunqueueRule(Rule):
         if not held:
             return None
         self._said_held.add((hot, core))
+        foreign = ctx.facts.foreign_threads(core)
+        if foreign:
+            evidence["foreign"] = _foreign_evidence(foreign, core)
         where = ", ".join(f"{format_cpulist(c)} ({role} {pct:.0f}% per CPU)" for c, (role, pct) in held)
         evidence["held_by_own"] = [{"core": sorted(c), "role": role.value, "cpu_pct_per_cpu": rounded(pct)}
                                    for c, (role, pct) in held]
@@ -139,3 +146,7 @@ class RunqueueRule(Rule):
             return None
         spare = ctx.layout.candidate_cores(other, active_hot_roles(ctx))
         return frozenset().union(*spare) if spare else None
+
+
+def _foreign_evidence(foreign: list, core: frozenset[int]) -> list[dict]:
+    return [{"pid": t.pid, "tid": t.tid, "name": t.name, "pinned": t.pinned_within(core)} for t in foreign[:8]]
