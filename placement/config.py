@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import json
 import math
+import reprlib
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -77,6 +78,20 @@ TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_b
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
 
+
+
+SHOWN_MAX = 200  # characters of a bad value quoted in a config error
+
+
+def _shown(value: Any) -> str:
+    """A bad value as an error quotes it: its repr cut to SHOWN_MAX characters, built without
+    walking all of it (a YAML alias bomb of 309 bytes loads as millions of shared items, and its
+    full repr is 15.8 MB)."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxstring, r.maxother = 4, SHOWN_MAX, SHOWN_MAX
+    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 8
+    text = r.repr(value)
+    return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
 
 def _key(default: Any, doc: str) -> Any:
     """A configuration key with its default and its one-line description: keys_table() makes
@@ -195,13 +210,13 @@ def _plain(value: Any) -> Any:
 
 def _choices(key: str, value: Any, valid: Iterable[str]) -> None:
     if value not in valid:
-        raise ConfigError(f"placement.{key}={value!r} is not valid; choose one of: {', '.join(valid)}")
+        raise ConfigError(f"placement.{key}={_shown(value)} is not valid; choose one of: {', '.join(valid)}")
 
 
 def _range(key: str, value: float, lo: float, hi: float | None = None) -> None:
     if not value >= lo or (hi is not None and not value <= hi):  # NaN fails both comparisons
         rng = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ConfigError(f"placement.{key}={value!r} is out of range; valid: {rng}")
+        raise ConfigError(f"placement.{key}={_shown(value)} is out of range; valid: {rng}")
 
 
 def validate(cfg: PlacementConfig) -> PlacementConfig:
@@ -217,15 +232,15 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     try:
         parse_cpulist(cfg.reserved_cpus)
     except ValueError as e:
-        raise ConfigError(f"placement.reserved_cpus={cfg.reserved_cpus!r} is not a cpu list ({e}); "
+        raise ConfigError(f"placement.reserved_cpus={_shown(cfg.reserved_cpus)} is not a cpu list ({e}); "
                           f"valid: a kernel cpu list of ids below {MAX_CPUS} such as '0,1' or '0-3,64-67'") from None
     _range("dataloader_workers", cfg.dataloader_workers, 0, MAX_DATALOADER_WORKERS)
     m = cfg.monitor
     if not m.log_dir.strip() or "\x00" in m.log_dir:
-        raise ConfigError(f"placement.monitor.log_dir={m.log_dir!r} is not valid; valid: a directory path, "
+        raise ConfigError(f"placement.monitor.log_dir={_shown(m.log_dir)} is not valid; valid: a directory path, "
                           "e.g. placement_logs (empty would write into the working directory)")
     if "\x00" in cfg.nccl_topo_file:
-        raise ConfigError(f"placement.nccl_topo_file={cfg.nccl_topo_file!r} is not valid; valid: a file path or empty")
+        raise ConfigError(f"placement.nccl_topo_file={_shown(cfg.nccl_topo_file)} is not valid; valid: a file path or empty")
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
@@ -248,7 +263,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     x = cfg.metrics
     _range("metrics.port", x.port, 0, 65535)
     if "\x00" in x.textfile_dir:
-        raise ConfigError(f"placement.metrics.textfile_dir={x.textfile_dir!r} is not valid; valid: a directory path or empty")
+        raise ConfigError(f"placement.metrics.textfile_dir={_shown(x.textfile_dir)} is not valid; valid: a directory path or empty")
     _range("metrics.publish_every_s", x.publish_every_s, 0.1, 3600.0)
     t = cfg.tune
     for r in t.rules:
@@ -282,7 +297,7 @@ def load_config(overrides: Iterable[str] = (), config_file: str | None = None,
             _merge(cfg, layer, "arguments")
     for o in overrides:
         if "=" not in o:
-            raise ConfigError(f"override {o!r} is not KEY=VALUE; e.g. placement.policy=exclusive")
+            raise ConfigError(f"override {_shown(o)} is not KEY=VALUE; e.g. placement.policy=exclusive")
         key, value = o.split("=", 1)
         key = key.strip().lstrip("+")
         if key.startswith("placement."):
@@ -312,7 +327,7 @@ class EnvSettings:
         try:
             words = tuple(shlex.split(text))
         except ValueError as e:
-            raise ConfigError(f"{OVERRIDES_ENV}={text!r} does not split into words ({e}); give "
+            raise ConfigError(f"{OVERRIDES_ENV}={_shown(text)} does not split into words ({e}); give "
                               "placement.KEY=VALUE words separated by spaces") from None
         return cls(words, environ.get(CONFIG_ENV) or None)
 
@@ -421,7 +436,7 @@ def _set(node: Any, path: list[str], value: Any, where: str, *, prefix: tuple[st
     full = "placement." + ".".join(prefix + (leaf,))
     current = getattr(node, leaf)
     if dataclasses.is_dataclass(current):
-        raise ConfigError(f"bad value for {full} (from {where}): {value!r} is not a mapping of its keys; "
+        raise ConfigError(f"bad value for {full} (from {where}): {_shown(value)} is not a mapping of its keys; "
                           f"valid keys: {', '.join(_all_keys(type(current), full + '.'))}")
     setattr(node, leaf, _convert(types[leaf], value, full, where, from_text))
 
@@ -451,7 +466,7 @@ def _parse_scalar(text: str) -> Any:
 
 def _convert(kind: Any, value: Any, full: str, where: str, from_text: bool) -> Any:
     def bad(expected: str) -> ConfigError:
-        return ConfigError(f"bad value for {full} (from {where}): {value!r} is not {expected}")
+        return ConfigError(f"bad value for {full} (from {where}): {_shown(value)} is not {expected}")
 
     if kind is bool:
         if isinstance(value, bool):

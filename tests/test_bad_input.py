@@ -79,6 +79,11 @@ def _files(tmp_path: Path) -> dict[str, str]:
     (d / "number_log_dir.yaml").write_text("monitor:\n  log_dir: 5\n")
     (d / "deep.yaml").write_text("policy: " + "[" * 50000 + "]" * 50000 + "\n")
     (d / "huge.yaml").write_text("# padding\n" * 200000)
+    # 309 bytes of YAML aliases: 9^6 shared strings once loaded, a 3.8 MB repr (the error quoted it whole)
+    inner = '["lol","lol","lol","lol","lol","lol","lol","lol","lol"]'
+    for name in "abcdef":
+        inner = f"[&{name} {inner}" + f",*{name}" * 8 + "]"
+    (d / "alias_bomb.yaml").write_text(f"policy: {inner}\n")
     (d / "hydra_primary.yaml").write_text((REPO / "configs" / "placement" / "default.yaml").read_text())
     (d / "foreign_package.yaml").write_text("# @package db\nhost: x\n")
     os.mkfifo(d / "fifo")
@@ -193,6 +198,7 @@ CONFIG_FILES = [
     ("nan.yaml", ["budget_pct", "nan", "finite"]),
     ("number_log_dir.yaml", ["placement.monitor.log_dir", "5 is not a string"]),
     ("deep.yaml", ["deep.yaml"]),
+    ("alias_bomb.yaml", ["placement.policy", "is not a string"]),
     ("empty_name", ["config file ''", "No such file"]),
     ("hydra_primary.yaml", ["hydra_primary.yaml", "Hydra primary config", "configs/placement.example.yaml"]),
     ("foreign_package.yaml", ["foreign_package.yaml", "package 'db'", "valid: placement"]),
@@ -203,6 +209,8 @@ CONFIG_FILES = [
 def test_placerun_config_file(placerun, bad, name, needles):
     rc, line = placerun("--placement-config", bad.get(name, ""))
     assert rc == 2
+    if name == "alias_bomb.yaml":  # a value is quoted to ~200 characters, never whole
+        assert len(line) < 600, f"{len(line)} characters"
     for n in needles:
         assert n in line, line
 
@@ -235,10 +243,15 @@ def _xmls(tmp_path: Path) -> dict[str, tuple[str, list[str]]]:
                          ["'xyz'", "hex cpu mask"]),
         "huge": (str(huge), ["huge.xml", "larger than"]),
         "fifo": (str(fifo), ["fifo.xml", "FIFO"]),
+        # nested 5,000 deep (under the size cap): a RecursionError out of the walk before
+        "deep": (_xml(tmp_path, "deep.xml", "<system>" + good_cpu.format(aff="ff", pci=(
+            '<pci busid="0000:17:00.0" class="0x060400">' * 5000 + "</pci>" * 5000)) + "</system>"),
+                 ["deep.xml", "nested"]),
     }
 
 
-@pytest.mark.parametrize("case", ["missing", "malformed", "root", "busid", "affinity", "bad_affinity", "huge", "fifo"])
+@pytest.mark.parametrize("case", ["missing", "malformed", "root", "busid", "affinity", "bad_affinity", "huge", "fifo",
+                                  "deep"])
 def test_topo_bad_nccl_xml(cli, tmp_path, case):
     path, needles = _xmls(tmp_path)[case]
     rc, out, err = cli("topo", "--nccl-topo-file", path)

@@ -13,7 +13,7 @@ import placement
 from placement.errors import ConfigError
 from placement.roles import OWN_THREADS
 from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
-                                              STRETCH, ProbeBudget, max_every)
+                                              STRETCH, CostRate, ProbeBudget, max_every)
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
@@ -330,3 +330,54 @@ def test_an_up_move_fits_the_readings_into_what_the_rest_leaves_of_the_aim(reads
         assert new == max_every(10.0)
     else:  # the readings' share unknown: all of the cost taken for readings
         assert new == math.ceil(40.0 / aim)
+
+
+def test_cost_rate_judges_each_second_after_the_first():
+    r = CostRate(budget_pct=0.3)
+    assert r.tick(100.0, 0) is None  # the first look starts the period
+    assert r.tick(100.5, 10**9) is None  # half a period
+    assert r.tick(101.0, 10**9) is None and r.last_pct == pytest.approx(100.0)  # the first period: not judged
+    assert r.tick(102.0, 10**9 + 2 * 10**6) is None and r.last_pct == pytest.approx(0.2)  # under 0.3%
+    assert r.tick(103.0, 10**9 + 7 * 10**6) == pytest.approx(0.5)  # over: said
+    assert CostRate(budget_pct=0).tick(1.0, 0) is None
+
+
+def test_a_spinning_thread_of_ours_moves_the_budget_within_a_second_or_two(tmp_path):
+    """A thread of placement's that spins (as the monitor's and the watcher's did under
+    libfaketime, whose timed waits returned at once) costs the rank every second: the readings go
+    to their cap and the event says what placement took, within CostRate's period (+ the first,
+    unjudged one), not after the batches the per-batch judgement waits for (at 50 ms steps, JUDGED
+    batches of 20 steps are 5 s)."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20})
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            _spin(0.01)
+
+    for _ in range(10):
+        _step(0.001, 0.001)
+        h.step()
+    started = time.time()
+    t = OWN_THREADS.start(spin, "placement_spin")
+    try:
+        deadline = time.monotonic() + 30
+        moved = None
+        while moved is None and time.monotonic() < deadline:
+            _step(0.002, 0.048)  # ~50 ms steps
+            h.step()
+            h.monitor.events.flush()
+            for line in (tmp_path / "rank0.jsonl").read_text().splitlines():
+                e = json.loads(line)
+                if e["type"] == "monitor" and e.get("probe_every", 1) > 1:
+                    moved = e
+    finally:
+        stop.set()
+        t.join(5)
+        h.close()
+    assert moved is not None, "no budget move"
+    assert moved["placement_cost_pct"] > 0.3, moved
+    # the first period starts at the monitor's first watch, before the spin; judged from the second:
+    # within three periods of the spin's start, however busy the machine (the steps themselves are ~50 ms)
+    assert moved["t"] - started < 3 * CostRate.PERIOD_S + 1.5, moved["t"] - started

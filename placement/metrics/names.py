@@ -53,6 +53,9 @@ COMM_WAIT = Family("placement_comm_wait_seconds", Kind.COUNTER,
 CPU_STALL = Family("placement_cpu_stall_seconds", Kind.COUNTER,
                    "Part of step time the main thread waited for a CPU while runnable (runqueue wait)")
 COMPUTE = Family("placement_compute_seconds", Kind.COUNTER, "The rest of step time: the rank's own work")
+OWN_CPU = Family("placement_own_cpu_seconds", Kind.COUNTER,
+                 "CPU placement's own threads spent in the rank (monitor, binder's watcher, peer watch, posts); "
+                 "rate() of it over rate() of placement_step_seconds is placement's share of the steps")
 STEP_DURATION = Family("placement_step_duration_seconds", Kind.HISTOGRAM, "Step time of the rank")
 LAST_STEP_TIME = Family("placement_last_step_timestamp_seconds", Kind.GAUGE,
                         "Unix time the rank's last recorded step ended")
@@ -74,8 +77,8 @@ BINDING = Family("placement_binding_info", Kind.GAUGE, "The CPUs and NUMA nodes 
 LOST = Family("placement_metrics_lost", Kind.COUNTER,
               "Rank snapshots the exporter could not read (unreadable, too large, not placement's)")
 
-FAMILIES = (STEPS, STEP_SECONDS, DATA_WAIT, COMM_WAIT, CPU_STALL, COMPUTE, STEP_DURATION, LAST_STEP_TIME, LAST_STEP,
-            STRAGGLERS, STRAGGLER_COST, STALLS, STALLED, DRIFT, TUNER, RESIDENCE, BINDING)
+FAMILIES = (STEPS, STEP_SECONDS, DATA_WAIT, COMM_WAIT, CPU_STALL, COMPUTE, OWN_CPU, STEP_DURATION, LAST_STEP_TIME,
+            LAST_STEP, STRAGGLERS, STRAGGLER_COST, STALLS, STALLED, DRIFT, TUNER, RESIDENCE, BINDING)
 # Parts of a step, each a counter; summed over ranks in a node aggregate like every counter.
 PART_FAMILIES = (DATA_WAIT, COMM_WAIT, CPU_STALL, COMPUTE)
 

@@ -49,12 +49,12 @@ def families(snapshots: Iterable[dict[str, Any]], per_rank: bool = True) -> Iter
     label_names = n.RANK_LABELS if per_rank else n.NODE_LABELS
     fam = {f: _family(f, label_names) for f in n.FAMILIES if f not in (n.STRAGGLERS, n.STRAGGLER_COST, n.BINDING)}
     seconds = {n.STEP_SECONDS: "step", n.DATA_WAIT: "data", n.COMM_WAIT: "comm", n.CPU_STALL: "cpu_stall",
-               n.COMPUTE: "compute"}
+               n.COMPUTE: "compute", n.OWN_CPU: "own_cpu"}
     for s in snaps:
         lv = [str(s["labels"].get(k, "")) for k in label_names]
         fam[n.STEPS].add_metric(lv, s["steps"])
         for f, key in seconds.items():
-            fam[f].add_metric(lv, s["seconds"][key])
+            fam[f].add_metric(lv, s["seconds"].get(key, 0.0))  # (own_cpu: not in a snapshot of an older rank)
         fam[n.STEP_DURATION].add_metric(lv, buckets=_buckets(s["buckets"], s["steps"]), sum_value=s["seconds"]["step"])
         if s["last_step_t"] is not None:
             fam[n.LAST_STEP_TIME].add_metric(lv, s["last_step_t"])
@@ -112,7 +112,7 @@ def _by_node(snaps: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
         for g in group:
             stragglers.update(g.get("stragglers", {}))
         yield {"labels": {"run": run, "node": node}, "steps": sum(g["steps"] for g in group),
-               "seconds": {k: sum(g["seconds"][k] for g in group) for k in group[0]["seconds"]},
+               "seconds": {k: sum(g["seconds"].get(k, 0.0) for g in group) for k in group[0]["seconds"]},
                "buckets": [sum(c) for c in zip(*(g["buckets"] for g in group))],
                "last_step": min(g["last_step"] for g in group), "last_step_t": min(times) if times else None,
                "stalls": sum(g["stalls"] for g in group), "stalled": sum(g["stalled"] for g in group),

@@ -33,6 +33,7 @@ from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.metrics.names import STEP_BUCKETS, TunerOutcome
 from placement.records.parts import record_parts
+from placement.roles import OWN_THREADS
 
 SNAPSHOT_VERSION = 1
 SNAPSHOT_MAX = 1 << 20  # bytes of one snapshot the exporter reads at most
@@ -61,7 +62,8 @@ class RankMetrics:
         self._lock = threading.Lock()
         self.changes = 0  # bumped by every update: a publisher writes only when it moved
         self.steps = 0
-        self.seconds = {"step": 0.0, "data": 0.0, "comm": 0.0, "cpu_stall": 0.0, "compute": 0.0}
+        # own_cpu: placement's own threads' CPU in this process (roles.OWN_THREADS), as of the last batch
+        self.seconds = {"step": 0.0, "data": 0.0, "comm": 0.0, "cpu_stall": 0.0, "compute": 0.0, "own_cpu": 0.0}
         self.buckets = [0] * len(STEP_BUCKETS)  # steps per bucket (not cumulative); the rest are +Inf
         self.last_step = 0
         self.last_step_t: Optional[float] = None
@@ -93,6 +95,7 @@ class RankMetrics:
                 i = bisect.bisect_left(STEP_BUCKETS, step_s)  # the first edge >= the step
                 if i < len(STEP_BUCKETS):
                     self.buckets[i] += 1
+            s["own_cpu"] = OWN_THREADS.cpu_ns() / 1e9
             last = batch[-1]
             self.last_step, self.last_step_t = last.step, last.t
             self.changes += 1

@@ -58,7 +58,7 @@ from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
-from placement.monitor.probes.budget import ProbeBudget
+from placement.monitor.probes.budget import CostRate, ProbeBudget
 from placement.monitor.comm.base import CommStep, CommTiming, comm_step
 from placement.monitor.crossrank.exchange import Exchange, exchange_steps
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
@@ -96,6 +96,7 @@ EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
+RATE_WARN_S = 3  # seconds in a row over the budget, the readings at their cap, before the warning
 HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
 
@@ -154,6 +155,9 @@ class StepMonitor:
         self.warn = warn
         self.exchange = exchange
         self.budget = ProbeBudget(self.cfg.budget_pct)
+        self._rate = CostRate(self.cfg.budget_pct)  # placement's share of each second (_watch_cost)
+        self._rate_over = 0  # seconds in a row over the budget with the readings at their cap
+        self._step_ms: Optional[float] = None  # the last batch's median step (the monitor thread's)
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
@@ -409,6 +413,7 @@ class StepMonitor:
             watched = time.monotonic()
             self._watch_hang()
             self._watch_residence()
+            self._watch_cost()
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
@@ -457,6 +462,41 @@ class StepMonitor:
                 self.exchange.post_hang(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
+
+    def _watch_cost(self) -> None:
+        """Between hand-overs, once a second (CostRate): placement's share of the last second,
+        its threads' CPU and the hook's time. Over the budget, the readings go to their cap at
+        once, not after the batches the per-batch judgement waits for; still over there for
+        RATE_WARN_S seconds in a row, the budget's warning is said (once)."""
+        pct = self._rate.tick(time.monotonic(), OWN_THREADS.cpu_ns() + self.self_ns)
+        if pct is None:
+            self._rate_over = 0 if self._rate.last_pct is not None and \
+                self._rate.last_pct <= self.budget.budget_pct else self._rate_over
+            return
+        step_ms = self._step_ms
+        if step_ms is None:
+            return
+        with self._holding(0) as held:
+            if not held:
+                return
+            was = self.budget.every
+            now = self.budget.to_cap(step_ms, self.step)
+            if now is not None and self._sampled is not None:
+                self._sampled.pace(now, step_ms)
+        if now is not None:
+            self._rate_over = 0
+            self.events.event(EventKind.MONITOR, message=(
+                f"kernel counters read every {now} step(s), was {was}: placement took {pct:.2f}% of the last "
+                f"second on this rank (its threads' CPU and the step hook), over the budget "
+                f"{self.budget.budget_pct}% (placement.monitor.budget_pct)"),
+                probe_every=now, step=self.step, placement_cost_pct=round(pct, 3), budget_pct=self.budget.budget_pct)
+            return
+        self._rate_over += 1
+        if self._rate_over >= RATE_WARN_S:
+            self.warn("budget", f"placement takes {pct:.1f}% of this rank's time (its threads' CPU and the step "
+                                f"hook over the last second, {RATE_WARN_S} seconds in a row), over "
+                                f"{self.budget.budget_pct}% although it reads the kernel counters only every "
+                                f"{self.budget.every} steps")
 
     def _watch_residence(self) -> None:
         """Between hand-overs, at its own low rate: where the rank's pages are."""
@@ -507,6 +547,8 @@ class StepMonitor:
             self.sampler.refresh()
         self._pending.extend(raw)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
+        if step_ms is not None:
+            self._step_ms = step_ms
         self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step, windowed)
         self._pace(step_ms, windowed)
         ex = self.exchange if exchange else None

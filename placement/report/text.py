@@ -118,8 +118,11 @@ def _describe(e: dict) -> str:
     if kind == "end" and e.get("source") == "monitor":
         held = e.get("straggler_candidates_held_back")
         thread = e.get("monitor_thread_us_per_step")
+        whole, pct = e.get("placement_cpu_us_per_step"), e.get("placement_cost_pct")
         return (f"monitor end after {e.get('steps')} steps, {e.get('monitor_us_per_step')} us/step in the step hook"
                 + ("" if thread is None else f", {thread} us/step of CPU on its own thread")
+                + ("" if whole is None else f"; placement in all {whole} us/step"
+                   + ("" if pct is None else f", {pct}% of the step"))
                 + (f"; {held} straggler candidate(s) not named (cost under the threshold, or not in 2 windows in a row)"
                    if held else ""))
     if kind == "start" and e.get("source") == "monitor":

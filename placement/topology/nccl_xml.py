@@ -137,6 +137,23 @@ def nccl_host_hash(root: str = "/", environ: Mapping[str, str] = os.environ) -> 
     return nccl_hash(text[:1023])
 
 
+# Elements nested deeper than this are refused before the PCI walk recurses through them: a real
+# dump nests a few PCI switches deep (system > cpu > pci ... > gpu), a file 5,000 deep would take
+# the walk past Python's recursion limit.
+XML_MAX_DEPTH = 64
+
+
+def _depth(root: ET.Element) -> int:
+    """How deep elements nest under `root` (root alone: 1), without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        el, d = stack.pop()
+        deepest = max(deepest, d)
+        if d <= XML_MAX_DEPTH:  # no need to walk further down than the limit
+            stack.extend((child, d + 1) for child in el)
+    return deepest
+
+
 def read_nccl_xml(path: str, host_hash: Optional[int] = None) -> NcclXml:
     """GPUs, NICs and bridges of an NCCL topology file. TopologyError (one line, naming the path)
     when the file cannot be read or is not such a file. host_hash: this host's (nccl_host_hash),
@@ -149,6 +166,9 @@ def read_nccl_xml(path: str, host_hash: Optional[int] = None) -> NcclXml:
         raise TopologyError(f"NCCL topology file {path}: malformed XML ({e})") from None
     if root.tag != "system":
         raise TopologyError(f"NCCL topology file {path}: root element is <{root.tag}>, expected <system>")
+    if _depth(root) > XML_MAX_DEPTH:
+        raise TopologyError(f"NCCL topology file {path}: elements nested more than {XML_MAX_DEPTH} deep; "
+                            "valid: NCCL's topology dump (system > cpu > pci switches > pci > gpu/nic)")
     out = NcclXml()
     cpus_elements = list(root.iter("cpu"))
     for position, cpu in _this_hosts(path, cpus_elements, host_hash, out.warnings):

@@ -128,6 +128,17 @@ class ProbeBudget:
         self.every = new
         return new
 
+    def to_cap(self, step_ms: float, step: int) -> Optional[int]:
+        """Go to the cap now (CostRate saw the cost over the budget within the last second):
+        the new `every`, or None when it is there already."""
+        cap = max_every(step_ms)
+        if self.budget_pct <= 0 or self.every >= cap:
+            return None
+        self._direction, self._changed_at, self.every = 1, step, cap
+        self._costs.clear()
+        self._reads.clear()
+        return cap
+
     def judged_us(self) -> Optional[float]:
         """The median of the batch costs judged at the current k (None before the first)."""
         return statistics.median(self._costs) if self._costs else None
@@ -137,3 +148,44 @@ class ProbeBudget:
         allowed: the median of JUDGED batches at this k, so that one busy window does not say so."""
         return (self.budget_pct > 0 and self.every >= max_every(step_ms) and len(self._costs) == JUDGED
                 and statistics.median(self._costs) > self.budget_pct / 100.0 * step_ms * 1e3)
+
+
+class CostRate:
+    """placement's share of the rank's time, judged every PERIOD_S of wall time whatever the
+    steps do: the CPU of its threads and the hook's time per second is its share of every step
+    in that second (cost per step x steps per second). The per-batch judgement (ProbeBudget)
+    waits for JUDGED batches; at long or stalled steps that is many seconds, while a thread of
+    ours that spins (timed waits that return at once, as under libfaketime) costs the job every
+    second meanwhile. Over the budget in a whole period: `tick` says so, and the monitor takes
+    the readings to their cap and warns once, within a second."""
+
+    PERIOD_S = 1.0
+    __slots__ = ("budget_pct", "_at", "_cpu_ns", "_last_pct", "_periods")
+
+    def __init__(self, budget_pct: float):
+        self.budget_pct = budget_pct
+        self._at: Optional[float] = None  # monotonic seconds at the period's start
+        self._cpu_ns = 0
+        self._last_pct: Optional[float] = None
+        self._periods = 0  # periods ended; the first (the threads' start, the first window) is not judged
+
+    def tick(self, now_s: float, cpu_ns: int) -> Optional[float]:
+        """`cpu_ns`: placement's CPU so far (its threads' and the hook's). The share of the period
+        that just ended when it was over the budget, else None."""
+        if self.budget_pct <= 0:
+            return None
+        if self._at is None:
+            self._at, self._cpu_ns = now_s, cpu_ns
+            return None
+        elapsed = now_s - self._at
+        if elapsed < self.PERIOD_S:
+            return None
+        pct = 100.0 * (cpu_ns - self._cpu_ns) / 1e9 / elapsed
+        self._at, self._cpu_ns, self._last_pct = now_s, cpu_ns, pct
+        self._periods += 1
+        return pct if pct > self.budget_pct and self._periods > 1 else None
+
+    @property
+    def last_pct(self) -> Optional[float]:
+        """The share of the last whole period (None before one ended)."""
+        return self._last_pct
