@@ -10,11 +10,12 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import fcntl
 import gzip
 import json
 import os
 import re
-import shutil
+import stat
 import tempfile
 import threading
 import time
@@ -96,6 +97,10 @@ def open_rank_log(log_dir: str, rank: int, run: Optional[str] = None, rotate_mb:
     every `rotate_mb` (0: never); LogDirError (one line) when it cannot be opened."""
     try:
         return EventLog(rank_log_path(log_dir, rank), rank, run, int(rotate_mb * (1 << 20)))
+    except LogRefused as e:
+        _say(f"placement: rank {rank}: no log written in placement.monitor.log_dir={log_dir!r}: "
+             f"{e.strerror or e}; the job runs on without it")
+        return EventLog(None, rank, run)
     except OSError as e:
         raise _log_dir_error(log_dir, e.strerror or str(e)) from None
 
@@ -178,13 +183,34 @@ class EventLog:
             self._open(path)
 
     def _open(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        """Open the rank's log for this writer alone: in a directory of ours that no other user can
+        write (LogRefused otherwise), never through a link (O_NOFOLLOW), mode 0600, with an
+        exclusive lock; a file another job's writer holds (two jobs started in one directory) is
+        left to it and this one writes rank<R>-<n>.jsonl beside it, said once."""
+        own_log_dir(os.path.dirname(os.path.abspath(path)))
+        stem = path[:-len(".jsonl")] if path.endswith(".jsonl") else path
+        for n in range(1, WRITERS_MAX + 1):
+            candidate = path if n == 1 else f"{stem}-{n}.jsonl"
+            fd = _open_nofollow(candidate, os.O_RDWR | os.O_APPEND | os.O_CREAT)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                    continue  # another writer's
+                raise
+            break
+        else:
+            raise LogRefused(f"{WRITERS_MAX} writers already hold {path} and its siblings")
+        if candidate != path:
+            _say(f"placement: rank {self.rank}: {path} is being written by another job (started in the same "
+                 f"directory); this one writes {candidate} (`placement report` reads them as separate runs)")
+        self.path = path = candidate
+        self._fd = fd
         self._size = os.fstat(self._fd).st_size
         try:
-            if self._size == 0 or os.path.exists(index_path(path)):  # an index of the whole log, or none
-                self._index_fd = os.open(index_path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC,
-                                         0o644)
+            if self._size == 0 or os.path.lexists(index_path(path)):  # an index of the whole log, or none
+                self._index_fd = _open_nofollow(index_path(path), os.O_WRONLY | os.O_APPEND | os.O_CREAT)
         except OSError as e:
             _say(f"placement: rank {self.rank}: no event index beside {path} ({e.strerror or e}); "
                  "`placement report --read digests` reads the log itself")
@@ -310,6 +336,9 @@ class EventLog:
         if self._fd is None:
             return
         if not self._acquire(CLOSE_WAIT_S):
+            # Another thread held the log past CLOSE_WAIT_S: the lines buffered are not written
+            # by this close, and are counted (read without the lock: at close, a best count).
+            self._count_lost(sum(b.count("\n") for b in list(self._buf)), f"the log was busy for {CLOSE_WAIT_S:.0f} s at close")
             self.report_losses()
             return
         try:
@@ -395,18 +424,21 @@ class EventLog:
         a new rank<R>.jsonl at once. A rotation that fails leaves the file growing and says so once."""
         stem = self.path[:-len(".jsonl")] if self.path.endswith(".jsonl") else self.path
         try:
-            taken = {int(m.group(1)) for m in (_ROTATED.match(name) for name in os.listdir(os.path.dirname(
-                os.path.abspath(self.path)) or ".")) if m and m.group(0).startswith(os.path.basename(stem) + ".")}
+            if not _same_file(self._fd, self.path):
+                raise OSError(errno.ESTALE, "the file at its path is no longer the one this writer holds")
+            taken = {int(m.group(2)) for m in (_ROTATED.match(name) for name in os.listdir(os.path.dirname(
+                os.path.abspath(self.path)) or ".")) if m and m.group(1) == os.path.basename(stem)}
             rotated = f"{stem}.{max(taken, default=0) + 1:04d}.jsonl"
+            os.fsync(self._fd)  # the lines written are on disk before the name changes
             os.rename(self.path, rotated)
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            fd = _open_nofollow(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
             self.rotate_bytes = 0
             _say(f"placement: rank {self.rank}: cannot rotate {self.path} ({e.strerror or e}); it keeps growing")
             return
         old, self._fd, self._size = self._fd, fd, 0
-        os.close(old)
-        OWN_THREADS.start(compress_rotated, "placement_gzip", (rotated, self.rank))
+        OWN_THREADS.start(compress_rotated, "placement_gzip", (old, rotated, self.rank))
 
     def _count_lost(self, n: int, why: str) -> None:
         if n <= 0:
@@ -418,25 +450,107 @@ class EventLog:
                  "further losses are counted and the total is said at exit and in `placement report`")
 
 
-_ROTATED = re.compile(r"^rank\d+\.(\d+)\.jsonl(\.gz)?$")
+_ROTATED = re.compile(r"^(rank\d+(?:-\d+)?)\.(\d+)\.jsonl(\.gz)?$")
+WRITERS_MAX = 64  # jobs writing one rank's log in one directory at once, each its own file
+_compressing: set[str] = set()  # temporaries being written (removed at exit if a thread left one)
 
 
-def compress_rotated(path: str, rank: int) -> Optional[str]:
-    """Compress a rotated log to path + '.gz' (written aside, then renamed, then the original
-    removed: a reader never sees a half file, and one that lists both reads the original,
-    logs.expand); on failure the original stays, said once. The .gz path, or None."""
-    tmp, done = path + ".gz.tmp", path + ".gz"
+class LogRefused(OSError):
+    """The log dir or file is not one this process may write safely (not ours, writable by
+    others, a link, not a regular file): the rank runs on without a log, said once."""
+
+
+def own_log_dir(path: str) -> None:
+    """Create `path` (mode 0700 for what is created) or take it as found when it is a directory
+    owned by this user (or by root) that no other user can write (no world-write bit); LogRefused
+    otherwise. A link to such a directory is followed: its target is what is checked."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise LogRefused(errno.ENOTDIR, f"{path} is not a directory")
+    if st.st_uid not in (os.geteuid(), 0):
+        raise LogRefused(errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+    if st.st_mode & stat.S_IWOTH:
+        raise LogRefused(errno.EPERM, f"{path} is writable by every user (mode {stat.S_IMODE(st.st_mode):o}): "
+                                      "another user could plant its files; give a directory of your own")
+
+
+def _open_nofollow(path: str, flags: int) -> int:
+    """Open a log file never through a link, mode 0600 when created; LogRefused for a link or
+    anything but a regular file (a FIFO, a device)."""
     try:
-        with open(path, "rb") as src, gzip.open(tmp, "wb", compresslevel=6) as dst:
-            shutil.copyfileobj(src, dst, 1 << 20)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise LogRefused(errno.ELOOP, f"{path} is a symbolic link; a log is never written through one") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise LogRefused(errno.EINVAL, f"{path} is not a regular file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `path` (not followed) is the file `fd` holds."""
+    try:
+        a, b = os.fstat(fd), os.lstat(path)
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def compress_rotated(fd: int, path: str, rank: int) -> Optional[str]:
+    """Compress a rotated log, read from the descriptor its writer held (`fd`, closed here), to
+    path + '.gz': written aside to a temporary made with O_EXCL (never through a planted link),
+    synced, renamed, then the original removed when the file at its path is still that one; a
+    reader never sees a half file, and one that lists both reads the original (logs.expand). On
+    failure the original stays, said once. The .gz path, or None."""
+    tmp, done = path + ".gz.tmp", path + ".gz"
+    out = None
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISREG(os.lstat(tmp).st_mode) and os.lstat(tmp).st_uid == os.geteuid():
+                os.unlink(tmp)  # a temporary of ours left by a process that died mid-compression
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        _compressing.add(tmp)
+        with os.fdopen(out, "wb") as raw, gzip.GzipFile(filename=os.path.basename(path), mode="wb",
+                                                         compresslevel=6, fileobj=raw) as dst:
+            out = None  # closed by the with
+            offset = 0
+            while True:
+                chunk = os.pread(fd, 1 << 20, offset)
+                if not chunk:
+                    break
+                dst.write(chunk)
+                offset += len(chunk)
+            dst.flush()
+            raw.flush()
+            os.fsync(raw.fileno())
         os.rename(tmp, done)
-        os.unlink(path)
+        _compressing.discard(tmp)
+        if _same_file(fd, path):
+            os.unlink(path)
         return done
     except OSError as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if out is not None:
+            os.close(out)
+        if tmp in _compressing:
+            _compressing.discard(tmp)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         _say(f"placement: rank {rank}: cannot compress {path} ({e.strerror or e}); it stays uncompressed")
         return None
+    finally:
+        os.close(fd)
+
+
+def _remove_temporaries() -> None:
+    """At exit: the temporaries of a compression a daemon thread had not finished."""
+    for tmp in list(_compressing):
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+    _compressing.clear()
 
 
 def report_all_losses() -> None:
@@ -446,6 +560,7 @@ def report_all_losses() -> None:
 
 
 atexit.register(report_all_losses)
+atexit.register(_remove_temporaries)
 
 
 def _jsonable(o: Any) -> Any:

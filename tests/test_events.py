@@ -1,10 +1,12 @@
 """The rank's JSONL stream: lines land once, even when a child is forked with lines unflushed."""
 import json
+import os
+import stat
 import subprocess
 import sys
 import textwrap
 
-from placement.events import EventLog
+from placement.events import EventLog, open_rank_log
 
 
 def test_events_and_batches_round_trip(tmp_path):
@@ -23,7 +25,7 @@ def test_forked_child_does_not_write_the_ranks_lines_again(tmp_path):
     path = tmp_path / "rank0.jsonl"
     script = textwrap.dedent(f"""
         import os, sys
-        from placement.events import EventLog
+        from placement.events import EventLog, open_rank_log
         ev = EventLog({str(path)!r}, rank=0)
         for i in range(3):
             ev.event("warning", i=i)          # buffered, not yet flushed
@@ -72,5 +74,124 @@ def test_a_log_past_its_size_is_rotated_compressed_and_read_whole(tmp_path, caps
     first = gzip.decompress(rotated[0].read_bytes())
     (tmp_path / "rank0.0001.jsonl").write_bytes(first)
     assert list(read_logs([str(tmp_path)]).step) == list(range(1, 401))
-    assert compress_rotated(str(tmp_path / "rank0.0001.jsonl"), 0) == str(rotated[0])
+    piece = str(tmp_path / "rank0.0001.jsonl")
+    assert compress_rotated(os.open(piece, os.O_RDONLY), piece, 0) == str(rotated[0])
     assert not (tmp_path / "rank0.0001.jsonl").exists()
+
+
+# ---- one writer per file; nothing followed, nothing another user can redirect ------------------
+def _steps(path) -> dict:
+    """run id -> the step numbers of its step lines, over a log dir's files (rotated ones too)."""
+    import gzip
+    out: dict = {}
+    for f in sorted(path.iterdir()):
+        if f.name.endswith(".jsonl.gz"):
+            text = gzip.decompress(f.read_bytes()).decode()
+        elif f.name.endswith(".jsonl"):
+            text = f.read_text()
+        else:
+            continue
+        for line in text.splitlines():
+            rec = json.loads(line)
+            if rec.get("type") == "step":
+                out.setdefault(rec["run"], []).append(rec["step"])
+    return out
+
+
+def _wait_compressed(path, timeout_s: float = 30.0) -> None:
+    import time
+    deadline = time.monotonic() + timeout_s
+    while list(path.glob("*.gz.tmp")) or list(path.glob("rank*.0*.jsonl")):
+        assert time.monotonic() < deadline, sorted(p.name for p in path.iterdir())
+        time.sleep(0.01)
+
+
+def test_two_jobs_in_one_directory_each_keep_every_record_with_rotation(tmp_path, capfd):
+    """Two writers of rank 0's log in one directory (two jobs started from one working directory):
+    the second finds the first's lock and writes rank0-2.jsonl, said once; each rotates only its
+    own file; every step of both runs is in the directory once."""
+    a = open_rank_log(str(tmp_path), 0, "run-a", rotate_mb=0.01)
+    b = open_rank_log(str(tmp_path), 0, "run-b", rotate_mb=0.01)
+    assert a.path == str(tmp_path / "rank0.jsonl") and b.path == str(tmp_path / "rank0-2.jsonl")
+    err = capfd.readouterr().err
+    assert err.count("being written by another job") == 1 and "rank0-2.jsonl" in err
+    for step in range(1, 601):
+        for ev, run in ((a, "run-a"), (b, "run-b")):
+            ev.write_lines([json.dumps({"type": "step", "step": step, "run": run, "pad": "x" * 40})])
+        if step % 20 == 0:
+            a.flush()
+            b.flush()
+    a.close()
+    b.close()
+    _wait_compressed(tmp_path)
+    got = _steps(tmp_path)
+    assert sorted(got["run-a"]) == list(range(1, 601)) and sorted(got["run-b"]) == list(range(1, 601))
+    assert len(list(tmp_path.glob("rank0.0*.jsonl.gz"))) >= 2 and len(list(tmp_path.glob("rank0-2.0*.jsonl.gz"))) >= 2
+    assert stat.S_IMODE(os.stat(tmp_path / "rank0.jsonl").st_mode) == 0o600
+
+
+def test_a_planted_log_link_is_never_written_through(tmp_path, capfd):
+    """rank0.jsonl planted as a link to another user's file: refused with one line, the rank runs
+    on without a log, the victim untouched."""
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.jsonl").symlink_to(victim)
+    ev = open_rank_log(str(logs), 0, "r")
+    ev.event("warning", message="x" * 100)
+    ev.close()
+    assert victim.read_text() == "precious\n"
+    err = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "symbolic link" in err[0] and "runs on without it" in err[0], err
+
+
+def test_a_world_writable_log_dir_is_refused(tmp_path, capfd):
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    ev = open_rank_log(str(shared), 0, "r")
+    ev.event("warning", message="x")
+    ev.close()
+    assert list(shared.iterdir()) == []
+    err = capfd.readouterr().err
+    assert "writable by every user" in err and "runs on without it" in err
+
+
+def test_rotation_and_compression_follow_no_planted_link(tmp_path):
+    """A `.gz.tmp` planted as a link (the next rotation number is predictable): its target is never
+    overwritten; a rotated piece swapped for a link to a 0600 file: no copy of that file is made
+    (the compression reads the descriptor the writer held), the link is not removed."""
+    secret = tmp_path / "secret"
+    secret.write_text("secret\n")
+    os.chmod(secret, 0o600)
+    target = tmp_path / "target"
+    target.write_text("keep\n")
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / "rank0.0001.jsonl.gz.tmp").symlink_to(target)
+    ev = EventLog(str(logs / "rank0.jsonl"), 0, "r1", rotate_bytes=5_000)
+    for step in range(1, 200):
+        ev.write_lines([json.dumps({"type": "step", "step": step, "run": "r1", "pad": "y" * 40})])
+        if step % 20 == 0:
+            ev.flush()
+    ev.close()
+    import time
+    deadline = time.monotonic() + 30
+    while not list(logs.glob("rank0.0002.jsonl.gz")):
+        assert time.monotonic() < deadline, sorted(p.name for p in logs.iterdir())
+        time.sleep(0.01)
+    assert target.read_text() == "keep\n"
+    assert (logs / "rank0.0001.jsonl").exists()  # its compression refused: the piece stays, uncompressed
+    # a piece swapped for a link before its compression: what is compressed is the writer's file
+    from placement.events import compress_rotated
+    piece = logs / "rank0.0009.jsonl"
+    piece.write_text('{"type":"step","step":1}\n')
+    fd = os.open(piece, os.O_RDONLY)
+    piece.unlink()
+    piece.symlink_to(secret)
+    done = compress_rotated(fd, str(piece), 0)
+    import gzip
+    assert gzip.decompress((logs / "rank0.0009.jsonl.gz").read_bytes()) == b'{"type":"step","step":1}\n'
+    assert done and piece.is_symlink() and secret.read_text() == "secret\n"
+    assert stat.S_IMODE(os.stat(done).st_mode) == 0o600

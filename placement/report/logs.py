@@ -513,7 +513,7 @@ def pick_run(runs: list[RunInfo], choice: Optional[str]) -> Optional[RunInfo]:
 PARALLEL_FROM = 8  # files from which they are parsed by a pool of processes (one per CPU)
 
 
-_ROTATED_PIECE = re.compile(r"^(rank\d+)\.\d+\.jsonl(\.gz)?$")
+_ROTATED_PIECE = re.compile(r"^(rank\d+(?:-\d+)?)\.\d+\.jsonl(\.gz)?$")  # (events._ROTATED)
 
 
 def with_indexes(files: list[str]) -> tuple[list[str], int]:
