@@ -133,10 +133,9 @@ class MonitorConfig:
     nccl_timing: NcclTimingMode = _key(NcclTimingMode.AUTO, "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
                                     "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
                                     "overlap) (docs/nccl_timing.md)")
-    budget_pct: float = _key(0.3, "share of step time the monitor may take (its step hook and its own thread's CPU; "
-                                  "with the tuner on, that thread's readings of the hot threads' counters only); above "
-                                  "it they are read every k-th step (monitor/probes/budget.py); 0 = every step, in the "
-                                  "step hook")
+    budget_pct: float = _key(0.3, "share of step time placement may take (the step hook and the CPU of every thread "
+                                  "of its own, tuner or not); above it the hot threads' counters are read every k-th "
+                                  "step (monitor/probes/budget.py); 0 = every step, in the step hook")
     stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
                                      "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
     stall_min_s: float = _key(7.0, "the floor of that stall limit, in seconds")

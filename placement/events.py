@@ -455,9 +455,33 @@ WRITERS_MAX = 64  # jobs writing one rank's log in one directory at once, each i
 _compressing: set[str] = set()  # temporaries being written (removed at exit if a thread left one)
 
 
-class LogRefused(OSError):
+class UnsafePlace(OSError):
+    """A file or directory in a shared place (a log dir, /tmp, /dev/shm) that another user could
+    have planted or can write: not used, one line says why."""
+
+
+class LogRefused(UnsafePlace):
     """The log dir or file is not one this process may write safely (not ours, writable by
     others, a link, not a regular file): the rank runs on without a log, said once."""
+
+
+def private_dir(path: str) -> str:
+    """`path` as a directory only this user can enter: created mode 0700, or taken as found when
+    lstat says it is a directory (not a link) of this user's with no group or other bits;
+    UnsafePlace otherwise (another user made it first, or can write it). `path`, checked."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+        raise UnsafePlace(errno.ENOTDIR, f"{path} is not a directory of ours (a link or another file)")
+    if st.st_uid != os.geteuid():
+        raise UnsafePlace(errno.EPERM, f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+    if st.st_mode & 0o077:
+        raise UnsafePlace(errno.EPERM, f"{path} is open to other users (mode {stat.S_IMODE(st.st_mode):o}, "
+                                       "not 700)")
+    return path
 
 
 def own_log_dir(path: str) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from placement.events import EventLog, open_rank_log
 
 
@@ -195,3 +197,45 @@ def test_rotation_and_compression_follow_no_planted_link(tmp_path):
     assert gzip.decompress((logs / "rank0.0009.jsonl.gz").read_bytes()) == b'{"type":"step","step":1}\n'
     assert done and piece.is_symlink() and secret.read_text() == "secret\n"
     assert stat.S_IMODE(os.stat(done).st_mode) == 0o600
+
+
+def test_a_shared_place_is_used_only_when_it_is_ours_alone(tmp_path):
+    """private_dir (the Ray CPU shares' directory in /dev/shm, the flight recorder's socket
+    directory in /tmp): created 0700, taken when lstat shows our own 0700 directory, refused when
+    it is a link, another user's, or open to others."""
+    from placement.events import UnsafePlace, private_dir
+
+    fresh = tmp_path / "fresh"
+    assert private_dir(str(fresh)) == str(fresh)
+    assert stat.S_IMODE(os.lstat(fresh).st_mode) == 0o700
+    assert private_dir(str(fresh)) == str(fresh)  # found as made: taken
+    open_ = tmp_path / "open"
+    open_.mkdir()
+    os.chmod(open_, 0o755)
+    link = tmp_path / "link"
+    link.symlink_to(fresh)
+    foreign = tmp_path / "foreign"
+    foreign.mkdir(mode=0o700)
+    os.chown(foreign, 4242, 4242)
+    for bad, why in ((open_, "open to other users"), (link, "not a directory of ours"), (foreign, "uid 4242")):
+        with pytest.raises(UnsafePlace, match=why):
+            private_dir(str(bad))
+
+
+def test_ray_shares_refuse_a_directory_another_user_made(tmp_path, capfd):
+    from placement.events import UnsafePlace
+    from placement.integrations.ray import SharedCpus
+
+    shares = SharedCpus(2, root=str(tmp_path))
+    os.mkdir(shares.dir, 0o700)
+    os.chown(shares.dir, 4242, 4242)  # planted by uid 4242 before any worker of ours ran
+    with pytest.raises(UnsafePlace, match="uid 4242"):
+        shares.claim()
+    ours = SharedCpus(2, root=str(tmp_path / "ok"))
+    os.mkdir(tmp_path / "ok")
+    os.mkdir(ours.dir, 0o700)
+    (tmp_path / "victim").write_text("x")
+    os.symlink(tmp_path / "victim", os.path.join(ours.dir, "cpu-2-0.lock"))
+    with pytest.raises(UnsafePlace, match="symbolic link"):
+        ours.claim()
+    assert (tmp_path / "victim").read_text() == "x"

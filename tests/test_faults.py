@@ -73,9 +73,10 @@ def test_sigterm_during_a_users_event_loop_never_hangs(tmp_path):
 
 # ---- a full filesystem -----------------------------------------------------------------------------
 def _mount_tiny_tmpfs(path: Path) -> bool:
-    """A 1 MiB tmpfs at `path` (needs CAP_SYS_ADMIN); False where it cannot be mounted."""
+    """A 1 MiB tmpfs at `path`, mode 0700 (a log dir of ours: a tmpfs is 1777 by default, which the
+    log refuses), needs CAP_SYS_ADMIN; False where it cannot be mounted."""
     path.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(path)], capture_output=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=0700", "tmpfs", str(path)], capture_output=True)
     return r.returncode == 0
 
 

@@ -211,7 +211,7 @@ def test_a_host_clock_seconds_ahead_changes_no_lateness(hostbed, tmp_path):
 def test_a_hosts_full_log_dir_is_said_once_and_counted_others_whole(hostbed, tmp_path):
     logs1 = tmp_path / "logs-host1"
     logs1.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(logs1)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0700", "tmpfs", str(logs1)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs for host1's log dir: {mounted.stderr.decode().strip()}")
     try:

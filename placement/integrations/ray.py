@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import fcntl
 import hashlib
 import os
@@ -66,7 +67,7 @@ from placement.bind.stage1 import run_stage1, warn_rank
 from placement.bootstrap import start_session
 from placement.config import EnvSettings, PlacementConfig
 from placement.errors import PlacementError, say
-from placement.events import EventLog, check_log_dir, rank_log_path
+from placement.events import EventLog, UnsafePlace, check_log_dir, private_dir, rank_log_path
 from placement.identity import RankIdentity
 from placement.plan.model import Plan
 from placement.plan.node import plan_for_node, visible_gpu_indices
@@ -147,7 +148,11 @@ def _place(cfg: PlacementConfig) -> Optional[session_mod.Session]:
         plan, share = gpu_share(cfg, gpu_ids)
     else:
         count = shares_of_node(_node_cpus(ray, context.get_node_id()), ray_cpus, len(os.sched_getaffinity(0)))
-        index = SharedCpus(count).claim()
+        try:
+            index = SharedCpus(count).claim()
+        except UnsafePlace as e:
+            _say(f"the CPU shares' directory is not safe to use ({e.strerror or e}); this worker runs unbound")
+            return None
         if index is None:
             _say(f"all {count} CPU shares of this node are held by other Ray workers; this worker runs unbound")
             return None
@@ -204,11 +209,18 @@ class SharedCpus:
         self.dir = os.path.join(base, f"placement-ray-{os.getuid()}")
 
     def claim(self) -> Optional[int]:
-        """The first free share (now held by this process), None when every one is held."""
-        os.makedirs(self.dir, mode=0o700, exist_ok=True)
+        """The first free share (now held by this process), None when every one is held;
+        UnsafePlace when the directory is not this user's alone (another user made it first in
+        /dev/shm, to choose where these files go or to hold every share), or a lock file is a link."""
+        private_dir(self.dir)
         for index in range(self.count):
-            fd = os.open(os.path.join(self.dir, f"cpu-{self.count}-{index}.lock"),
-                         os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            path = os.path.join(self.dir, f"cpu-{self.count}-{index}.lock")
+            try:
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise UnsafePlace(errno.ELOOP, f"{path} is a symbolic link") from None
+                raise
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -28,9 +28,11 @@ What
     them: probes.counters.MainRead, probes.threads.HotRead) addressed by step and ThreadRole.
 
 Cost
-    The hook and the counter readings together may take monitor.budget_pct of the step (0.3% is
-    30 us of a 10 ms step; benchmarks/monitor_overhead.py, hook_profile.py): the counters are
-    read every step unless that costs more (probes/budget.py). budget_pct = 0 reads them in the
+    The hook and every thread of placement's (roles.OWN_THREADS: this monitor thread, the
+    binder's watcher, the peer watch, the posts) together may take monitor.budget_pct of the
+    step (0.3% is 30 us of a 10 ms step; benchmarks/job_cost.py measures it in a real job): the
+    counters are read every step unless that costs more (probes/budget.py), judged per batch and,
+    by CostRate, per second. budget_pct = 0 reads them in the
     hook itself, at every step, exact at each step boundary whatever it costs. Nothing here
     synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 

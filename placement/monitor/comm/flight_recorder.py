@@ -49,6 +49,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
+from placement.events import private_dir
+
 DEFAULT_RING = 2000  # FlightRecorder.hpp:110-111 (duplicated in ProcessGroupNCCL.cpp)
 
 # (recorder, route, name) in order of preference.
@@ -165,7 +167,12 @@ class WorkerServer:
             # gone, and a server dropped without close() leaves its socket file behind (the
             # worker server refuses a path that exists). A file at a fresh number is left by an
             # earlier process of this pid, dead: removed.
-            self.path = os.path.join(tempfile.gettempdir(), f"placement-fr-{os.getpid()}-{next(_SERVER_NUMBERS)}.sock")
+            # In a directory of this user's alone (mode 0700, checked with lstat): another user
+            # can neither pre-create the path (the unlink would fail and the monitor fall back
+            # to the dump that holds the GIL) nor reach the socket (torch's handlers: stacks,
+            # NCCL traces) whatever the umask. UnsafePlace (an OSError) when it is not ours.
+            home = private_dir(os.path.join(tempfile.gettempdir(), f"placement-{os.geteuid()}"))
+            self.path = os.path.join(home, f"fr-{os.getpid()}-{next(_SERVER_NUMBERS)}.sock")
             try:
                 os.unlink(self.path)
             except FileNotFoundError:
