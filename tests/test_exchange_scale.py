@@ -32,7 +32,8 @@ def test_4096_ranks_name_the_worst_and_count_the_rest_by_kind():
     world = 4096
     raw = b"".join(encode_row(3, r // 8, figs(r, kind(r)), SLOTS) for r in range(world))
     raw += encode_row(2, 0, figs(5), SLOTS)  # a stale row of the previous exchange is dropped
-    rows = decode_rows(raw, SLOTS, 3)
+    rows, dropped = decode_rows(raw, SLOTS, 3, world)
+    assert dropped == 0  # a stale row is no bad row
     assert rows.shape[0] == world and world > TRIAGE_ABOVE
     figures, report, nodes = judge_rows(*split_rows(rows), SLOTS, None, Thresholds())
     assert len(figures) < world // 4  # candidates and a sample, not every rank
@@ -48,3 +49,42 @@ def test_4096_ranks_name_the_worst_and_count_the_rest_by_kind():
     # The same verdicts as classify over every rank's figures.
     full = classify([figs(r, kind(r)) for r in range(world)])
     assert {k: full.names(k) for k in expected} == expected
+
+
+def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged():
+    """What comes from the c10d store is input: rank 0 over a real TCPStore, world 4; beside the
+    good rows of ranks 1 and 3 come a row whose rank is NaN, one whose rank is infinite, one whose
+    node rank is infinite, one of a rank outside the job, a duplicate of rank 1, a negative figure
+    and a row of the wrong length before rank 3's (which would shift every later row). Each bad
+    one is dropped and counted, said once, and the window is judged on ranks 0, 1 and 3."""
+    import math
+
+    import torch.distributed as dist
+
+    from placement.monitor.crossrank.exchange import Exchange, StoreTransport, pack_row
+    from placement.monitor.stragglers.figures import FIELDS, RankFigures
+
+    every = 10
+
+    def row(rank, node=0.0, step_ms=20.0):
+        figs = RankFigures(0, every, 1, 10, step_ms, 0.5, 5.0, 0.1, 0.05, 10.0, None, tuple(5.0 for _ in range(every)))
+        values = figs.to_row(every)
+        values[FIELDS.index("rank")] = rank
+        return pack_row(10, node, values)
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    said = []
+    ex = Exchange(0, 4, store, lambda key, msg: said.append((key, msg)), slots=every)
+    ex.WAIT_S = 0.5
+    peer = StoreTransport(store, 1, 4)
+    for raw in (row(1.0), row(math.nan), row(math.inf), row(2.0, node=math.inf), row(7.0), row(1.0),
+                row(2.0, step_ms=-5.0), row(2.0)[:-24], row(3.0)):
+        peer.store.append("10/rows", raw)
+    peer.store.add("10/n", 3)
+    figs0 = RankFigures(0, every, 1, 10, 20.0, 0.5, 5.0, 0.1, 0.05, 10.0, None, tuple(5.0 for _ in range(every)))
+    assert ex.submit(figs0) is None
+    verdict = ex.collect(block=True)
+    assert verdict is not None and verdict.ranks_judged == 3, verdict
+    assert sorted(int(f.rank) for f in verdict.figures) == [0, 1, 3]
+    assert ex.rows_dropped == 7, ex.rows_dropped
+    assert [k for k, _ in said].count("exchange-bad-rows") == 1

@@ -858,7 +858,10 @@ class StepMonitor:
         self._write_everything(exchange=False)
         exitflush.unregister(self)
         if self.exchange is not None and idle:
-            self._exchange_the_rest()
+            try:
+                self._exchange_the_rest()
+            except Exception as e:  # the last windows unjudged, but the end event is still written
+                self._batch_failed(e)
         if self._peers is not None:
             self._peers.close(wait_s=EXCHANGE_CLOSE_S)
         self.comm.close()
@@ -866,7 +869,8 @@ class StepMonitor:
         close_sinks(self.sinks, self.warn)
         per_step = self.self_ns / 1e3 / self.steps_timed if self.steps_timed else None
         judged = {} if self.exchange is None or self.rank != 0 else \
-            {"straggler_candidates_held_back": self.exchange.naming.held_back}  # naming.py: not costly, or not yet confirmed
+            {"straggler_candidates_held_back": self.exchange.naming.held_back,  # naming.py: not costly, or not yet confirmed
+             "exchange_rows_dropped": self.exchange.rows_dropped}
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           **self._thread_cost(thread), **self._whole_cost(time.thread_time_ns() - c0),

@@ -60,7 +60,12 @@ from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import OWN_THREADS
 
 PREFIX = "placement/exchange"
-HEADER = ("seq", "node_rank")
+HEADER = ("mark", "seq", "node_rank")
+SEQ, NODE = HEADER.index("seq"), HEADER.index("node_rank")
+# Each row starts with this 8-byte mark (a NaN whose payload spells PLACE1: no figure is ever it),
+# so that rank 0 finds where rows start in what the store holds, and a row of the wrong length,
+# which would swallow the next one's mark, is told apart (decode_rows).
+MARK = 0x7FF8_504C_4143_4531
 COSTS_KEPT = 1000
 LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-create (Exchange._sweep_late)
 
@@ -155,19 +160,105 @@ class StoreTransport:
 
 
 def encode_row(seq: int, node_rank: Optional[int], figs: RankFigures, slots: int) -> bytes:
-    values = [float(seq), math.nan if node_rank is None else float(node_rank)] + figs.to_row(slots)
-    return struct.pack(f"<{len(values)}d", *values)
+    return pack_row(seq, node_rank, figs.to_row(slots))
 
 
-def decode_rows(raw: bytes, slots: int, seq: int):
-    """The rows of exchange `seq` as a float64 array (a row whose length or sequence does not
-    fit is dropped: a peer's stale write)."""
+def pack_row(seq: int, node_rank: Optional[float], values: list[float]) -> bytes:
+    """MARK, seq, node rank, then the figures (RankFigures.to_row)."""
+    head = [float(seq), math.nan if node_rank is None else float(node_rank)]
+    return struct.pack("<Q", MARK) + struct.pack(f"<{len(head) + len(values)}d", *head, *values)
+
+
+ROWS_READ_MAX = 2  # rows parsed per exchange: at most this many times the job's ranks, + ROWS_READ_SLACK
+ROWS_READ_SLACK = 16
+
+
+def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None):
+    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad). What comes from
+    the c10d store is input (the store has no authentication): a row is kept when it is
+    exchange `seq`'s and well formed (a rank of the job, an integer in range; integer step
+    counts with first <= last; no infinite figure, none negative; a node rank that is an
+    integer or unknown), and only the first row of a rank; a row of an earlier exchange (a peer's
+    stale write) is left out silently; a row of the wrong length (which would shift every later
+    row) is stepped over to the next row that starts with `seq`, and counted; past ROWS_READ_MAX
+    x world_size + ROWS_READ_SLACK rows nothing is parsed."""
     import numpy as np
 
     width = len(HEADER) + len(FIELDS) + slots
-    n = len(raw) // (8 * width)
-    rows = np.frombuffer(raw[:n * 8 * width], dtype="<f8").reshape(n, width)
-    return rows[rows[:, 0] == seq]
+    arr = np.frombuffer(raw[:len(raw) // 8 * 8], dtype="<f8")
+    marks = arr.view("<u8") == MARK
+    dropped = 0
+    cap = None if world_size is None else (ROWS_READ_MAX * world_size + ROWS_READ_SLACK) * width
+    if cap is not None and len(arr) > cap:
+        dropped += (len(arr) - cap) // width
+        arr, marks = arr[:cap], marks[:cap]
+    if len(arr) % width == 0:
+        rows = arr.reshape(-1, width)
+        good, stale = _row_checks(rows, marks.reshape(-1, width), seq, world_size)
+        if (good | stale).all():  # framed as written: the common case, vectorised
+            return _first_of_each_rank(rows[good], dropped)
+    # A row of the wrong length in the stream: walk it, row by row from each start of `seq`.
+    kept, pos = [], 0
+    starts = np.flatnonzero(marks)
+    while True:
+        at = starts[np.searchsorted(starts, pos):]
+        if not len(at):
+            break
+        if pos == 0 and at[0] != 0:
+            dropped += 1  # bytes before the first mark (a bad row is counted where it starts)
+        pos = int(at[0])
+        if pos + width > len(arr):
+            dropped += 1
+            break
+        good, stale = _row_checks(arr[pos:pos + width].reshape(1, width), marks[pos:pos + width].reshape(1, width),
+                                  seq, world_size)
+        if good[0]:
+            kept.append(arr[pos:pos + width])
+        elif not stale[0]:
+            dropped += 1
+        pos += width if good[0] or stale[0] else 1
+    rows = np.array(kept, dtype="<f8").reshape(-1, width)
+    return _first_of_each_rank(rows, dropped)
+
+
+def _row_checks(rows, marks, seq: int, world_size: Optional[int]):
+    """(rows of exchange `seq` well formed, well-formed rows of an earlier exchange) masks;
+    `marks`: where MARK is, in the same shape (a row has it first and nowhere else)."""
+    import numpy as np
+
+    h = len(HEADER)
+    f = {name: h + i for i, name in enumerate(FIELDS)}
+    with np.errstate(invalid="ignore"):
+        def whole(col, low=0.0):
+            v = rows[:, col]
+            return np.isfinite(v) & (v == np.floor(v)) & (v >= low)
+
+        rank = rows[:, f["rank"]]
+        ok = marks[:, 0] & ~marks[:, 1:].any(axis=1)
+        ok &= whole(f["rank"]) & whole(f["steps"]) & whole(f["first_step"]) & whole(f["last_step"]) & whole(SEQ, 1.0)
+        if world_size is not None:
+            ok &= rank < world_size
+        node = rows[:, NODE]
+        ok &= np.isnan(node) | whole(NODE)
+        ok &= rows[:, f["first_step"]] <= rows[:, f["last_step"]]
+        figures = rows[:, h + FIELDS.index("step_ms"):]
+        ok &= ~np.isinf(figures).any(axis=1) & ~(figures < 0).any(axis=1)
+        current = rows[:, SEQ] == seq
+        return ok & current, ok & ~current & (rows[:, SEQ] < seq)
+
+
+def _first_of_each_rank(rows, dropped: int):
+    """The first row of each rank (a second is a duplicate: dropped and counted)."""
+    import numpy as np
+
+    if len(rows) <= 1:
+        return rows, dropped
+    ranks = rows[:, len(HEADER) + FIELDS.index("rank")]
+    _, first = np.unique(ranks, return_index=True)
+    if len(first) == len(rows):
+        return rows, dropped
+    first.sort()
+    return rows[first], dropped + len(rows) - len(first)
 
 
 class Exchange:
@@ -207,6 +298,7 @@ class Exchange:
         self.send_us: deque = deque(maxlen=COSTS_KEPT)  # wall time of a submit on the monitor thread
         self.send_cpu_us: deque = deque(maxlen=COSTS_KEPT)  # its CPU time (a round trip's wait is not)
         self.judge_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take + judge
+        self.rows_dropped = 0  # rank 0: rows read from the store and dropped as bad (decode_rows)
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
     def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[WindowJudgement]:
@@ -266,7 +358,13 @@ class Exchange:
             return None
         take_ms = (time.perf_counter() - t0) * 1e3
         self.take_ms.append(take_ms)
-        rows = decode_rows(raw, self.slots, seq)
+        rows, bad = decode_rows(raw, self.slots, seq, self.world_size)
+        if bad:
+            self.rows_dropped += bad
+            self._warn("exchange-bad-rows", f"exchange of steps to {seq}: {bad} row(s) read from the c10d store "
+                                            "dropped (not a rank of this job, not finite, negative, duplicated or of "
+                                            "the wrong length); the window is judged on the rest; further ones are "
+                                            "counted (the end event's exchange_rows_dropped)")
         got = Received(seq, rows, self.world_size, take_ms)
         verdict = self.judge(got, sent)
         self.judge_ms.append((time.perf_counter() - t0) * 1e3)
@@ -381,7 +479,7 @@ class Exchange:
         with self._take_lock:
             if self._pending is None or self._pending[0] != seq or self.transport.arrived(seq) >= self.world_size:
                 return None  # all came, or judge() took them meanwhile
-            rows = decode_rows(self.transport.peek(seq), self.slots, seq)
+            rows, _ = decode_rows(self.transport.peek(seq), self.slots, seq, self.world_size)
         ranks, _, missing = row_ranks(rows, self.world_size)
         return seq, sent, ranks, missing
 
@@ -408,7 +506,7 @@ class Exchange:
 def split_rows(rows):
     """(the figure rows: RankFigures.to_row per rank, rank -> node rank) of decoded exchange rows."""
     rank = len(HEADER) + FIELDS.index("rank")
-    node_of = {int(r): (None if n != n else int(n)) for r, n in zip(rows[:, rank].tolist(), rows[:, 1].tolist())}
+    node_of = {int(r): (None if n != n else int(n)) for r, n in zip(rows[:, rank].tolist(), rows[:, NODE].tolist())}
     return rows[:, len(HEADER):], node_of
 
 
