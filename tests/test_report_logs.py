@@ -95,3 +95,64 @@ def test_many_files_parsed_by_a_pool_read_as_one_by_one(tmp_path, monkeypatch):
     assert pooled.earlier_runs == serial.earlier_runs == {r: 1 for r in range(ranks)}
     assert [(r.id, r.records, sorted(r.ranks)) for r in pooled.runs] == [(r.id, r.records, sorted(r.ranks)) for r in serial.runs]
     assert len(pooled) == 2 * ranks
+
+
+# ---- what the report reads is input: bounded, not followed, escaped -----------------------------
+def _good_log(path, steps: int = 31):
+    path.write_text("".join('{"type":"step","rank":0,"step":%d,"t":%d.0,"step_ms":10.0,"data_ms":0.0,"run":"r1"}\n'
+                            % (s, 1700000000 + s) for s in range(1, steps + 1)))
+
+
+def _report(*argv):
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-m", "placement.cli", "report", *argv], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_gzip_bomb_beside_a_real_log_is_skipped_with_one_line_within_bounds(tmp_path):
+    """A 64 MiB run of short lines compressed to ~65 KB (a bomb, ~1000x) beside a real log: the
+    report stops inflating it at 64x its size (never the 1 GiB per-file cap), says one line and
+    reports the real log; its peak memory stays far under the bomb's size."""
+    import gzip
+    import subprocess
+    import sys
+
+    _good_log(tmp_path / "rank0.jsonl")
+    (tmp_path / "rank1.0001.jsonl.gz").write_bytes(gzip.compress(b"{}\n" * ((64 << 20) // 3), 9))
+    script = ("import resource, sys; from placement.cli import main; rc = main(['report', sys.argv[1]]); "
+              "print('peak_kb', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)")
+    p = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "31 step records" in p.stdout
+    assert sum("skipped file" in line and "rank1.0001.jsonl.gz" in line for line in p.stdout.splitlines()) == 1
+    peak_kb = int(p.stderr.split("peak_kb")[1].split()[0])
+    assert peak_kb < 600 * 1024, peak_kb  # inflated to 64x its size at most, never its 64 MiB as line objects
+
+
+def test_a_link_loop_is_not_followed_and_each_file_read_once(tmp_path):
+    _good_log(tmp_path / "rank0.jsonl")
+    (tmp_path / "loop").symlink_to(tmp_path)
+    (tmp_path / "again.jsonl").symlink_to(tmp_path / "rank0.jsonl")
+    p = _report(str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "31 step records" in p.stdout and "1 file(s)" in p.stdout, p.stdout
+    assert "skipped 2 link(s)" in p.stdout
+
+
+def test_an_unreadable_file_is_skipped_and_the_rest_reported(tmp_path):
+    _good_log(tmp_path / "rank0.jsonl")
+    (tmp_path / "rank1.0001.jsonl.gz").write_bytes(b"not gzip at all")
+    p = _report(str(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "31 step records" in p.stdout and "skipped file" in p.stdout and "not a gzip file" in p.stdout
+
+
+def test_a_logs_escape_codes_never_reach_the_terminal(tmp_path):
+    _good_log(tmp_path / "rank0.jsonl")
+    with open(tmp_path / "rank0.jsonl", "a") as f:
+        f.write('{"type":"warning","rank":0,"t":1700000040.0,"message":"\\u001b[2J\\u001b]0;owned\\u0007 cleared","run":"r1"}\n')
+    p = _report(str(tmp_path / "rank0.jsonl"))
+    assert p.returncode == 0, p.stderr
+    assert "\x1b" not in p.stdout and "\x07" not in p.stdout
+    assert "\\x1b[2J" in p.stdout and "cleared" in p.stdout

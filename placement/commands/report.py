@@ -15,7 +15,7 @@ from placement.report.document import report_document
 from placement.report.heatmap import write_heatmap
 from placement.report.logs import DIGESTS_FROM, RANK_TABLE_MAX, LogReadError, ReadMode, estimated_step_lines, read_logs
 from placement.report.plot import write_plot
-from placement.report.text import read_line, report_text, run_lines
+from placement.report.text import printable, read_line, report_text, run_lines
 from placement.report.trace import TraceFilter, parse_ranks, parse_steps, select, write_trace
 
 
@@ -58,13 +58,18 @@ def _ranks_arg(text: str):
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _print(*parts, **kw) -> None:
+    """print(), a log's strings escaped (text.printable): what the report prints came from files."""
+    print(*(printable(str(p)) for p in parts), **kw)
+
+
 def run(args: argparse.Namespace) -> int:
     if args.compare:
         if args.logs or args.plot or args.heatmap or args.trace or args.run:
             raise LogReadError("--compare BASE NEW takes its two runs alone (LOG[@RUN] each); "
                                "give the other options without it")
         comparison = compare(*args.compare)
-        print(json.dumps(comparison.to_dict()) if args.json else compare_text(comparison))
+        _print(json.dumps(comparison.to_dict()) if args.json else compare_text(comparison))
         return 0
     if not args.logs:
         raise LogReadError("give the monitor logs to report (LOG..., e.g. placement_logs/), or --compare BASE NEW")
@@ -79,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         mode = ReadMode.STEPS  # the pictures need every step: asked for, they are read whatever the size
     log = read_logs(args.logs, run=args.run, read=mode)  # each line parsed once; StepRecords too for a few ranks
     if log.long_without_digests:
-        print(f"these logs hold ~{estimated_step_lines(log.files)} step lines and no digests (monitor.digest_every=0, "
+        _print(f"these logs hold ~{estimated_step_lines(log.files)} step lines and no digests (monitor.digest_every=0, "
               "or written before digests): every line was parsed", file=sys.stderr)
     if args.trace:
         first, last = args.steps or (None, None)
@@ -93,32 +98,36 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize_cluster(log)
     if args.json:
         _side_outputs(args, log, keep if args.trace else None, selected if args.trace else None, sys.stderr)
-        print(json.dumps(report_document(log, summary), default=str))
+        _print(json.dumps(report_document(log, summary), default=str))
         return 0
     if summary.stalled:  # what a hung job's user looks for first
-        print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
+        _print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
               + ", ".join(f"rank {s.rank} after step {'?' if s.last_step is None else s.last_step}"
                           + (" outside any collective" if s.in_collective is False else "")
                           for s in summary.stalled[:10]) + (", ..." if len(summary.stalled) > 10 else ""))
-        print("")
+        _print("")
     if len(ranks) <= RANK_TABLE_MAX:
-        print(report_text(log))
+        _print(report_text(log))
         if summary.holders or summary.stalled or summary.comm_slow_windows or len(nodes) > 1:
-            print("")
-            print(cluster_text(summary, log, with_nodes=len(nodes) > 1))
+            _print("")
+            _print(cluster_text(summary, log, with_nodes=len(nodes) > 1))
     else:
-        print(f"placement report: {len(log.files)} file(s), {len(nodes)} node(s), {len(ranks)} ranks, "
+        _print(f"placement report: {len(log.files)} file(s), {len(nodes)} node(s), {len(ranks)} ranks, "
               f"{log.step_count()} step records, {len(log.events)} events")
         if log.from_digests:
-            print(read_line(log))
+            _print(read_line(log))
         if log.skipped:
-            print(f"skipped {log.skipped} truncated or corrupt line(s)")
+            _print(f"skipped {log.skipped} truncated or corrupt line(s)")
+        for path, why in log.unreadable:
+            _print(f"skipped file {path}: {why}")
+        if log.links_skipped:
+            _print(f"skipped {log.links_skipped} link(s) in the directories read (not followed)")
         for line in run_lines(log):
-            print(line)
-        print("")
-        print(cluster_text(summary, log))
-        print("")
-        print(event_counts(log))
+            _print(line)
+        _print("")
+        _print(cluster_text(summary, log))
+        _print("")
+        _print(event_counts(log))
     _side_outputs(args, log, keep if args.trace else None, selected if args.trace else None, sys.stdout)
     return 0
 

@@ -49,6 +49,9 @@ from placement.records.parts import split_step
 from placement.vocab import Vocabulary
 
 LOG_MAX = 1 << 30  # one rank's log; a week of steps at 20 ms is ~15 MB
+LINE_MAX = 1 << 20  # a line longer than this is no record of ours (a step line is ~300 bytes)
+GZ_EXPAND_MAX = 64  # a rotated log expands at most this much (ours: ~10x, docs/monitor.md, log size) ...
+GZ_FLOOR = 16 << 20  # ... or to this, whichever is more
 RANK_TABLE_MAX = 32  # more ranks than this: per-node figures instead of a row (and a plot panel) per rank
 
 _NAN = float("nan")
@@ -112,6 +115,8 @@ class RunLog:
     step_lines: int = 0  # step lines counted, not parsed (read by digests)
     indexed: int = 0  # logs read by their event index (events.index_path): their step lines not counted
     long_without_digests: bool = False  # AUTO found the logs long but with no digests: every line was parsed
+    unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why) skipped, the rest read
+    links_skipped: int = 0  # links met in a directory walk, not followed
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -187,7 +192,7 @@ class RunInfo:
                 + f" began {began}, ranks {ranks}, {self.records} step records")
 
 
-def expand(paths: list[str]) -> list[str]:
+def expand(paths: list[str], links: Optional[list[str]] = None) -> list[str]:
     """Files named, the *.jsonl and rotated *.jsonl.gz files anywhere under directories named
     (one per node, gathered into a tree), and what glob patterns match (quoted, so the shell left
     them to us). A rotated log found both compressed and not (its compression was under way) is
@@ -195,8 +200,7 @@ def expand(paths: list[str]) -> list[str]:
     out = []
     for p in paths:
         if os.path.isdir(p):
-            found = sorted(glob.glob(os.path.join(p, "**", "*.jsonl"), recursive=True)
-                           + glob.glob(os.path.join(p, "**", "*.jsonl.gz"), recursive=True))
+            found = sorted(_walk(p, links))
             if not found:
                 raise LogReadError(f"{p!r} holds no *.jsonl file; give monitor logs, e.g. placement_logs/rank0.jsonl")
             out.extend(found)
@@ -208,7 +212,39 @@ def expand(paths: list[str]) -> list[str]:
         else:
             out.append(p)
     listed = set(out)
-    return [f for f in dict.fromkeys(out) if not (f.endswith(".jsonl.gz") and f[:-3] in listed)]
+    seen: set[tuple[int, int]] = set()
+    files = []
+    for f in dict.fromkeys(out):
+        if f.endswith(".jsonl.gz") and f[:-3] in listed:
+            continue
+        try:
+            st = os.stat(f)
+            inode = (st.st_dev, st.st_ino)
+        except OSError:
+            files.append(f)  # said when it is read
+            continue
+        if inode not in seen:  # a file named twice (a link, a path given twice) is read once
+            seen.add(inode)
+            files.append(f)
+    return files
+
+
+def _walk(top: str, links: Optional[list[str]]):
+    """The *.jsonl and *.jsonl.gz files under `top`, without following a link (a link to a
+    directory could loop, `loop -> .`, or reach another user's files): links are left out, and
+    added to `links`."""
+    for root, dirs, names in os.walk(top, followlinks=False):
+        for d in dirs:
+            if links is not None and os.path.islink(os.path.join(root, d)):
+                links.append(os.path.join(root, d))
+        dirs.sort()
+        for name in names:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                if links is not None and name.endswith((".jsonl", ".jsonl.gz")):
+                    links.append(path)
+            elif name.endswith((".jsonl", ".jsonl.gz")):
+                yield path
 
 
 def valid_event(d: dict) -> bool:
@@ -314,6 +350,7 @@ class _FileRead:
     path: str
     directory: str
     events: list[dict[str, Any]] = field(default_factory=list)
+    unreadable: Optional[str] = None  # why the file could not be read (it is skipped, the rest read)
     skipped: int = 0
     lost: dict[int, int] = field(default_factory=dict)
     runs: dict[str, RunInfo] = field(default_factory=dict)
@@ -327,13 +364,17 @@ class _FileRead:
 def _read_file(path: str, directory: str, keep_records: bool, digests_only: bool = False) -> _FileRead:
     """Parse one log file, each line once (StepRecords too with `keep_records`); with
     `digests_only`, every line but the step lines, which are counted."""
+    out = _FileRead(path, directory)
     try:
         raw = read_bounded(path, LOG_MAX)  # a FIFO or a device is refused, not waited on
+        if path.endswith(".gz"):
+            raw = _gunzip(path, raw)
     except OSError as e:
-        raise LogReadError(f"cannot read log {path!r}: {e.strerror or e}") from None
-    if path.endswith(".gz"):
-        raw = _gunzip(path, raw)
-    out = _FileRead(path, directory)
+        out.unreadable = e.strerror or str(e)
+        return out
+    except LogReadError as e:
+        out.unreadable = str(e)
+        return out
     runs, steps = out.runs, out.steps
     if digests_only:
         nl = raw.find(b"\n")
@@ -343,6 +384,9 @@ def _read_file(path: str, directory: str, keep_records: bool, digests_only: bool
     else:
         lines = raw.split(b"\n")
     for line in lines:
+        if len(line) > LINE_MAX:  # no line of ours is this long: counted, never parsed
+            out.skipped += 1
+            continue
         if not line.strip():
             continue
         d = judge_line(line)
@@ -403,6 +447,9 @@ class _Reader:
 
     def merge(self, f: _FileRead) -> None:
         log = self.log
+        if f.unreadable is not None:
+            log.unreadable.append((f.path, f.unreadable))
+            return
         log.skipped += f.skipped
         log.step_lines += f.step_lines
 
@@ -475,17 +522,20 @@ class _Reader:
 
 
 def _gunzip(path: str, raw: bytes) -> bytes:
-    """A rotated log's lines (events.compress_rotated), at most LOG_MAX of them; a file that is
-    not gzip, or cut short (the writer was killed), gives what could be read and is said once."""
+    """A rotated log's lines (events.compress_rotated), at most GZ_EXPAND_MAX times its size
+    (placement's logs compress ~10x; a gzip bomb, thousands of times) and never past LOG_MAX; a
+    file that is not gzip, or cut short (the writer was killed), gives what could be read."""
     import zlib
 
+    cap = min(LOG_MAX, max(GZ_FLOOR, GZ_EXPAND_MAX * len(raw)))
     d = zlib.decompressobj(wbits=31)
     try:
-        out = d.decompress(raw, LOG_MAX)
+        out = d.decompress(raw, cap)
     except zlib.error as e:
-        raise LogReadError(f"cannot read log {path!r}: not a gzip file ({e})") from None
+        raise LogReadError(f"not a gzip file ({e})") from None
     if d.unconsumed_tail:
-        raise LogReadError(f"cannot read log {path!r}: more than {LOG_MAX >> 20} MiB uncompressed")
+        raise LogReadError(f"expands past {cap >> 20} MiB ({GZ_EXPAND_MAX}x its size at most): not a rotated "
+                           "placement log")
     return out
 
 
@@ -563,7 +613,13 @@ def _read(files: list[str], records_up_to: Optional[int], run: Optional[str], di
     else:
         for path, directory in zip(files, dirs):
             reader.read_file(path, directory)
-    return reader.finish(run)
+    if files and len(reader.log.unreadable) == len(files):  # nothing could be read: that is the error
+        path, why = reader.log.unreadable[0]
+        raise LogReadError(f"cannot read log {path!r}: {why}")
+    unreadable = reader.log.unreadable
+    log = reader.finish(run)
+    log.unreadable = unreadable
+    return log
 
 
 def estimated_step_lines(files: list[str]) -> int:
@@ -594,10 +650,12 @@ def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Option
     StepRecord is built (at 1,024 ranks, building the first 33 ranks' only to drop them would
     cost 4% more memory); should fewer ranks than files have stepped (files of events alone),
     the logs are read again for their StepRecords, the one case a line is parsed twice."""
-    files = expand(paths)
+    links: list[str] = []
+    files = expand(paths, links)
     long = read == ReadMode.AUTO and long_logs(files)
     if read == ReadMode.DIGESTS or long:
         log = _read(files, None, run, digests_only=True)
+        log.links_skipped = len(links)
         if log.digests or read == ReadMode.DIGESTS:
             return log
         # AUTO, and the logs have no digests (monitor.digest_every=0, or written before them): every line
@@ -605,4 +663,5 @@ def read_logs(paths: list[str], records_up_to: int = RANK_TABLE_MAX, run: Option
     if log.records is None and len(files) > records_up_to and len(log.ranks()) <= records_up_to:
         log = _read(files, records_up_to, run)
     log.long_without_digests = long
+    log.links_skipped = len(links)
     return log

@@ -201,6 +201,16 @@ def run_lines(log: RunLog) -> list[str]:
     return out
 
 
+def printable(text: str) -> str:
+    """`text` with every control or format character but the newline escaped (\\x1b, \\u202e...):
+    a log's strings are input, and one holding a terminal's escape codes would clear the screen,
+    retitle it or hide lines when the report is printed."""
+    if text.isprintable() or all(c == "\n" or c.isprintable() for c in text):
+        return text
+    return "".join(c if c == "\n" or c.isprintable() else
+                   (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)
+
+
 def report_text(log: RunLog) -> str:
     rows = summaries(log)
     parts = [f"placement report: {len(log.files)} file(s), {log.step_count()} step records, "
@@ -209,6 +219,11 @@ def report_text(log: RunLog) -> str:
         parts.append(read_line(log))
     if log.skipped:
         parts.append(f"skipped {log.skipped} truncated or corrupt line(s)")
+    for path, why in log.unreadable:
+        parts.append(f"skipped file {path}: {why}")
+    if log.links_skipped:
+        parts.append(f"skipped {log.links_skipped} link(s) in the directories read (not followed: a link can loop "
+                     "or lead to another user's files; name a linked log to read it)")
     for rank, n in sorted(log.lost.items()):
         parts.append(f"rank {rank}: {n} record(s) were lost: its writer could not write them (see its `lost` event)")
     parts.extend(run_lines(log))
