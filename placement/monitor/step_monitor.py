@@ -60,7 +60,7 @@ from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
-from placement.monitor.probes.budget import CostRate, ProbeBudget
+from placement.monitor.probes.cost import CostKeeper
 from placement.monitor.comm.base import CommStep, CommTiming, comm_step
 from placement.monitor.crossrank.exchange import Exchange, exchange_steps
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
@@ -98,7 +98,6 @@ EXIT_WAIT_S = 15.0
 # How long rank 0's close waits in all for the rows of the last windows (its peers close too).
 EXCHANGE_CLOSE_S = 2.0
 NEVER = 1 << 62  # a due step that never comes
-RATE_WARN_S = 3  # seconds in a row over the budget, the readings at their cap, before the warning
 HELD_RETRY_MIN_S = 0.05  # the monitor thread's shortest wait while steps are held for comm figures
 
 
@@ -156,10 +155,6 @@ class StepMonitor:
         self._no_comm = comm.no_collective
         self.warn = warn
         self.exchange = exchange
-        self.budget = ProbeBudget(self.cfg.budget_pct)
-        self._rate = CostRate(self.cfg.budget_pct)  # placement's share of each second (_watch_cost)
-        self._rate_over = 0  # seconds in a row over the budget with the readings at their cap
-        self._step_ms: Optional[float] = None  # the last batch's median step (the monitor thread's)
         # Of the observers that judge whole windows of steps: step -> the last step of their
         # first window that ends after it (None: none wanted). See add_observer.
         self._window_ends: list[Callable[[int], Optional[int]]] = []
@@ -201,14 +196,11 @@ class StepMonitor:
         self._wall_last = self._anchor[1]
         self._last_span_step = self.step
         self._span_ns = -math.inf  # the end (perf_counter_ns) of the last step with a span reading
-        # (hook ns, hook steps, placement's threads' CPU ns, readings' ns) at the last budget judgement
-        self._hook_seen = (0, 0, 0, 0)
-        self._judged = False  # the first batch (the threads' start) is not judged
-        self._own_ns0 = OWN_THREADS.cpu_ns()  # placement's threads' CPU before step 1 (start() re-takes it)
-        self._start_ns = time.perf_counter_ns()  # step 1's start (start() re-takes it)
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
         self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
+        # what placement costs the rank, and the budget that k is chosen by (probes/cost.py)
+        self.cost = CostKeeper(self.cfg.budget_pct, events, warn, self._sampled)
         # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
         self._exchanged_step = self.step - self.step % self.cfg.exchange_every
         self._handed_through = self.step  # the last step of the last hand-over processed
@@ -235,10 +227,8 @@ class StepMonitor:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
         the tuner, the first events) is neither step time nor the first step's CPU."""
         self.sampler.rebase()
-        self._own_ns0 = OWN_THREADS.cpu_ns()
-        self._hook_seen = (self.self_ns, self.steps_timed, self._own_ns0, 0)
         self._anchor = (time.perf_counter_ns(), wall_clock())
-        self._start_ns = self._anchor[0]
+        self.cost.start(self.self_ns, self.steps_timed, self._anchor[0])
         self._t_last, self._wall_last = self._anchor
         self.hang.progress(self.step, self._anchor[0])
         self._start_thread()  # the stall watch runs from step 1 on
@@ -257,6 +247,11 @@ class StepMonitor:
         if window_end is not None:
             self._window_ends.append(window_end)
             self._next_due = min(self._next_due, self._window_due(self.step))
+
+    @property
+    def budget(self):
+        """How often the hot threads' counters are read (probes/budget.py ProbeBudget: `every`)."""
+        return self.cost.budget
 
     @property
     def steps_timed(self) -> int:
@@ -415,7 +410,7 @@ class StepMonitor:
             watched = time.monotonic()
             self._watch_hang()
             self._watch_residence()
-            self._watch_cost()
+            self.cost.tick(time.monotonic(), self.self_ns, self.step)
             if woken:
                 with self._holding():
                     self._drain(exchange=True)
@@ -464,41 +459,6 @@ class StepMonitor:
                 self.exchange.post_hang(post)  # rank 0 names it in its log too
         except Exception as e:
             self.warn(f"stall:{type(e).__name__}", f"stall watch failed ({type(e).__name__}: {first_line(e)})")
-
-    def _watch_cost(self) -> None:
-        """Between hand-overs, once a second (CostRate): placement's share of the last second,
-        its threads' CPU and the hook's time. Over the budget, the readings go to their cap at
-        once, not after the batches the per-batch judgement waits for; still over there for
-        RATE_WARN_S seconds in a row, the budget's warning is said (once)."""
-        pct = self._rate.tick(time.monotonic(), OWN_THREADS.cpu_ns() + self.self_ns)
-        if pct is None:
-            self._rate_over = 0 if self._rate.last_pct is not None and \
-                self._rate.last_pct <= self.budget.budget_pct else self._rate_over
-            return
-        step_ms = self._step_ms
-        if step_ms is None:
-            return
-        with self._holding(0) as held:
-            if not held:
-                return
-            was = self.budget.every
-            now = self.budget.to_cap(step_ms, self.step)
-            if now is not None and self._sampled is not None:
-                self._sampled.pace(now, step_ms)
-        if now is not None:
-            self._rate_over = 0
-            self.events.event(EventKind.MONITOR, message=(
-                f"kernel counters read every {now} step(s), was {was}: placement took {pct:.2f}% of the last "
-                f"second on this rank (its threads' CPU and the step hook), over the budget "
-                f"{self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=self.step, placement_cost_pct=round(pct, 3), budget_pct=self.budget.budget_pct)
-            return
-        self._rate_over += 1
-        if self._rate_over >= RATE_WARN_S:
-            self.warn("budget", f"placement takes {pct:.1f}% of this rank's time (its threads' CPU and the step "
-                                f"hook over the last second, {RATE_WARN_S} seconds in a row), over "
-                                f"{self.budget.budget_pct}% although it reads the kernel counters only every "
-                                f"{self.budget.every} steps")
 
     def _watch_residence(self) -> None:
         """Between hand-overs, at its own low rate: where the rank's pages are."""
@@ -549,9 +509,7 @@ class StepMonitor:
             self.sampler.refresh()
         self._pending.extend(raw)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
-        if step_ms is not None:
-            self._step_ms = step_ms
-        self._judge_budget(step_ms, item.hook_ns, item.hook_steps, item.last_step, windowed)
+        self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
         self._pace(step_ms, windowed)
         ex = self.exchange if exchange else None
         # every exchange step this hand-over holds (several when it holds several strides)
@@ -591,51 +549,6 @@ class StepMonitor:
         while stride * 2 <= cap and stride * self.cfg.flush_every * step_ms < floor_s * 1e3:
             stride *= 2
         self.stride = stride
-
-    def _judge_budget(self, step_ms: Optional[float], hook_ns: int, hook_steps: int, step: int,
-                      windowed: bool) -> None:
-        """Read the kernel counters every k-th step when placement costs more than the budget
-        otherwise. The cost judged is all of it: the hook's time on the training thread and the
-        CPU of every thread placement started in this process (roles.OWN_THREADS, read by their
-        CPU clocks: this monitor thread's readings, records, hand-overs, the tuner's windows,
-        the exchange; the binder's watcher; rank 0's peer watch; the posts), per step. Only the
-        readings depend on k: when the rest alone is over the budget, k goes to its cap and the
-        monitor says so once (probes/budget.py). The readings come at least once a window of an
-        observer that judges windows (a hand-over reads), whatever k."""
-        ns0, steps0, own0, read0 = self._hook_seen
-        own_ns = OWN_THREADS.cpu_ns()
-        sampled = self._sampled
-        read_ns = sampled.cost_ns if sampled is not None else 0
-        self._hook_seen = (hook_ns, hook_steps, own_ns, read_ns)
-        if hook_steps - steps0 < 4 or step_ms is None:
-            return
-        if not self._judged:
-            self._judged = True
-            return  # (up to the first judgement: the threads' start, no per-step cost)
-        steps = hook_steps - steps0
-        hook_us = (hook_ns - ns0) / 1e3 / steps
-        reads_us = (read_ns - read0) / 1e3 / steps  # the readings and the wake-ups they took
-        own_us = max(0, own_ns - own0) / 1e3 / steps
-        cost_us = hook_us + own_us
-        was = self.budget.every
-        now = self.budget.update(cost_us, step_ms, step, reads_us=reads_us)
-        if sampled is not None:
-            sampled.pace(self.budget.every, step_ms)
-        if now is not None:
-            self.events.event(EventKind.MONITOR, message=(
-                f"kernel counters read every {now} step(s), was {was}: placement costs {cost_us:.1f} us "
-                f"per step on this machine ({hook_us:.1f} in the step hook, {own_us:.1f} on its own threads, "
-                f"{reads_us:.1f} of it reading counters), {cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms "
-                f"step, budget {self.budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=step, hook_us=round(hook_us, 1), thread_us=round(own_us, 1),
-                reads_us=round(reads_us, 1), placement_cpu_us_per_step=round(cost_us, 1),
-                placement_cost_pct=round(cost_us / 10 / step_ms, 3),
-                step_ms=round(step_ms, 3), budget_pct=self.budget.budget_pct)
-        elif self.budget.over(step_ms):
-            self.warn("budget", f"placement costs {self.budget.judged_us():.1f} us per step (the median of its "
-                                f"last batches; {hook_us:.1f} in the step hook and {own_us:.1f} on its own threads "
-                                f"in the last), over {self.budget.budget_pct}% of a {step_ms:.2f} ms step although "
-                                f"it reads the kernel counters only every {self.budget.every} steps")
 
     # ---- records ----------------------------------------------------------------------
     def _finalize(self, final: bool) -> None:
@@ -873,23 +786,10 @@ class StepMonitor:
              "exchange_rows_dropped": self.exchange.rows_dropped}
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
-                          **self._thread_cost(thread), **self._whole_cost(time.thread_time_ns() - c0),
+                          **self._thread_cost(thread), **self.cost.whole(self.steps_timed, self.self_ns, time.thread_time_ns() - c0, self._t_last),
                           probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED
-
-    def _whole_cost(self, closing_ns: int) -> dict:
-        """The end event's `placement_cpu_us_per_step`: all that placement cost this rank over
-        the steps monitored (the hook's time, the CPU of every thread of ours, the ones that
-        ended included, and `closing_ns`, close's own work on its thread), and `placement_cost_pct`, its share of the mean step; null and
-        `placement_cost_null` saying why when no step was monitored."""
-        steps = self.steps_timed
-        if steps <= 0 or self._t_last <= self._start_ns:
-            return {"placement_cpu_us_per_step": None, "placement_cost_pct": None,
-                    "placement_cost_null": "no step was monitored"}
-        us = (self.self_ns + closing_ns + max(0, OWN_THREADS.cpu_ns() - self._own_ns0)) / 1e3 / steps
-        step_us = (self._t_last - self._start_ns) / 1e3 / steps
-        return {"placement_cpu_us_per_step": round(us, 2), "placement_cost_pct": round(100 * us / step_us, 3)}
 
     def _thread_cost(self, thread: Optional[threading.Thread]) -> dict:
         """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life
