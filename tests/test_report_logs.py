@@ -159,3 +159,25 @@ def test_a_logs_escape_codes_never_reach_the_terminal(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "\x1b" not in p.stdout and "\x07" not in p.stdout
     assert "\\x1b[2J" in p.stdout and "cleared" in p.stdout
+
+
+def test_hostile_field_types_are_read_as_unknown_never_a_traceback(tmp_path):
+    """Events whose fields have the wrong type (a log is input): the report reads them as
+    unknown and goes on."""
+    _good_log(tmp_path / "rank0.jsonl")
+    hostile = [
+        '{"type":"straggler","rank":0,"t":1700000010.0,"steps":7,"stragglers":[{"kind":"cpu-slow","ranks":[1],'
+        '"cost_by_cause":[1,2],"cost_pct":"much","lateness_ms":"late"}],"run":"r1"}',
+        '{"type":"straggler","rank":0,"t":1700000011.0,"steps":[1,"x"],"stragglers":[],"job_wide":[3],"run":"r1"}',
+        '{"type":"stall","rank":1,"t":1700000012.0,"phase":"stalled","reported_by":0,"main":{"stack":5,"state":[1]},'
+        '"in_collective":"yes","run":"r1"}',
+        '{"type":"memory","rank":0,"t":1700000013.0,"planned":5,"applied":"x","resident":7,"run":"r1"}',
+        '{"type":"end","rank":0,"t":1700000014.0,"source":"monitor","steps":{},"monitor_us_per_step":[],'
+        '"placement_cpu_us_per_step":"x","run":"r1"}',
+    ]
+    with open(tmp_path / "rank0.jsonl", "a") as f:
+        f.write("\n".join(hostile) + "\n")
+    for argv in ([str(tmp_path)], [str(tmp_path), "--json"]):
+        p = _report(*argv)
+        assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+        assert "31 step records" in p.stdout or '"steps"' in p.stdout

@@ -90,7 +90,7 @@ def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:
     for e in table.events:
         kind = e.get("type")
         if kind == "straggler":
-            span = e.get("steps") or []
+            span = e.get("steps") if isinstance(e.get("steps"), list) else []
             if len(span) != 2:
                 continue
             job = job_wide(e)

@@ -70,7 +70,7 @@ def write_plot(log: RunLog, out_path: str) -> None:
                 continue
             if kind == "straggler":
                 named = {r for s in e.get("stragglers", []) for r in (s.get("ranks") or [])}
-                span = e.get("steps") or []
+                span = e.get("steps") if isinstance(e.get("steps"), list) else []
                 if rank in named and len(span) == 2:  # the window it judged, not when it was written
                     ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=MARKS[kind][0], alpha=0.12,
                                label=None if kind in labelled else "straggler window")
