@@ -680,3 +680,43 @@ def test_a_recorder_that_may_miss_collectives_does_not_call_an_empty_step_zero()
     assert [s.comm_ms for s in comm.resolve_steps([(t, t + 0.1)], [UNSEEN])] == [None]
     hook = NcclHookComm(WarnOnce(), groups=[])
     assert not hook.sees_all
+
+
+def test_the_worker_servers_socket_lives_in_a_directory_of_ours_alone(gloo_world_of_one, tmp_path, monkeypatch):
+    """The flight recorder's worker-server socket: in <tmp>/placement-<uid>/, made mode 0700 (no
+    other user can pre-create the path or reach torch's handlers through it, whatever the umask);
+    a directory of that name made first by another user is refused (the source fails, one line
+    where it is used), never used."""
+    import stat as stat_mod
+    import tempfile
+
+    import torch._C._distributed_c10d as c10d
+
+    from placement.events import UnsafePlace
+    from placement.monitor.comm.flight_recorder import WorkerServer
+
+    if not hasattr(c10d, "_WorkerServer"):
+        pytest.skip("this torch has no _WorkerServer")
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    names = set(c10d._get_handler_names())
+    handler = "dump_traceback" if "dump_traceback" in names else sorted(names)[0]
+    old = os.umask(0o002)
+    try:
+        server = WorkerServer(c10d)
+        try:
+            server.fetch(handler)
+            home = os.path.dirname(server.path)
+            assert home == str(tmp_path / f"placement-{os.geteuid()}")
+            st = os.lstat(home)
+            assert stat_mod.S_ISDIR(st.st_mode) and stat_mod.S_IMODE(st.st_mode) == 0o700
+        finally:
+            server.close()
+    finally:
+        os.umask(old)
+    planted = tmp_path / "elsewhere"
+    planted.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(planted))
+    os.mkdir(planted / f"placement-{os.geteuid()}", 0o700)
+    os.chown(planted / f"placement-{os.geteuid()}", 4242, 4242)
+    with pytest.raises(UnsafePlace, match="uid 4242"):
+        WorkerServer(c10d).fetch(handler)

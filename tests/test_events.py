@@ -239,3 +239,32 @@ def test_ray_shares_refuse_a_directory_another_user_made(tmp_path, capfd):
     with pytest.raises(UnsafePlace, match="symbolic link"):
         ours.claim()
     assert (tmp_path / "victim").read_text() == "x"
+
+
+def test_close_counts_the_lines_it_could_not_write(tmp_path, monkeypatch, capfd):
+    """close() gives up on a lock another thread holds past CLOSE_WAIT_S: the lines still buffered
+    are counted as lost and said, not dropped in silence."""
+    import threading
+
+    import placement.events as events_mod
+
+    monkeypatch.setattr(events_mod, "CLOSE_WAIT_S", 0.2)
+    ev = EventLog(str(tmp_path / "rank0.jsonl"), 0)
+    ev.write_lines(['{"type":"step","step":1}', '{"type":"step","step":2}', '{"type":"step","step":3}'])
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with ev._lock:  # a writer stuck inside the log (a full pipe, a hung NFS server)
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    assert held.wait(10)
+    try:
+        ev.close()
+    finally:
+        release.set()
+        t.join(10)
+    assert ev.dropped == 3
+    assert "3 record(s) could not be written" in capfd.readouterr().err
