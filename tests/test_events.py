@@ -268,3 +268,26 @@ def test_close_counts_the_lines_it_could_not_write(tmp_path, monkeypatch, capfd)
         t.join(10)
     assert ev.dropped == 3
     assert "3 record(s) could not be written" in capfd.readouterr().err
+
+
+def test_a_compression_cut_short_by_exit_leaves_no_temporary(tmp_path):
+    """The log's compression runs on a daemon thread: an exit while it writes leaves no
+    `.gz.tmp` behind (removed at exit), and the rotated piece stays whole, uncompressed."""
+    piece = tmp_path / "rank0.0001.jsonl"
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from placement.events import compress_rotated
+        from placement.roles import OWN_THREADS
+        path = {str(piece)!r}
+        with open(path, "wb") as f:
+            f.write(os.urandom(1 << 20) * 48)  # ~48 MB that compresses slowly: the thread is mid-write at exit
+        OWN_THREADS.start(compress_rotated, "placement_gzip", (os.open(path, os.O_RDONLY), path, 0))
+        deadline = time.monotonic() + 30
+        while not os.path.exists(path + ".gz.tmp") and time.monotonic() < deadline:
+            time.sleep(0.001)
+        sys.exit(0 if os.path.exists(path + ".gz.tmp") else 3)
+    """)
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "rank0.0001.jsonl.gz.tmp").exists()
+    assert piece.stat().st_size == 48 << 20
