@@ -107,7 +107,8 @@ class MonitorConfig:
     auto: bool = _key(True, "under placerun, monitor every Python worker without a line of its code: steps found at "
                             "its optimizer steps and DataLoader fetches (docs/monitor.md); false = only "
                             "placement.attach() or a framework callback starts it (binding stays)")
-    log_dir: str = _key("placement_logs", "where each rank writes `rank<R>.jsonl`")
+    log_dir: str = _key("placement_logs", "where each rank writes `rank<R>.jsonl` (a directory of yours no other user "
+                                          "can write; a second job there writes `rank<R>-<n>.jsonl`)")
     log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
                                        "~10x smaller; `placement report` reads both); 0 = never")
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
