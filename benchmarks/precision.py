@@ -41,7 +41,7 @@ INJECT_WINDOWS, GAP_WINDOWS = 4, 4
 
 def schedule(balanced_windows: int, every: int) -> tuple[int, dict[int, tuple[int, int]]]:
     """(total steps, pct -> (first slow step, last slow step)): each injection starts at the first
-    step of an exchange window (straggler.exchange_steps) after the balanced ones."""
+    step of an exchange window (crossrank/exchange.py exchange_steps) after the balanced ones."""
     from placement.monitor.crossrank.exchange import exchange_steps
 
     def window_start(k: int) -> int:  # the first step of the k-th exchange window

@@ -2,7 +2,7 @@
 how many windows would name a rank, and how many did when the job ran.
 
 Each exchange window is rebuilt from the step records every rank logged, as the live exchange
-builds it (straggler.exchange_steps, figures_from_records), then judged by the monitor's own
+builds it (crossrank/exchange.py exchange_steps, stragglers/figures.py figures_from_records), then judged by the monitor's own
 classify and Naming, with the comm baseline kept as the exchange keeps it. On a log written with
 the same settings the re-judged events are the logged ones (the soak of docs/monitor.md: 63 named
 and 5 job-wide, both ways); with other overrides, what those would have named. For a balanced job

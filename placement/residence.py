@@ -1,6 +1,6 @@
 """Memory residence: the share of a rank's resident pages that sit on its planned NUMA node(s).
 
-The memory policy read back with get_mempolicy (memory.py) says where NEW pages go. The pages
+The memory policy read back with get_mempolicy (_procfs.py) says where NEW pages go. The pages
 themselves can be elsewhere: touched before the policy was set, taken from a cache filled by a
 thread bound to another node (PyTorch's pinned host allocator reuses blocks freed by threads on
 another node: pytorch/pytorch#160420), or placed by a policy the container narrowed. So the

@@ -1,4 +1,5 @@
-"""Rank 0 names stalled PEERS in its own log, through the job's c10d store (stall.py, exchange.py):
+"""Rank 0 names stalled PEERS in its own log, through the job's c10d store (monitor/health/peers.py,
+crossrank/exchange.py):
 - `hang`: 3 real gloo ranks, an all_reduce per step; rank 1's main thread blocks on a lock after
   step STOP_AT (so every rank then waits). Rank 0's log gets a `stall` event naming rank 1
   (reported_by 0, how "posted"), its last step and its main thread's wait channel, within

@@ -293,7 +293,7 @@ def test_a_bound_rank_logs_residence_of_its_pages_and_its_dataloaders_buffers(tm
         assert not [e for e in events if e["type"] == "warning" and "residence" in e.get("message", "")]
 
 
-# ---- rank 0's judgement of stalls outside any collective (stall.py PeerWatch.judge) -----------
+# ---- rank 0's reading of hangs outside any collective (health/peers.py PeerWatch.hang_events) ----
 def _post(rank, inside, phase="stalled"):
     return {"phase": phase, "rank": rank, "last_step": 40, "in_collective": inside,
             "main": {"state": "S", "wchan": "futex_do_wait", "stack": []}}

@@ -2,7 +2,7 @@
 
     step_monitor.py   the step hook (training thread) and the monitor thread; watch.py: data wait;
                       exitflush.py: every record written at exit
-    probes/           what is read of the rank's threads, and how often
+    probes/           what is read of the rank's threads, how often, and what placement costs
     comm/             how long each step spent in collectives
     sinks/            where built records go (the log, observers, summaries, digests)
     stragglers/       pure judgement of an exchange window: who is late, why, what it costs

@@ -1,4 +1,4 @@
-"""Policy `auto`: per-thread-role placement (the role table of DESIGN.md).
+"""Policy `auto`: per-thread-role placement (the role table of docs/plan.md).
 
 Per node, the ranks living there split its free physical cores into equal, compact shares
 (L3 groups, then clusters, kept together). Each rank needs hot cores: `main`; on a GPU rank

@@ -1,4 +1,4 @@
-"""The topology as data: schema `placement.topology/1` of DESIGN.md.
+"""The topology as data: schema `placement.topology/1` (docs/topology.md).
 
 Group keys (package, die, cluster, core, compute_unit, l3, numa) are ids such that CPUs
 with an equal key share that object; None where the machine has no such object or the

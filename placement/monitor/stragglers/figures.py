@@ -1,4 +1,6 @@
-"""Which ranks hold the others back, and why: a pure function over per-rank figures.
+"""Which ranks hold the others back, and why: the figures each rank sends (RankFigures, made from
+its records by figures_from_records), the thresholds, and the report they are judged into
+(StragglerReport); the judgement itself, a pure function over them, is classify.py.
 
 What
     Collectives make every rank wait for the last one to arrive, so a slow rank shows up
