@@ -17,18 +17,9 @@ from placement.records.digest import StepDigest
 from placement.records.words import cause_first
 from placement.records.parts import StepPart
 from placement.records.words import KINDS, StragglerKind
-from placement.report.logs import RunLog
+from placement.report.logs import RunLog, as_dict, as_list
 
 NAMED_PER_KIND = 8  # ranks named per kind in the summary; the rest are counted
-
-
-def _list(v: Any) -> list:
-    """A field that should be a list, as one: anything else (a log's fields are input) is none."""
-    return v if isinstance(v, list) else []
-
-
-def _dict(v: Any) -> dict:
-    return v if isinstance(v, dict) else {}
 
 
 def _int_list(v: Any) -> list[int]:
@@ -51,10 +42,10 @@ def straggler_ranks(e: dict) -> dict[str, list[int]]:
     """kind -> ranks one straggler event names: those it lists in full (`stragglers`) and, at
     scale, those it only counts by kind with their ranks in list form (`more`)."""
     out: dict[str, list[int]] = {}
-    for s in _list(e.get("stragglers")):
+    for s in as_list(e.get("stragglers")):
         if isinstance(s, dict):
             out.setdefault(str(s.get("kind")), []).extend(_int_list(s.get("ranks")))
-    for kind, more in (e.get("more") or {}).items():
+    for kind, more in as_dict(e.get("more")).items():
         if isinstance(more, dict):
             out.setdefault(str(kind), []).extend(_int_list(more.get("ranks")))
     return {k: sorted(set(v)) for k, v in out.items()}
@@ -121,7 +112,7 @@ def job_wide(e: dict) -> Optional[dict]:
     `comm-slow` instead: read as such)."""
     if isinstance(e.get("job_wide"), dict):
         return e["job_wide"]
-    if any(isinstance(s, dict) and s.get("kind") == StragglerKind.COMM_SLOW for s in _list(e.get("stragglers"))):
+    if any(isinstance(s, dict) and s.get("kind") == StragglerKind.COMM_SLOW for s in as_list(e.get("stragglers"))):
         return {"kind": StragglerKind.COMM_SLOW, "cause": StepPart.COMM, "cost_ms_per_step": None}
     return None
 
@@ -129,7 +120,7 @@ def job_wide(e: dict) -> Optional[dict]:
 def named_costs(e: dict) -> dict[int, float]:
     """rank -> what it cost the job in one straggler event's window, % of step (ranks named in full)."""
     out = {}
-    for s in _list(e.get("stragglers")):
+    for s in as_list(e.get("stragglers")):
         if isinstance(s, dict) and isinstance(s.get("cost_pct"), (int, float)):
             for r in _int_list(s.get("ranks")):
                 out[r] = float(s["cost_pct"])
@@ -137,7 +128,7 @@ def named_costs(e: dict) -> dict[int, float]:
 
 
 def _window_steps(e: dict) -> int:
-    span = _list(e.get("steps"))
+    span = as_list(e.get("steps"))
     ok = len(span) == 2 and all(isinstance(v, int) for v in span)
     return span[1] - span[0] + 1 if ok else 0
 
@@ -164,7 +155,7 @@ def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int, dic
                 continue
             for r in ranks:
                 windows[(r, kind)] += 1
-        for s in _list(e.get("stragglers")):
+        for s in as_list(e.get("stragglers")):
             if not isinstance(s, dict) or s.get("kind") == StragglerKind.COMM_SLOW:
                 continue
             for r in _int_list(s.get("ranks")):
@@ -173,7 +164,7 @@ def _holders(events: list[dict]) -> tuple[dict[str, list[Holder]], int, int, dic
                     late[key] = max(late.get(key, 0.0), float(s["lateness_ms"]))
                 if isinstance(s.get("cost_ms_per_step"), (int, float)):
                     cost[key] += s["cost_ms_per_step"] * steps
-            for c, ms in _dict(s.get("cost_by_cause")).items():
+            for c, ms in as_dict(s.get("cost_by_cause")).items():
                 if isinstance(ms, (int, float)):
                     lost[str(c)] += ms * steps
     by_kind: dict[str, list[Holder]] = {}
@@ -198,7 +189,7 @@ def stall_where(e: dict) -> str:
     main = e.get("main") if isinstance(e.get("main"), dict) else None
     if main:
         parts.append(f"main thread {main.get('state') or '?'} in {main.get('wchan') or '?'}")
-        python = e.get("python") or next((line for line in _list(main.get("stack"))
+        python = e.get("python") or next((line for line in as_list(main.get("stack"))
                                           if isinstance(line, str) and line.startswith("File")), None)
         if python:
             parts.append(f"Python at {python}")

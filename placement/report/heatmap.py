@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 
 from placement.report.cluster import job_wide, named_costs, stalled_ranks, straggler_ranks
-from placement.report.logs import LogReadError, RunLog
+from placement.report.logs import LogReadError, RunLog, as_list
 from placement.report.plot import pyplot, save_png
 
 MAX_COLUMNS = 200  # windows across; longer runs put several steps in a window
@@ -90,7 +90,7 @@ def _marks(table: RunLog, axes, row_of: dict[int, int]) -> None:
     for e in table.events:
         kind = e.get("type")
         if kind == "straggler":
-            span = e.get("steps") if isinstance(e.get("steps"), list) else []
+            span = as_list(e.get("steps"))
             if len(span) != 2:
                 continue
             job = job_wide(e)

@@ -247,6 +247,16 @@ def _walk(top: str, links: Optional[list[str]]):
                 yield path
 
 
+def as_list(v: Any) -> list:
+    """An event field that should be a list, as one: anything else (a log's fields are input) is none."""
+    return v if isinstance(v, list) else []
+
+
+def as_dict(v: Any) -> dict:
+    """An event field that should be a mapping, as one: anything else is an empty one."""
+    return v if isinstance(v, dict) else {}
+
+
 def valid_event(d: dict) -> bool:
     """Events carry a numeric time and an int (or absent) rank; a straggler event a list of dicts."""
     if not is_number(d.get("t")) or not (d.get("rank") is None or is_integer(d.get("rank"))) \

@@ -6,7 +6,7 @@ import bisect
 from typing import Optional
 
 from placement.records.parts import record_parts
-from placement.report.logs import LogReadError, RunLog
+from placement.report.logs import LogReadError, RunLog, as_list
 
 SEGMENTS = (("data wait", "#4C72B0"), ("comm", "#DD8452"), ("CPU stall", "#C44E52"), ("compute", "#8DA0CB"))
 MARKS = {"bind": ("#555555", ":"), "tune": ("#2CA02C", "--"), "rollback": ("#D62728", "--"),
@@ -69,8 +69,8 @@ def write_plot(log: RunLog, out_path: str) -> None:
             if kind != "straggler" and e.get("rank") != rank:
                 continue
             if kind == "straggler":
-                named = {r for s in e.get("stragglers", []) for r in (s.get("ranks") or [])}
-                span = e.get("steps") if isinstance(e.get("steps"), list) else []
+                named = {r for s in as_list(e.get("stragglers")) if isinstance(s, dict) for r in as_list(s.get("ranks"))}
+                span = as_list(e.get("steps"))
                 if rank in named and len(span) == 2:  # the window it judged, not when it was written
                     ax.axvspan(span[0] - 0.5, span[1] + 0.5, color=MARKS[kind][0], alpha=0.12,
                                label=None if kind in labelled else "straggler window")
