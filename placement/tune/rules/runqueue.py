@@ -52,10 +52,9 @@ class RunqueueRule(Rule):
                                 f"{format_cpulist(core)}: move {other} to {format_cpulist(move)}", evidence)
 
         # The /proc scan for foreign threads reads every thread of the machine (milliseconds on a
-        # node of busy ranks): it is made only when a move can follow, not at every window in
-        # which the hot thread waits with no other core to go to (a rank alone on its core).
-        if not layout.candidate_cores(hot, active_hot_roles(ctx)):
-            return None
+        # node of busy ranks): it is made only when a move can follow, after free_cores (which
+        # scans only when the share has another core), not at every window in which the hot
+        # thread waits with nowhere to go (a rank alone on its core).
         cores = free_cores(ctx, hot)
         if not cores:
             return self._held_by_own(ctx, hot, core, wait_pct, evidence)
