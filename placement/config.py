@@ -77,21 +77,19 @@ class NcclTimingMode(Vocabulary):
 TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_balancing")
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
-
-
-
 SHOWN_MAX = 200  # characters of a bad value quoted in a config error
 
 
 def _shown(value: Any) -> str:
     """A bad value as an error quotes it: its repr cut to SHOWN_MAX characters, built without
-    walking all of it (a YAML alias bomb of 309 bytes loads as millions of shared items, and its
-    full repr is 15.8 MB)."""
+    walking all of it (a YAML alias bomb of a few hundred bytes loads as millions of shared
+    items, and its full repr is megabytes)."""
     r = reprlib.Repr()
     r.maxlevel, r.maxstring, r.maxother = 4, SHOWN_MAX, SHOWN_MAX
     r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = 8
     text = r.repr(value)
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
+
 
 def _key(default: Any, doc: str) -> Any:
     """A configuration key with its default and its one-line description: keys_table() makes
@@ -240,7 +238,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         raise ConfigError(f"placement.monitor.log_dir={_shown(m.log_dir)} is not valid; valid: a directory path, "
                           "e.g. placement_logs (empty would write into the working directory)")
     if "\x00" in cfg.nccl_topo_file:
-        raise ConfigError(f"placement.nccl_topo_file={_shown(cfg.nccl_topo_file)} is not valid; valid: a file path or empty")
+        raise ConfigError(f"placement.nccl_topo_file={_shown(cfg.nccl_topo_file)} is not valid; "
+                          "valid: a file path or empty")
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
@@ -263,7 +262,8 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     x = cfg.metrics
     _range("metrics.port", x.port, 0, 65535)
     if "\x00" in x.textfile_dir:
-        raise ConfigError(f"placement.metrics.textfile_dir={_shown(x.textfile_dir)} is not valid; valid: a directory path or empty")
+        raise ConfigError(f"placement.metrics.textfile_dir={_shown(x.textfile_dir)} is not valid; "
+                          "valid: a directory path or empty")
     _range("metrics.publish_every_s", x.publish_every_s, 0.1, 3600.0)
     t = cfg.tune
     for r in t.rules:

@@ -338,7 +338,8 @@ class EventLog:
         if not self._acquire(CLOSE_WAIT_S):
             # Another thread held the log past CLOSE_WAIT_S: the lines buffered are not written
             # by this close, and are counted (read without the lock: at close, a best count).
-            self._count_lost(sum(b.count("\n") for b in list(self._buf)), f"the log was busy for {CLOSE_WAIT_S:.0f} s at close")
+            self._count_lost(sum(b.count("\n") for b in list(self._buf)),
+                             f"the log was busy for {CLOSE_WAIT_S:.0f} s at close")
             self.report_losses()
             return
         try:
@@ -534,7 +535,8 @@ def compress_rotated(fd: int, path: str, rank: int) -> Optional[str]:
     out = None
     try:
         with contextlib.suppress(FileNotFoundError):
-            if stat.S_ISREG(os.lstat(tmp).st_mode) and os.lstat(tmp).st_uid == os.geteuid():
+            st = os.lstat(tmp)
+            if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
                 os.unlink(tmp)  # a temporary of ours left by a process that died mid-compression
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         _compressing.add(tmp)

@@ -167,6 +167,12 @@ def name_this_thread(name: bytes) -> None:
         pass
 
 
+def thread_cpu_clock(tid: int) -> int:
+    """The clockid of thread `tid`'s CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED));
+    valid for threads of the calling process only."""
+    return ((~tid) << 3) | 6
+
+
 class OwnThreads:
     """placement's own threads in this process (the monitor's, the binder's watcher, rank 0's
     peer watch, the exchange's posts, the flight recorder's dumps, the log's compression), and
@@ -199,7 +205,7 @@ class OwnThreads:
         name_this_thread(name.encode())
         tid = threading.get_native_id()
         with self._lock:
-            self._live[tid] = ((~tid) << 3) | 6  # MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED)
+            self._live[tid] = thread_cpu_clock(tid)
         try:
             target(*args)
         finally:
@@ -220,7 +226,7 @@ class OwnThreads:
             return total
 
     def names(self) -> list[str]:
-        """The kernel names of the live ones (tests, placement doctor)."""
+        """The kernel names of the live ones."""
         with self._lock:
             tids = list(self._live)
         return [n for n in (_comm(os.getpid(), t, "/proc") for t in tids) if n]

@@ -786,7 +786,8 @@ class StepMonitor:
              "exchange_rows_dropped": self.exchange.rows_dropped}
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
-                          **self._thread_cost(thread), **self.cost.whole(self.steps_timed, self.self_ns, time.thread_time_ns() - c0, self._t_last),
+                          **self._thread_cost(thread),
+                          **self.cost.whole(self.steps_timed, self.self_ns, time.thread_time_ns() - c0, self._t_last),
                           probe_every=self.budget.every, **judged)
         self.events.flush()
         self.state = MonitorState.CLOSED

@@ -205,7 +205,7 @@ def printable(text: str) -> str:
     """`text` with every control or format character but the newline escaped (\\x1b, \\u202e...):
     a log's strings are input, and one holding a terminal's escape codes would clear the screen,
     retitle it or hide lines when the report is printed."""
-    if text.isprintable() or all(c == "\n" or c.isprintable() for c in text):
+    if all(c == "\n" or c.isprintable() for c in text):
         return text
     return "".join(c if c == "\n" or c.isprintable() else
                    (f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}") for c in text)

@@ -35,16 +35,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from placement import _procfs
-from placement.roles import main_thread
+from placement.roles import main_thread, thread_cpu_clock
 
 GONE_ERRNOS = _procfs.GONE_ERRNOS
 ThreadGone = _procfs.ThreadGone  # the thread (or its process) exited; its probe is to be dropped
-
-
-def thread_cpu_clock(tid: int) -> int:
-    """The clockid of thread `tid`'s CPU clock (MAKE_THREAD_CPUCLOCK(tid, CPUCLOCK_SCHED));
-    valid for threads of the calling process only."""
-    return ((~tid) << 3) | 6
 
 
 def _sched_getcpu() -> Optional[Callable[[], int]]:
