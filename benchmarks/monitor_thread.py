@@ -51,7 +51,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
     from monitor_overhead import calibrate, make_job, run_block, thread_cpu_ms
     from placement.monitor import step_monitor
     from placement.monitor.sinks import base as sinks
-    from placement.monitor.probes import sampled, threads
+    from placement.monitor.probes import cost, sampled, threads
 
     spent: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
@@ -75,7 +75,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
             (step_monitor.StepMonitor, "_process"), (step_monitor.StepMonitor, "_finalize"),
             (step_monitor, "write_to_sinks"), (sinks.JsonlSink, "write"), (sinks.ObserverSink, "write"),
             (sinks.DigestSink, "write"), (threads.RoleSampler, "read_span"), (threads.RoleSampler, "refresh"),
-            (step_monitor.StepMonitor, "_judge_budget"), (sampled.SampledReads, "take"),
+            (cost.CostKeeper, "judge_batch"), (sampled.SampledReads, "take"),
             (step_monitor.StepMonitor, "_watch_hang"), (step_monitor.StepMonitor, "_build_held")), LABELS):
         timed(owner, name, label)
     torch.set_num_threads(1)

@@ -115,7 +115,9 @@ class MonitorConfig:
                                       "flush_every x 2^k steps at once (docs/monitor.md); 0 = at every due step")
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
-    exchange_every: int = _key(20, "steps between cross-rank exchanges (straggler naming)")
+    exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
+    exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "
+                                      "ranks to exchange every 2^k-th window only (docs/monitor.md); 0 = every window")
     straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
                                               "removed) is at least this share of step time (docs/monitor.md)")
     straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
@@ -243,6 +245,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
+    _range("monitor.exchange_min_s", m.exchange_min_s, 0.0, 600.0)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
     _range("monitor.digest_every", m.digest_every, 0, 1_000_000)

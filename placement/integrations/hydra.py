@@ -50,6 +50,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "off": {"enabled": False},
         # Every figure as often as it is cheap enough to debug a run.
         "verbose": {"enabled": True, "flush_every": 1, "handover_min_s": 0.0, "rescan_every": 5, "exchange_every": 5,
+                    "exchange_min_s": 0.0,
                     "summary_every": 10},
         # Long production runs: fewer exchanges and rescans, no console summary.
         "light": {"enabled": True, "flush_every": 50, "handover_min_s": 2.0, "rescan_every": 100, "exchange_every": 100,

@@ -19,9 +19,10 @@ What
     whole windows (add_observer's window_end) is complete with its
     comm figures settled, its records are built and handed over too. Steps are built only once
     their comm figures are settled (comm.settled_through: NCCL durations arrive after the step)
-    or have waited comm.settle_max_s. Every monitor.exchange_every steps this rank's window
-    figures go to rank 0 through the job's c10d store (crossrank/), for the same absolute steps
-    on every rank (exchange_steps); and, between hand-overs, the hang watch (health/hang.py): a
+    or have waited comm.settle_max_s. At each exchange step (windows of monitor.exchange_every
+    steps, at short steps every 2^k-th only: crossrank/schedule.py ExchangeGrid) this rank's
+    window figures go to rank 0 through the job's c10d store (crossrank/), for the same
+    absolute steps on every rank; and, between hand-overs, the hang watch (health/hang.py): a
     rank that completes no step for max(monitor.stall_factor x its median step,
     monitor.stall_min_s) gets a `stall` event naming where its main thread is.
     Data crosses from the training thread as dataclasses (RawStep, HandOver, and the counters in
@@ -62,7 +63,8 @@ from placement.monitor import exitflush
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.probes.cost import CostKeeper
 from placement.monitor.comm.base import CommStep, CommTiming, comm_step
-from placement.monitor.crossrank.exchange import Exchange, exchange_steps
+from placement.monitor.crossrank.exchange import Exchange
+from placement.monitor.crossrank.schedule import ExchangeGrid
 from placement.monitor.stragglers.event import WindowJudgement, straggler_event, straggler_lines
 from placement.records.step import StepRecord
 from placement.monitor.health.residence import ResidenceWatch
@@ -201,10 +203,8 @@ class StepMonitor:
         self._sampled = SampledReads(sampler, lambda: self.step) if self.cfg.budget_pct > 0 else None
         # what placement costs the rank, and the budget that k is chosen by (probes/cost.py)
         self.cost = CostKeeper(self.cfg.budget_pct, events, warn, self._sampled)
-        # the step of the last exchange this rank took part in (the replaced monitor's last, if any)
-        self._exchanged_step = self.step - self.step % self.cfg.exchange_every
-        self._handed_through = self.step  # the last step of the last hand-over processed
-        self._exchanges_due: collections.deque[int] = collections.deque()  # exchange steps not sent yet
+        # which steps are exchange steps, and those this rank has not sent yet (crossrank/schedule.py)
+        self.grid = ExchangeGrid(self.cfg.exchange_every, self.cfg.exchange_min_s, exchange, rank, self.step)
         # Where built records go, in this order (sinks/).
         self._observers = ObserverSink(warn)
         # rank 0: called with every window judged (WindowJudgement), on the monitor thread
@@ -319,8 +319,7 @@ class StepMonitor:
             self._next_due = _next_multiple(step, cfg.flush_every * self.stride)
         else:
             self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
-                                 _next_multiple(step, cfg.exchange_every) if exchange is not None and exchange.enabled
-                                 else NEVER, self._window_due(step) if self._window_ends else NEVER)
+                                 self.grid.next_after(step) if exchange is not None and exchange.enabled else NEVER, self._window_due(step) if self._window_ends else NEVER)
         self._start_thread()
         self._wake.put(step)
         if len(self._handed) > MAX_BACKLOG:
@@ -432,7 +431,7 @@ class StepMonitor:
         try:
             self._finalize(final=False)
             ex = self.exchange
-            if ex is not None and ex.enabled and self._exchanges_due:
+            if ex is not None and ex.enabled and self.grid.due:
                 self._send_due_exchanges()
         except Exception as e:
             self._batch_failed(e)
@@ -502,7 +501,7 @@ class StepMonitor:
     def _process(self, item: HandOver, exchange: bool) -> None:
         cfg = self.cfg
         step, raw = item.last_step, _raw_steps(item.raw)
-        windowed = bool(self._window_ends) and self._window_due(self._handed_through) != NEVER
+        windowed = bool(self._window_ends) and self._window_due(self.grid.handed) != NEVER
         if item.span and (windowed or raw[-1].end_ns - self._span_ns >= SPAN_FLOORS * cfg.handover_min_s * 1e9):
             raw[-1].span = self.sampler.read_span(step - self._last_span_step)
             self._last_span_step, self._span_ns = step, raw[-1].end_ns
@@ -513,17 +512,13 @@ class StepMonitor:
         self._pace(step_ms, windowed)
         ex = self.exchange if exchange else None
         # every exchange step this hand-over holds (several when it holds several strides)
-        due = range(_next_multiple(self._handed_through, cfg.exchange_every), step + 1, cfg.exchange_every)
-        self._handed_through = step
-        exchange_now = ex is not None and ex.enabled and len(due) > 0
+        exchange_now = self.grid.hand(step, step_ms) and ex is not None
         flush_now = exchange_now or step % cfg.flush_every == 0
         if flush_now or (self._window_ends and self._window_complete(step)):
             self._finalize(final=False)
         if flush_now:
             self.events.flush()
-        if exchange_now:
-            self._exchanges_due.extend(due)
-        sent = ex is not None and bool(self._exchanges_due) and self._send_due_exchanges()
+        sent = ex is not None and bool(self.grid.due) and self._send_due_exchanges()
         if not sent and ex is not None and ex.pending:
             self._publish(ex.collect())
 
@@ -648,23 +643,25 @@ class StepMonitor:
         last step, so a late row is still judged with its peers' (it waits Exchange.WAIT_S).
         More than MAX_EXCHANGES_DUE waiting (steps never built): the oldest goes as it is."""
         built = self._pending_first_step - 1
+        grid = self.grid
         sent = False
-        while self._exchanges_due:
-            step = self._exchanges_due[0]
-            last = exchange_steps(step, self.cfg.exchange_every)[1]
-            if last > built and len(self._exchanges_due) <= MAX_EXCHANGES_DUE:
+        while grid.due:
+            step = grid.due[0]
+            if grid.window(step)[1] > built and len(grid.due) <= MAX_EXCHANGES_DUE:
                 break
-            self._exchanges_due.popleft()
-            self._submit_exchange(step)
-            sent = True
+            grid.settle(step, grid.step_ms)  # (it may drop `step`: a window the grid leaves out)
+            if grid.due and grid.due[0] == step:
+                grid.due.popleft()
+                self._submit_exchange(step)
+                sent = True
         return sent
 
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
         this rank's probe cadence); later steps wait for the next exchange."""
-        first, last = exchange_steps(step, self.cfg.exchange_every)
+        first, last = self.grid.window(step)
         figs = self._exchange_window.take(first, last)
-        self._exchanged_step = step
+        self.grid.sent = step
         self._publish(self.exchange.submit(figs, wait_s=wait_s))
 
     def _exchange_the_rest(self) -> None:
@@ -672,15 +669,17 @@ class StepMonitor:
         hand-over the exit path drained, then the steps after the last exchange window, which
         end at this rank's last step), so that the last steps are judged too. Rank 0 waits
         for their rows at most EXCHANGE_CLOSE_S in all."""
-        ex, every = self.exchange, self.cfg.exchange_every
+        ex, grid = self.exchange, self.grid
         if ex is None or not ex.enabled or self.step == 0:
             return
         deadline = time.monotonic() + EXCHANGE_CLOSE_S
-        for step in range(self._exchanged_step + every, self.step + 1, every):
+        grid.due.clear()
+        for step in grid.between(grid.sent + 1, self.step):
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
-        done = exchange_steps(self._exchanged_step, every)[1] if self._exchanged_step else 0
+        done = grid.window(grid.sent)[1] if grid.sent else 0
         if done < self.step:
-            figs = self._exchange_window.take(done + 1, self.step)
+            # a window like the others: the last exchange_every steps at most
+            figs = self._exchange_window.take(max(done + 1, self.step - grid.every + 1), self.step)
             self._publish(ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True))
         self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
@@ -784,6 +783,8 @@ class StepMonitor:
         judged = {} if self.exchange is None or self.rank != 0 else \
             {"straggler_candidates_held_back": self.exchange.naming.held_back,  # naming.py: not costly, or not yet confirmed
              "exchange_rows_dropped": self.exchange.rows_dropped}
+        if self.exchange is not None:
+            judged.update(self.grid.figures())
         self.events.event(EventKind.END, source="monitor", steps=self.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           **self._thread_cost(thread),

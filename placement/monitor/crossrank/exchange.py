@@ -68,6 +68,8 @@ SEQ, NODE = HEADER.index("seq"), HEADER.index("node_rank")
 # which would swallow the next one's mark, is told apart (decode_rows).
 MARK = 0x7FF8_504C_4143_4531
 COSTS_KEPT = 1000
+MAX_GRID_STRIDE = 64  # the most windows per exchange a grid may say (schedule.py MAX_STRIDE)
+GRID_MAX = 64  # bytes of the grid's line read at most ("<since> <stride>")
 LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-create (Exchange._sweep_late)
 
 
@@ -134,6 +136,16 @@ class StoreTransport:
     def peek(self, seq: int) -> bytes:
         """The rows sent so far for `seq`, left in place (call after arrived() > 0)."""
         return bytes(self.store.get(f"{seq}/rows"))
+
+    def post_grid(self, line: bytes) -> None:
+        self.store.set("grid", line)
+        self.store.add("grid/n", 1)
+
+    def read_grid(self) -> Optional[bytes]:
+        """The grid rank 0 posted, None before it did (one round trip then)."""
+        if int(self.store.add("grid/n", 0)) <= 0:
+            return None
+        return bytes(self.store.get("grid"))[:GRID_MAX]
 
     def post_host(self, rank: int, node_rank: Optional[int], host: str) -> None:
         self.store.append("hosts", f"{rank} {node_rank} {host}\n".encode())
@@ -483,6 +495,47 @@ class Exchange:
             rows, _ = decode_rows(self.transport.peek(seq), self.slots, seq, self.world_size)
         ranks, _, missing = row_ranks(rows, self.world_size)
         return seq, sent, ranks, missing
+
+    # ---- the exchange grid (schedule.py ExchangeGrid: which windows are exchanged) ---------------
+    def post_grid(self, since: int, stride: int) -> None:
+        """Rank 0: from exchange step `since` on, every `stride`-th window is exchanged."""
+        if self.transport is not None:
+            try:
+                self.transport.post_grid(f"{since} {stride}".encode())
+            except Exception as e:
+                self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)})")
+
+    def read_grid(self) -> Optional[tuple[int, int]]:
+        """(since, stride) as rank 0 posted it, None before it did. A line that is not two whole
+        numbers, `since` a multiple of this exchange's window and `stride` a power of two up to
+        MAX_GRID_STRIDE, is said once and read as every window from now on: (0, 1)."""
+        if self.transport is None:
+            return None
+        try:
+            raw = self.transport.read_grid()
+        except Exception as e:
+            self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)})")
+            return None
+        if raw is None:
+            return None
+        parts = raw.split()
+        if len(parts) == 2 and all(p.isdigit() and len(p) <= 18 for p in parts):
+            since, stride = int(parts[0]), int(parts[1])
+            if since % self.slots == 0 and 1 <= stride <= MAX_GRID_STRIDE and stride & (stride - 1) == 0:
+                return since, stride
+        self._warn("exchange-grid", f"the exchange grid read from the c10d store ({raw[:32]!r}) is not "
+                                    "'<since> <stride>' (a multiple of monitor.exchange_every, a power of two "
+                                    f"up to {MAX_GRID_STRIDE}); every window is exchanged")
+        return 0, 1
+
+    def forget(self, seq: int) -> None:
+        """Remove the keys of exchange `seq` (a window this rank sent that nobody will take)."""
+        if self.transport is not None:
+            try:
+                with self._take_lock:
+                    self.transport.forget(seq)
+            except Exception as e:
+                self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)})")
 
     @property
     def pending_seq(self) -> Optional[int]:

@@ -1,0 +1,127 @@
+"""Which steps are exchange steps, the same on every rank, and which of them this rank still owes.
+
+What
+    Exchange n carries the `every` (monitor.exchange_every) steps that exchange_steps(n) names.
+    At first every window is exchanged (n = every, 2 every, ...). At short steps that is
+    several exchanges a second, each a few store round trips and, on rank 0, a judgement: the
+    largest share of what placement's monitor thread spends in a DDP job at 10 ms steps
+    (benchmarks/job_cost.py). So rank 0 settles a grid once its steps have a steady median:
+    from exchange step `since` on, only every `stride`-th window (a power of two) is exchanged,
+    the fewest that leave monitor.exchange_min_s between two exchanges at its step time. A
+    window is still judged whole; the windows between are not sent (the judgement is a sample
+    of the run, one window each `stride`).
+
+The agreement
+    Ranks must send the same windows. Rank 0 posts (since, stride) under "grid" in the
+    exchange's store (Exchange.post_grid) with `since` at least LEAD windows after its own
+    step; every rank, rank 0 included (a monitor that replaces another, mid-run, finds the grid
+    its predecessor agreed), looks at each of its exchanges until it finds it (one round trip
+    each: Exchange.read_grid), then never again. Ranks of a DDP job are within a step of each
+    other, so each finds it before `since`. A rank that finds it late has sent windows past
+    `since` that rank 0 will never take: it removes their keys itself (Exchange.forget), after
+    its own last such send, so none is left in the job's store.
+
+Threads
+    Owned by the monitor thread (or whoever holds the monitor's lock): no lock of its own.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from typing import Optional
+
+from placement.monitor.crossrank.exchange import MAX_GRID_STRIDE, Exchange, exchange_steps
+
+# Windows between the exchange at which rank 0 posts the grid and `since`: every rank looks at
+# each exchange, so one window would do for ranks in step; two leave room for one a window ahead.
+LEAD = 2
+# Rank 0 settles the grid at the first exchange at least this many windows into the run (the
+# first steps, warm-up and the DataLoader's start, are no step time to settle on).
+SETTLE_AFTER = 4
+MAX_STRIDE = MAX_GRID_STRIDE  # windows per exchange at most (at 1 ms steps and 20-step windows: ~1.3 s)
+
+
+class ExchangeGrid:
+    """The exchange steps of this run, and this rank's place on them."""
+
+    def __init__(self, every: int, min_s: float, exchange: Optional[Exchange], rank: int, step: int):
+        self.every = every
+        self.min_s = min_s
+        self.exchange = exchange
+        self.rank = rank
+        self.stride = 1  # windows per exchange, from `since` on
+        self.since = math.inf  # the first exchange step of the agreed grid (before it: every window)
+        self.settled = min_s <= 0  # found (or nothing to agree): no more looks
+        self.sent = step - step % every  # the last exchange step this rank took part in
+        self.handed = step  # the last step the monitor thread has looked for exchange steps through
+        self.due: deque[int] = deque()  # exchange steps whose windows are not sent yet
+        self.step_ms: Optional[float] = None  # the last median step time handed over (rank 0 settles on it)
+
+    @property
+    def on(self) -> bool:
+        return self.exchange is not None and self.exchange.enabled
+
+    def is_exchange(self, step: int) -> bool:
+        if step <= 0 or step % self.every:
+            return False
+        return step < self.since or (step - self.since) % (self.every * self.stride) == 0
+
+    def next_after(self, step: int) -> int:
+        """The first exchange step after `step`."""
+        n = (step // self.every + 1) * self.every
+        if n < self.since:
+            return n
+        period = self.every * self.stride
+        return int(self.since + max(0, -(-(n - self.since) // period)) * period)
+
+    def between(self, first: int, last: int) -> list[int]:
+        """The exchange steps in first..last."""
+        out, n = [], self.next_after(first - 1)
+        while n <= last:
+            out.append(n)
+            n = self.next_after(n)
+        return out
+
+    def hand(self, through: int, step_ms: Optional[float] = None) -> bool:
+        """The monitor thread has the steps through `through` (their median step time
+        `step_ms`): their exchange steps join `due` (True when one did)."""
+        steps = self.between(self.handed + 1, through) if self.on else []
+        self.handed = max(self.handed, through)
+        self.step_ms = step_ms or self.step_ms
+        self.due.extend(steps)
+        return bool(steps)
+
+    def settle(self, step: int, step_ms: Optional[float]) -> None:
+        """At an exchange (`step`, this rank's last step handed over): look for the agreed grid,
+        and on rank 0, once the run is SETTLE_AFTER windows in and `step_ms` is known, agree one."""
+        if self.settled or not self.on:
+            return
+        found = self.exchange.read_grid()
+        if found is None and self.rank == 0 and step >= SETTLE_AFTER * self.every and step_ms:
+            stride = 1
+            while stride < MAX_STRIDE and stride * self.every * step_ms < self.min_s * 1e3:
+                stride *= 2
+            period = self.every * stride
+            since = -(-(step + LEAD * self.every) // period) * period
+            self.exchange.post_grid(since, stride)
+            found = (since, stride)
+        if found is None:
+            return
+        self.since, self.stride = found
+        self.settled = True
+        # Windows this rank sent past `since` that the grid leaves out (it found it late):
+        # nobody takes them; this rank's last send to each is behind it, so it removes them.
+        for n in range(self.every * math.ceil(self.since / self.every), self.sent + 1, self.every):
+            if not self.is_exchange(n):
+                self.exchange.forget(n)
+        self.due = deque(n for n in self.due if self.is_exchange(n))
+
+    def figures(self) -> dict:
+        """The end event's: the grid agreed (exchange_since: its first exchange step;
+        exchange_stride: windows per exchange), null before one was."""
+        agreed = self.settled and self.since != math.inf
+        return {"exchange_since": int(self.since) if agreed else None, "exchange_stride": self.stride if agreed else None}
+
+    def window(self, step: int) -> tuple[int, int]:
+        """The steps (first, last) exchange `step` carries."""
+        return exchange_steps(step, self.every)
