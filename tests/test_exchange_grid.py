@@ -21,14 +21,17 @@ def test_before_a_grid_every_window_is_an_exchange_and_rank_0_agrees_one_the_oth
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     (g0, g1), warned = _ranks(store)
     assert g0.between(1, 200) == list(range(20, 201, 20)) == g1.between(1, 200)
-    g1.settle(80, 5.0)  # rank 1 first: nothing posted yet, it goes on with every window
+    g1.step_ms = 5.0
+    g1.settle(80)  # rank 1 first: nothing posted yet, it goes on with every window
     assert not g1.settled and g1.stride == 1
-    g0.settle(SETTLE_AFTER * EVERY - EVERY, 5.0)  # too early in the run to settle on a step time
+    g0.step_ms = 5.0
+    g0.settle(SETTLE_AFTER * EVERY - EVERY)  # too early in the run to settle on a step time
     assert not g0.settled
-    g0.settle(SETTLE_AFTER * EVERY, 5.0)
+    g0.settle(SETTLE_AFTER * EVERY)
     # 5 ms steps: 16 windows (1.6 s) are the fewest that last 1 s; `since` on that grid, LEAD windows on
     assert (g0.stride, g0.since) == (16, 320) and g0.since >= SETTLE_AFTER * EVERY + LEAD * EVERY
-    g1.settle(100, 5.0)
+    g1.step_ms = 5.0
+    g1.settle(100)
     assert (g1.stride, g1.since) == (16, 320) and g1.settled and warned == []
     # both send the same windows: every one before `since`, then one in 16
     want = list(range(20, 320, 20)) + [320, 640, 960]
@@ -41,8 +44,10 @@ def test_before_a_grid_every_window_is_an_exchange_and_rank_0_agrees_one_the_oth
 def test_long_steps_keep_every_window_and_a_zero_floor_never_asks():
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     (g0, g1), _ = _ranks(store)
-    g0.settle(100, 80.0)  # 20 steps of 80 ms already last more than 1 s
-    g1.settle(120, 80.0)
+    g0.step_ms = 80.0
+    g0.settle(100)  # 20 steps of 80 ms already last more than 1 s
+    g1.step_ms = 80.0
+    g1.settle(120)
     assert (g0.stride, g1.stride) == (1, 1) and g1.settled
     assert g1.between(1, 400) == list(range(20, 401, 20))
     off = ExchangeGrid(EVERY, 0.0, Exchange(0, 2, store, lambda k, m: None, slots=EVERY), 0, 0)
@@ -52,7 +57,8 @@ def test_long_steps_keep_every_window_and_a_zero_floor_never_asks():
 def test_a_rank_that_finds_the_grid_late_removes_the_windows_it_sent_that_nobody_takes():
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     (g0, g1), _ = _ranks(store)
-    g0.settle(100, 5.0)
+    g0.step_ms = 5.0
+    g0.settle(100)
     assert g0.since == 320
     peek = dist.PrefixStore(PREFIX, store)
     # rank 1 was ahead and sent windows 320-380 before it looked (a job whose ranks are not in step)
@@ -60,7 +66,8 @@ def test_a_rank_that_finds_the_grid_late_removes_the_windows_it_sent_that_nobody
         g1.exchange.transport.send(n, b"row")
         g1.sent = n
     g1.due.extend([380, 400])
-    g1.settle(380, 5.0)
+    g1.step_ms = 5.0
+    g1.settle(380)
     assert g1.since == 320 and g1.stride == 16
     assert peek.check(["320/n"])  # on the grid: rank 0 takes it
     assert not any(peek.check([f"{n}/n"]) or peek.check([f"{n}/rows"]) for n in (340, 360, 380))
@@ -75,5 +82,6 @@ def test_a_grid_line_that_is_not_one_is_said_and_read_as_every_window():
         dist.PrefixStore(PREFIX, store).add("grid/n", 1)
         assert g1.exchange.read_grid() == (0, 1)
     assert len(warned) == 5 and all("exchange grid" in w and len(w) < 400 for w in warned)
-    g1.settle(100, 5.0)
+    g1.step_ms = 5.0
+    g1.settle(100)
     assert g1.settled and g1.between(1, 100) == [20, 40, 60, 80, 100]

@@ -319,7 +319,8 @@ class StepMonitor:
             self._next_due = _next_multiple(step, cfg.flush_every * self.stride)
         else:
             self._next_due = min(self._span_due, _next_multiple(step, cfg.flush_every),
-                                 self.grid.next_after(step) if exchange is not None and exchange.enabled else NEVER, self._window_due(step) if self._window_ends else NEVER)
+                                 self.grid.next_after(step) if exchange is not None and exchange.enabled else NEVER,
+                                 self._window_due(step) if self._window_ends else NEVER)
         self._start_thread()
         self._wake.put(step)
         if len(self._handed) > MAX_BACKLOG:
@@ -649,7 +650,7 @@ class StepMonitor:
             step = grid.due[0]
             if grid.window(step)[1] > built and len(grid.due) <= MAX_EXCHANGES_DUE:
                 break
-            grid.settle(step, grid.step_ms)  # (it may drop `step`: a window the grid leaves out)
+            grid.settle(step)  # (it may drop `step`: a window the grid leaves out)
             if grid.due and grid.due[0] == step:
                 grid.due.popleft()
                 self._submit_exchange(step)

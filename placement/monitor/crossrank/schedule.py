@@ -38,7 +38,6 @@ LEAD = 2
 # Rank 0 settles the grid at the first exchange at least this many windows into the run (the
 # first steps, warm-up and the DataLoader's start, are no step time to settle on).
 SETTLE_AFTER = 4
-MAX_STRIDE = MAX_GRID_STRIDE  # windows per exchange at most (at 1 ms steps and 20-step windows: ~1.3 s)
 
 
 class ExchangeGrid:
@@ -67,7 +66,8 @@ class ExchangeGrid:
         return step < self.since or (step - self.since) % (self.every * self.stride) == 0
 
     def next_after(self, step: int) -> int:
-        """The first exchange step after `step`."""
+        """The first exchange step after `step`. (The training thread asks too, at hand-overs: a
+        grid settled between its reads of `since` and `stride` only moves one hand-over.)"""
         n = (step // self.every + 1) * self.every
         if n < self.since:
             return n
@@ -91,15 +91,16 @@ class ExchangeGrid:
         self.due.extend(steps)
         return bool(steps)
 
-    def settle(self, step: int, step_ms: Optional[float]) -> None:
-        """At an exchange (`step`, this rank's last step handed over): look for the agreed grid,
-        and on rank 0, once the run is SETTLE_AFTER windows in and `step_ms` is known, agree one."""
+    def settle(self, step: int) -> None:
+        """At exchange `step`: look for the agreed grid, and on rank 0, once the run is
+        SETTLE_AFTER windows in and a median step time was handed over, agree one."""
         if self.settled or not self.on:
             return
         found = self.exchange.read_grid()
+        step_ms = self.step_ms
         if found is None and self.rank == 0 and step >= SETTLE_AFTER * self.every and step_ms:
             stride = 1
-            while stride < MAX_STRIDE and stride * self.every * step_ms < self.min_s * 1e3:
+            while stride < MAX_GRID_STRIDE and stride * self.every * step_ms < self.min_s * 1e3:
                 stride *= 2
             period = self.every * stride
             since = -(-(step + LEAD * self.every) // period) * period
@@ -111,7 +112,7 @@ class ExchangeGrid:
         self.settled = True
         # Windows this rank sent past `since` that the grid leaves out (it found it late):
         # nobody takes them; this rank's last send to each is behind it, so it removes them.
-        for n in range(self.every * math.ceil(self.since / self.every), self.sent + 1, self.every):
+        for n in range(max(self.since, self.every), self.sent + 1, self.every):  # (since: a multiple of every)
             if not self.is_exchange(n):
                 self.exchange.forget(n)
         self.due = deque(n for n in self.due if self.is_exchange(n))
