@@ -95,12 +95,8 @@ def _rank(rank: int, world: int, port: int, exchanges: int, out, master: str = "
     dist.barrier()
     for seq in range(1, exchanges + 1):
         time.sleep(0.02)  # the steps of a window
-        verdict = ex.submit(figures(rank, seq, "cpu-slow" if rank == 1 else ""))
-        if verdict is not None:
-            reports.append(verdict.report)
-    verdict = ex.close(timeout_s=10.0)
-    if verdict is not None:
-        reports.append(verdict.report)
+        reports.extend(v.report for v in ex.submit([figures(rank, seq, "cpu-slow" if rank == 1 else "")]))
+    reports.extend(v.report for v in ex.close(timeout_s=10.0))
     dist.barrier()
     named = [r.names() for r in reports]
     out.put({"rank": rank, "send_us": list(ex.send_us), "send_cpu_us": list(ex.send_cpu_us),
@@ -208,9 +204,7 @@ def judging_side(world: int, exchanges: int, senders: Senders) -> dict:
         send_us.extend(senders.send(port, world, seq))
         ex._seq = seq
         ex._pending = (seq, time.monotonic())
-        verdict = ex.collect(block=True)
-        if verdict is not None:
-            events.append(straggler_event(verdict))
+        events.extend(straggler_event(v) for v in ex.collect(block=True))
     last = events[-1] if events else {}
     return {"world": world, "rank0_ms": statistics.median(ex.judge_ms), "take_ms": statistics.median(ex.take_ms),
             "sender_us_per_rank": statistics.median(send_us), "bytes_to_rank0": world * ROW_BYTES,

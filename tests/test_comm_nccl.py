@@ -530,11 +530,12 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
         def __init__(self):
             self.sent = []
 
-        def submit(self, figs, wait_s=None, at_exit=False):
-            self.sent.append((figs.first_step, figs.last_step, figs.steps, at_exit))
+        def submit(self, windows, wait_s=None, at_exit=False):
+            self.sent.extend((figs.first_step, figs.last_step, figs.steps, at_exit) for figs in windows)
+            return []
 
         def close(self, timeout_s=2.0):
-            pass
+            return []
 
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": 5, "exchange_every": 10, "summary_every": 0})

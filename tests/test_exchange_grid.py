@@ -1,10 +1,12 @@
 """The exchange grid (placement/monitor/crossrank/schedule.py): at short steps rank 0 agrees with
-the ranks, through a real TCPStore, to exchange every 2^k-th window only; every rank then sends
-the same windows, a rank that found the grid late removes the windows nobody will take, and a
-grid line that is not one is said and read as every window."""
+the ranks, through a real TCPStore, to exchange at every 2^k-th window only, each exchange
+carrying the windows since the one before; every rank then sends the same windows, each judged
+on its own, a rank that found the grid late removes the keys nobody will take, and a grid line
+that is not one is said and read as every window."""
 import torch.distributed as dist
 
-from placement.monitor.crossrank.exchange import PREFIX, Exchange
+from placement.monitor.crossrank.exchange import PREFIX, Exchange, exchange_steps
+from placement.monitor.stragglers.figures import RankFigures
 from placement.monitor.crossrank.schedule import LEAD, SETTLE_AFTER, ExchangeGrid
 
 EVERY = 20
@@ -39,6 +41,34 @@ def test_before_a_grid_every_window_is_an_exchange_and_rank_0_agrees_one_the_oth
     for step in range(0, 1000, 7):
         assert g0.next_after(step) == min(n for n in want + [1280] if n > step)
         assert g0.is_exchange(step) == (step in want)
+    # ... and every window goes, once, in order: the grid's exchanges carry the windows between
+    carried = [w for n in want for w in g0.windows(n)]
+    assert carried == [exchange_steps(n, EVERY) for n in range(20, 961, 20)]
+    assert [len(g0.windows(n)) for n in (300, 320, 640)] == [1, 1, 16]
+
+
+def test_an_exchange_of_several_windows_is_judged_a_window_at_a_time_in_order():
+    """Two ranks over a real TCPStore send 3 windows in one exchange; rank 1 is slow in the last
+    two: rank 0 judges each window with both ranks, in order, and names rank 1 on the second
+    of them (its second costly window in a row: monitor.straggler_confirm_windows), since the first."""
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    warned: list = []
+    ex0, ex1 = (Exchange(r, 2, store, lambda key, msg: warned.append(msg), slots=EVERY) for r in range(2))
+
+    def figs(rank: int, n: int) -> RankFigures:
+        first, last = exchange_steps(n, EVERY)
+        late = rank == 1 and n > 20
+        comm = tuple(0.5 if late else 8.0 for _ in range(last - first + 1))  # rank 0 waits for rank 1
+        return RankFigures(rank, last - first + 1, first, last, 20.0, 0.0, comm[0], 0.1, None,
+                           19.0 if late else 11.0, None, comm)
+
+    ex1.submit([figs(1, n) for n in (20, 40, 60)])
+    assert ex0.submit([figs(0, n) for n in (20, 40, 60)]) == []
+    verdicts = ex0.collect(block=True)
+    assert [v.ranks_judged for v in verdicts] == [2, 2, 2] and ex0.rows_dropped == 0, verdicts
+    named = [[(s.ranks, s.since_step) for s in v.report.stragglers] for v in verdicts]
+    assert named == [[], [], [([1], exchange_steps(40, EVERY)[0])]], named
+    assert warned == []
 
 
 def test_long_steps_keep_every_window_and_a_zero_floor_never_asks():

@@ -82,9 +82,10 @@ def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged
         peer.store.append("10/rows", raw)
     peer.store.add("10/n", 3)
     figs0 = RankFigures(0, every, 1, 10, 20.0, 0.5, 5.0, 0.1, 0.05, 10.0, None, tuple(5.0 for _ in range(every)))
-    assert ex.submit(figs0) is None
-    verdict = ex.collect(block=True)
-    assert verdict is not None and verdict.ranks_judged == 3, verdict
+    assert ex.submit([figs0]) == []
+    verdicts = ex.collect(block=True)
+    assert len(verdicts) == 1 and verdicts[0].ranks_judged == 3, verdicts
+    verdict = verdicts[0]
     assert sorted(int(f.rank) for f in verdict.figures) == [0, 1, 3]
     assert ex.rows_dropped == 7, ex.rows_dropped
     assert [k for k, _ in said].count("exchange-bad-rows") == 1

@@ -259,15 +259,15 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     ex.WAIT_S = 1.0
     watch = PeerWatch(ex, lambda: 0.5, written.append, poll_s=1.0)  # rank 0's hang limit: 0.5 s
     watch.poll()  # its first look sets the limit the exchange's judgement names by
-    _keep(reports, ex.submit(figs(0, 10)))
+    _keep(reports, ex.submit([figs(0, 10)]))
     t0 = time.monotonic()
-    _keep(reports, ex.submit(figs(0, 20)))  # judges exchange 10 first: waits WAIT_S for rank 1
+    _keep(reports, ex.submit([figs(0, 20)]))  # judges exchange 10 first: waits WAIT_S for rank 1
     waited_first = time.monotonic() - t0
     assert reports[-1]["missing"] == [1]
     watch.poll()
     assert [(f["phase"], f["rank"], f["how"]) for f in written] == [("stalled", 1, "rows stopped")]
     t0 = time.monotonic()
-    _keep(reports, ex.submit(figs(0, 30)))  # judges exchange 20: rank 1 is named, not waited for
+    _keep(reports, ex.submit([figs(0, 30)]))  # judges exchange 20: rank 1 is named, not waited for
     waited_named = time.monotonic() - t0
     assert reports[-1]["missing"] == [1]
     assert waited_first >= ex.WAIT_S * 0.9 and waited_named < waited_first * 0.3, (waited_first, waited_named)
@@ -297,19 +297,19 @@ def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_sto
     reports = []
     ex = Exchange(0, 2, store, lambda key, msg: None, slots=EVERY)
     ex.WAIT_S = 0.3
-    _keep(reports, ex.submit(figs(0, 10)))
-    _keep(reports, ex.submit(figs(0, 20)))  # judges 10 without rank 1
+    _keep(reports, ex.submit([figs(0, 10)]))
+    _keep(reports, ex.submit([figs(0, 20)]))  # judges 10 without rank 1
     assert reports[-1]["missing"] == [1] and not keys.check(["10/rows"]) and not keys.check(["10/n"])
     late = StoreTransport(store, 1, 2)
     late.send(10, encode_row(10, 0, figs(1, 10), EVERY))  # too late: its keys are made anew
     assert keys.check(["10/rows"]) and keys.check(["10/n"])
     late.send(20, encode_row(20, 0, figs(1, 20), EVERY))
-    _keep(reports, ex.submit(figs(0, 30)))  # judges 20 (both rows), then sweeps 10
+    _keep(reports, ex.submit([figs(0, 30)]))  # judges 20 (both rows), then sweeps 10
     assert reports[-1]["missing"] == [] and reports[-1]["ranks_judged"] == 2
     assert not keys.check(["10/rows"]) and not keys.check(["10/n"]) and not keys.check(["20/rows"])
 
 
-def _keep(reports: list, verdict) -> None:
-    """What rank 0's exchange judged (its WindowJudgement), as the fields the tests read."""
-    if verdict is not None:
+def _keep(reports: list, verdicts) -> None:
+    """What rank 0's exchange judged (its WindowJudgements), as the fields the tests read."""
+    for verdict in verdicts:
         reports.append({"missing": verdict.missing, "ranks_judged": verdict.ranks_judged})

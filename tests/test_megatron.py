@@ -287,7 +287,7 @@ def test_example_under_placerun_two_ranks(tmp_path):
     for rank in (0, 1):
         steps = _step_records(tmp_path / "logs" / f"rank{rank}.jsonl")
         assert [r["step"] for r in steps] == list(range(1, 7))
-        assert all(r["comm_count"] >= 1 and r["comm_ms"] > 0 for r in steps)
+        assert all(r["comm_count"] >= 1 and r["comm_inflight_ms"] > 0 for r in steps)
 
 
 @pytest.mark.slow

@@ -72,7 +72,7 @@ from placement.monitor.health.hang import HangWatch
 from placement.monitor.health.peers import PeerWatch, write_peer_hang
 from placement.monitor.sinks.base import (DigestSink, ExchangeWindow, JsonlSink, ObserverSink, RecordSink, SummarySink,
                                      TensorBoardSink, close_sinks, write_to_sinks)
-from placement.records.parts import split_step
+from placement.records.parts import comm_wait_ms, split_step
 from placement.monitor.probes.counters import MainRead
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import MAIN, HotRead, RoleSampler, merge_span
@@ -591,7 +591,11 @@ class StepMonitor:
         # and main's runqueue wait (the CPU stall) is looked up once for them.
         batch = []
         append = batch.append
-        t_last, shared, runq = self._t_last, None, None
+        t_last, shared, runq, cpu = self._t_last, None, None, None
+        # Calls that block (gloo) leave main off-CPU while it waits: its schedstat tells the
+        # wait from the time in flight (records/parts.py). NCCL's return at enqueue: the
+        # GPU-side time is all there is.
+        wait_from_cpu = self.comm.timed_calls
         for i, r in enumerate(ready):
             comm = late_comm.get(i, r.comm) if late_comm else r.comm
             end_ns = r.end_ns
@@ -602,13 +606,14 @@ class StepMonitor:
                 merge_span(roles, r.span)
             if roles is not shared:
                 shared, main = roles, roles.get(MAIN)
-                runq = None if main is None else main.runq_ms
-            c = comm.comm_ms
+                runq, cpu = (None, None) if main is None else (main.runq_ms, main.cpu_ms)
+            inflight = comm.comm_ms
+            c = comm_wait_ms(step_ms, data_ms, inflight, cpu, runq) if wait_from_cpu and inflight else inflight
             # split once here and kept on the record: the digest, summary and metrics read them too
             parts = split_step(step_ms, data_ms, c, runq)
             append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
                               step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
-                              local_rank, comm.enter_t, probe_steps[i], run, parts))
+                              local_rank, comm.enter_t, probe_steps[i], run, inflight, parts))
         self._t_last, self._wall_last = t_last, ends[-1]
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self.hang.step_times(rec.step_ms for rec in batch)
@@ -648,7 +653,7 @@ class StepMonitor:
         sent = False
         while grid.due:
             step = grid.due[0]
-            if grid.window(step)[1] > built and len(grid.due) <= MAX_EXCHANGES_DUE:
+            if grid.windows(step)[-1][1] > built and len(grid.due) <= MAX_EXCHANGES_DUE:
                 break
             grid.settle(step)  # (it may drop `step`: a window the grid leaves out)
             if grid.due and grid.due[0] == step:
@@ -659,9 +664,9 @@ class StepMonitor:
 
     def _submit_exchange(self, step: int, wait_s: Optional[float] = None) -> None:
         """Send the figures of the same absolute steps as every other rank (built here whatever
-        this rank's probe cadence); later steps wait for the next exchange."""
-        first, last = self.grid.window(step)
-        figs = self._exchange_window.take(first, last)
+        this rank's probe cadence), a row per window the exchange carries; later steps wait for
+        the next exchange."""
+        figs = [self._exchange_window.take(first, last) for first, last in self.grid.windows(step)]
         self.grid.sent = step
         self._publish(self.exchange.submit(figs, wait_s=wait_s))
 
@@ -677,19 +682,23 @@ class StepMonitor:
         grid.due.clear()
         for step in grid.between(grid.sent + 1, self.step):
             self._submit_exchange(step, wait_s=max(0.0, deadline - time.monotonic()))
-        done = grid.window(grid.sent)[1] if grid.sent else 0
+        done = grid.windows(grid.sent)[-1][1] if grid.sent else 0  # the last step sent
         if done < self.step:
-            # a window like the others: the last exchange_every steps at most
-            figs = self._exchange_window.take(max(done + 1, self.step - grid.every + 1), self.step)
+            # windows like the others (exchange_every steps, the first cut at `done`), counted
+            # back from this rank's last step, as decode_rows reads an exchange's windows
+            ends = range(self.step, done, -grid.every)
+            figs = [self._exchange_window.take(max(done + 1, last - grid.every + 1), last) for last in reversed(ends)]
             self._publish(ex.submit(figs, wait_s=max(0.0, deadline - time.monotonic()), at_exit=True))
         self._publish(ex.close(timeout_s=max(0.0, deadline - time.monotonic())))
 
-    def _publish(self, verdict: Optional[WindowJudgement]) -> None:
+    def _publish(self, verdicts: list[WindowJudgement]) -> None:
         """Rank 0: every judged window to the judgement observers (the live metrics: who is named
         and who no longer is); one `straggler` event, and its log lines, per window that names
         someone (or starts a job-wide slowdown)."""
-        if verdict is None:
-            return
+        for verdict in verdicts:
+            self._publish_one(verdict)
+
+    def _publish_one(self, verdict: WindowJudgement) -> None:
         for observe in self.judgement_observers:
             try:
                 observe(verdict)

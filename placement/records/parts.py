@@ -2,9 +2,22 @@
 periodic summary, `placement report` (table, plot, heatmap, trace, --compare) and the straggler causes use.
 
 What
-    A step's time is its data wait (blocked on the next batch), then its comm wait (in
-    collectives), then its CPU stall (the main thread's runqueue wait: runnable, waiting for a
-    CPU), then compute, the rest.
+    A step's time is its data wait (blocked on the next batch), then its comm wait (blocked on
+    its collectives), then its CPU stall (the main thread's runqueue wait: runnable, waiting for
+    a CPU), then compute, the rest.
+
+Comm wait is what main waited, not what was in flight
+    DDP all-reduces its buckets while backward goes on, so a collective in flight is not a step
+    waiting: a rank that computes longer inside backward has its buckets in flight all the
+    while, and booking that time as comm hides the very rank the others wait for (TraceML's
+    users see the same: traceml#252). While main is on a CPU or runnable it computes or stalls,
+    whatever is in flight; so comm wait (comm_wait_ms) is the time main was off-CPU outside its
+    data wait, up to the collectives' time in flight: the step less its data wait, less main's
+    on-CPU and runqueue time (its schedstat), at most comm in flight. Compute is then never
+    less than main's time on a CPU. Comm in flight stays a figure of its own
+    (StepRecord.comm_inflight_ms: the comm-overlap view), never a part. Where the CPU cannot see
+    the wait (NCCL: calls return at enqueue, and a CUDA sync spins on a CPU), comm wait is the
+    GPU-side time in flight, which includes the wait for a late peer (docs/monitor.md).
 
 Why they do not overlap
     Blocked on data or on a collective the main thread sleeps, so its runqueue wait falls in the
@@ -41,6 +54,19 @@ class StepParts(NamedTuple):
     def as_dict(self) -> dict[StepPart, Optional[float]]:
         return {StepPart.DATA: self.data_ms, StepPart.COMM: self.comm_ms, StepPart.CPU_STALL: self.cpu_stall_ms,
                 StepPart.COMPUTE: self.compute_ms}
+
+
+def comm_wait_ms(step_ms: float, data_ms: Optional[float], inflight_ms: Optional[float],
+                 main_cpu_ms: Optional[float], main_runq_ms: Optional[float]) -> Optional[float]:
+    """A step's comm wait (the module docstring) from what main's schedstat says of it: its
+    time in flight, less whatever of it main spent on a CPU or in the runqueue. None when
+    either is not measured: an in-flight figure is an upper bound, never the wait."""
+    if not inflight_ms:
+        return inflight_ms
+    if main_cpu_ms is None:
+        return None
+    off_cpu = step_ms - (data_ms or 0.0) - main_cpu_ms - (main_runq_ms or 0.0)
+    return inflight_ms if off_cpu >= inflight_ms else max(off_cpu, 0.0)
 
 
 def _within(v: Optional[float], left: float) -> float:

@@ -99,7 +99,9 @@ class StepRecord:
     t: float  # wall clock at the end of the step (time.time())
     step_ms: float
     data_ms: float = 0.0  # time blocked waiting for the next batch
-    comm_ms: float = 0.0  # time in collectives (NCCL: PyTorch's own timing; gloo: call wall time)
+    # Comm wait: the time the step waited for its collectives (records/parts.py comm_wait_ms),
+    # the step's comm part; None: not measured.
+    comm_ms: Optional[float] = 0.0
     comm_count: int = 0
     # Keyed by role (a ThreadRole is also its name: rec.roles["main"] finds it); JSON keys are the names.
     roles: dict[ThreadRole, RoleSample] = field(default_factory=dict)
@@ -113,6 +115,10 @@ class StepRecord:
     # read (steps after the last reading, at exit).
     probe_steps: int = 1
     run: Optional[str] = None  # the run's id (identity.py): which run of the job wrote it
+    # Comm in flight: the union of the step's collectives' intervals, overlapping compute or not
+    # (NCCL: PyTorch's GPU-side timing; gloo: call wall time); the comm-overlap view, never a
+    # part. A log line without it was written before comm wait: its comm_ms is this figure.
+    comm_inflight_ms: Optional[float] = None
     # Its parts (records/parts.py record_parts), split at the first asking; not written to the log.
     parts: Optional[StepParts] = field(default=None, repr=False, compare=False)
 
@@ -120,7 +126,7 @@ class StepRecord:
         # Built by hand: dataclasses.asdict costs ~50 us per record, a whole step's budget.
         return {"type": EventKind.STEP, "rank": self.rank, "step": self.step, "t": self.t,
                 "step_ms": self.step_ms, "data_ms": self.data_ms, "comm_ms": self.comm_ms,
-                "comm_count": self.comm_count,
+                "comm_inflight_ms": self.comm_inflight_ms, "comm_count": self.comm_count,
                 "roles": {name: s.to_dict() for name, s in self.roles.items()},
                 "verdict": self.verdict, "local_rank": self.local_rank,
                 "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps,
@@ -140,7 +146,8 @@ class StepRecord:
         verdict = _VERDICT.get(self.verdict) or '"verdict":"%s"' % self.verdict  # a word read back from a newer log
         return (f'{{"type":"step","rank":{self.rank},"step":{self.step},"t":{_num(self.t)},'
                 f'"step_ms":{_num(self.step_ms)},"data_ms":{_num(self.data_ms)},"comm_ms":{_num(self.comm_ms)},'
-                f'"comm_count":{self.comm_count},"roles":{{{roles}}},{verdict},'
+                f'"comm_inflight_ms":{_num(self.comm_inflight_ms)},"comm_count":{self.comm_count},'
+                f'"roles":{{{roles}}},{verdict},'
                 f'"local_rank":{self.local_rank},"comm_enter_t":{_num(self.comm_enter_t)},'
                 f'"probe_steps":{self.probe_steps}' + ("}" if self.run is None else f',"run":"{self.run}"}}'))
 
@@ -186,6 +193,7 @@ def valid_step(d: dict) -> bool:
     roles = get("roles", {})
     if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
             and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
+            and is_number(get("comm_inflight_ms"), optional=True)
             and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
             and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
             and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):

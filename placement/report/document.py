@@ -52,7 +52,9 @@ def report_document(log: RunLog, summary: ClusterSummary) -> dict[str, Any]:
         "run": _run(log.run), "runs": [_run(r) for r in log.runs],
         "job": {"ranks": len(log.ranks()), "step_records": log.step_count(), "read_by_digests": log.from_digests,
                 "median_step_ms": summary.median_step_ms,
-                "parts_pct": job_parts_pct(log)},
+                "parts_pct": job_parts_pct(log),
+                # step lines whose comm part is time in flight (written before comm wait)
+                "comm_in_flight_lines": log.comm_in_flight},
         "ranks": ranks,
         "held_back": {
             "judged_windows": summary.judged_windows, "job_wide_slowdowns": summary.comm_slow_windows,

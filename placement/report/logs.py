@@ -117,6 +117,9 @@ class RunLog:
     long_without_digests: bool = False  # AUTO found the logs long but with no digests: every line was parsed
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, why) skipped, the rest read
     links_skipped: int = 0  # links met in a directory walk, not followed
+    # Step lines written before comm wait (records/parts.py): no comm_inflight_ms, and their
+    # comm_ms, read as the comm part, is the collectives' time in flight.
+    comm_in_flight: int = 0
 
     def __len__(self) -> int:
         return len(self.rank)
@@ -299,6 +302,7 @@ class _Columns:
         self.verdict = array("b")
         for name in FIGURES:
             setattr(self, name, array("d"))
+        self.comm_in_flight = 0  # step lines whose comm is time in flight (RunLog.comm_in_flight)
 
     def append(self, d: dict) -> None:
         """One valid step line (valid_step)."""
@@ -313,12 +317,15 @@ class _Columns:
         parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), role_runq(roles, "main"))
         self.data_ms.append(_NAN if d.get("data_ms") is None else parts.data_ms)
         self.comm_ms.append(_NAN if d.get("comm_ms") is None else parts.comm_ms)
+        if "comm_inflight_ms" not in d and d.get("comm_ms"):
+            self.comm_in_flight += 1
         self.stall_ms.append(_or_nan(parts.cpu_stall_ms))
         self.enter_t.append(_or_nan(d.get("comm_enter_t")))
 
     def extend(self, other: "_Columns") -> None:
         for name in ("rank", "step", "verdict") + FIGURES:
             getattr(self, name).extend(getattr(other, name))
+        self.comm_in_flight += other.comm_in_flight
 
     def numpy(self, name: str, dtype):
         """The column as a numpy array (a view of the column's memory)."""
@@ -522,6 +529,7 @@ class _Reader:
         for name in FIGURES:
             setattr(log, name, cols.numpy(name, np.float64)[order])
         log.verdict = cols.numpy("verdict", np.int8)[order]
+        log.comm_in_flight = cols.comm_in_flight
         if self.records is not None:
             log.records = {rank: sorted(recs, key=lambda r: r.step) for (rid, rank), recs in self.records.items()
                            if rid == run_id}

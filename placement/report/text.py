@@ -185,6 +185,11 @@ PARTS_SENTENCE = ("a step's time = data wait + comm wait + CPU stall (main's run
                   "compute, disjoint, as % of step time: they add up to 100")
 
 
+# What the report says of logs written before comm wait (records/parts.py).
+IN_FLIGHT_LINE = ("comm here is comm in flight on {n} step line(s), written before placement measured comm wait: "
+                  "it includes compute that overlapped the collectives, so compute is short by as much")
+
+
 def run_lines(log: RunLog) -> list[str]:
     """What the logs hold beside the run reported: one line when they hold several runs (the
     run reported and how to choose another; 'of N jobs' when their launchers name different
@@ -231,6 +236,8 @@ def report_text(log: RunLog) -> str:
     parts.append(rank_table(rows) if rows else "no step records")
     parts.append("")
     parts.append(PARTS_SENTENCE)
+    if log.comm_in_flight:
+        parts.append(IN_FLIGHT_LINE.format(n=log.comm_in_flight))
     lines = event_lines(log)
     parts.append("")
     parts.append(f"events ({len(lines)}):" if lines else "events: none")

@@ -97,7 +97,7 @@ def default_store():
 
 @dataclass
 class Received:
-    """What rank 0 took for one exchange: the rows as an array (W' x row length)."""
+    """What rank 0 took for one window of an exchange: its rows as an array (W' x row length)."""
 
     seq: int
     rows: Any  # numpy float64, one row per rank that sent in time
@@ -186,31 +186,34 @@ ROWS_READ_MAX = 2  # rows parsed per exchange: at most this many times the job's
 ROWS_READ_SLACK = 16
 
 
-def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None):
-    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad). What comes from
-    the c10d store is input (the store has no authentication): a row is kept when it is
-    exchange `seq`'s and well formed (a rank of the job, an integer in range; integer step
+def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
+    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad). An exchange
+    carries `windows` windows (the grid's stride, schedule.py): its rows are those of windows
+    seq, seq - slots, ... (their own seq column says which; batch_windows splits them). What
+    comes from the c10d store is input (the store has no authentication): a row is kept when it
+    is of one of those windows and well formed (a rank of the job, an integer in range; integer step
     counts with first <= last; no infinite figure, none negative; a node rank that is an
-    integer or unknown), and only the first row of a rank; a row of an earlier exchange (a peer's
-    stale write) is left out silently; a row of the wrong length (which would shift every later
-    row) is stepped over to the next row that starts with `seq`, and counted; past ROWS_READ_MAX
-    x world_size + ROWS_READ_SLACK rows nothing is parsed."""
+    integer or unknown), and only the first row of a rank in a window; a row of an earlier
+    exchange (a peer's stale write) is left out silently; a row of the wrong length (which would
+    shift every later row) is stepped over to the next row that starts with a mark, and counted;
+    past ROWS_READ_MAX x world_size x windows + ROWS_READ_SLACK rows nothing is parsed."""
     import numpy as np
 
     width = len(HEADER) + len(FIELDS) + slots
     arr = np.frombuffer(raw[:len(raw) // 8 * 8], dtype="<f8")
     marks = arr.view("<u8") == MARK
     dropped = 0
-    cap = None if world_size is None else (ROWS_READ_MAX * world_size + ROWS_READ_SLACK) * width
+    seqs = np.array([seq - i * slots for i in range(max(1, windows))], dtype="<f8")
+    cap = None if world_size is None else (ROWS_READ_MAX * world_size * len(seqs) + ROWS_READ_SLACK) * width
     if cap is not None and len(arr) > cap:
         dropped += (len(arr) - cap) // width
         arr, marks = arr[:cap], marks[:cap]
     if len(arr) % width == 0:
         rows = arr.reshape(-1, width)
-        good, stale = _row_checks(rows, marks.reshape(-1, width), seq, world_size)
+        good, stale = _row_checks(rows, marks.reshape(-1, width), seqs, world_size)
         if (good | stale).all():  # framed as written: the common case, vectorised
             return _first_of_each_rank(rows[good], dropped)
-    # A row of the wrong length in the stream: walk it, row by row from each start of `seq`.
+    # A row of the wrong length in the stream: walk it, row by row from each mark.
     kept, pos = [], 0
     starts = np.flatnonzero(marks)
     while True:
@@ -224,7 +227,7 @@ def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = No
             dropped += 1
             break
         good, stale = _row_checks(arr[pos:pos + width].reshape(1, width), marks[pos:pos + width].reshape(1, width),
-                                  seq, world_size)
+                                  seqs, world_size)
         if good[0]:
             kept.append(arr[pos:pos + width])
         elif not stale[0]:
@@ -234,9 +237,10 @@ def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = No
     return _first_of_each_rank(rows, dropped)
 
 
-def _row_checks(rows, marks, seq: int, world_size: Optional[int]):
-    """(rows of exchange `seq` well formed, well-formed rows of an earlier exchange) masks;
-    `marks`: where MARK is, in the same shape (a row has it first and nowhere else)."""
+def _row_checks(rows, marks, seqs, world_size: Optional[int]):
+    """(rows of the exchange's windows `seqs` well formed, well-formed rows of an earlier
+    exchange) masks; `marks`: where MARK is, in the same shape (a row has it first and nowhere
+    else)."""
     import numpy as np
 
     h = len(HEADER)
@@ -256,18 +260,17 @@ def _row_checks(rows, marks, seq: int, world_size: Optional[int]):
         ok &= rows[:, f["first_step"]] <= rows[:, f["last_step"]]
         figures = rows[:, h + FIELDS.index("step_ms"):]
         ok &= ~np.isinf(figures).any(axis=1) & ~(figures < 0).any(axis=1)
-        current = rows[:, SEQ] == seq
-        return ok & current, ok & ~current & (rows[:, SEQ] < seq)
+        current = np.isin(rows[:, SEQ], seqs)
+        return ok & current, ok & ~current & (rows[:, SEQ] < seqs.min())
 
 
 def _first_of_each_rank(rows, dropped: int):
-    """The first row of each rank (a second is a duplicate: dropped and counted)."""
+    """The first row of each rank in each window (a second is a duplicate: dropped and counted)."""
     import numpy as np
 
     if len(rows) <= 1:
         return rows, dropped
-    ranks = rows[:, len(HEADER) + FIELDS.index("rank")]
-    _, first = np.unique(ranks, return_index=True)
+    _, first = np.unique(rows[:, [SEQ, len(HEADER) + FIELDS.index("rank")]], axis=0, return_index=True)
     if len(first) == len(rows):
         return rows, dropped
     first.sort()
@@ -293,6 +296,7 @@ class Exchange:
         self.transfer_history: list[float] = []  # collective time of straggler-free windows
         self.naming = Naming(thresholds)  # rank 0: which candidates are named (precision)
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
+        self._pending_windows = 1  # rank 0: the windows the pending exchange carries
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
         self._hosts: dict[int, tuple[Optional[int], str]] = {}  # rank 0: rank -> (node rank, hostname)
         try:
@@ -314,35 +318,42 @@ class Exchange:
         self.rows_dropped = 0  # rank 0: rows read from the store and dropped as bad (decode_rows)
         self.take_ms: deque = deque(maxlen=COSTS_KEPT)  # rank 0: last poll + take alone
 
-    def submit(self, figs: RankFigures, wait_s: Optional[float] = None, at_exit: bool = False) -> Optional[WindowJudgement]:
-        """Send this rank's figures under the key of their last step (the same window on every
-        rank: exchange_steps), rank 0 first finishing the previous exchange (waiting
-        at most WAIT_S since it sent it, or `wait_s`): its verdict is returned."""
+    def submit(self, windows: list[RankFigures], wait_s: Optional[float] = None,
+               at_exit: bool = False) -> list[WindowJudgement]:
+        """Send this rank's figures of `windows` (consecutive exchange windows, oldest first:
+        one, or the grid's stride of them, schedule.py) in one row each, all under the key of
+        the last one's last step (the same windows on every rank: exchange_steps), rank 0 first
+        finishing the previous exchange (waiting at most WAIT_S since it sent it, or `wait_s`):
+        its verdicts are returned, a window each."""
         if self.transport is None:
-            return None
-        verdict = self.collect(block=True, wait_s=wait_s)
-        key = figs.last_step
+            return []
+        verdicts = self.collect(block=True, wait_s=wait_s)
+        key = windows[-1].last_step
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self.transport.send(key, encode_row(key, self.node_rank, figs, self.slots))
+            self.transport.send(key, b"".join(encode_row(f.last_step, self.node_rank, f, self.slots)
+                                              for f in windows))
         except Exception as e:
             self._warn("exchange", f"the last window's figures were not sent to rank 0 ({first_line(e)})" if at_exit
                        else f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
                             "straggler naming is off")
             self.transport = None
-            return verdict
+            return verdicts
         self.send_us.append((time.perf_counter() - t0) * 1e6)
         self.send_cpu_us.append((time.thread_time() - c0) * 1e6)
         if self.rank == 0:
             self._pending = (key, time.monotonic())
-        return verdict
+            self._pending_windows = len(windows)
+        return verdicts
 
-    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> Optional[WindowJudgement]:
-        """Rank 0: judge the pending exchange once every rank has sent (with `block`, after at
-        most WAIT_S, or `wait_s` from now, whoever has); its verdict, None when none was judged."""
+    def collect(self, block: bool = False, wait_s: Optional[float] = None) -> list[WindowJudgement]:
+        """Rank 0: judge the pending exchange's windows once every rank has sent (with `block`,
+        after at most WAIT_S, or `wait_s` from now, whoever has); their verdicts, oldest first,
+        none when it was not judged."""
         if self._pending is None or self.transport is None:
-            return None
+            return []
         seq, sent = self._pending
+        windows = self._pending_windows
         until = sent + self.WAIT_S if wait_s is None else time.monotonic() + wait_s
         # Ranks already named stalled because their rows stopped are not waited for: a frozen
         # peer would otherwise cost WAIT_S at every exchange, and once hand-overs queue up
@@ -357,7 +368,7 @@ class Exchange:
                 t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
             if n < expected and not block:
-                return None
+                return []
             with self._take_lock:
                 self._pending = None
                 raw = self.transport.take(seq) if n > 0 else b""
@@ -368,21 +379,21 @@ class Exchange:
         except Exception as e:
             self._pending = None
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
-            return None
+            return []
         take_ms = (time.perf_counter() - t0) * 1e3
         self.take_ms.append(take_ms)
-        rows, bad = decode_rows(raw, self.slots, seq, self.world_size)
+        rows, bad = decode_rows(raw, self.slots, seq, self.world_size, windows)
         if bad:
             self.rows_dropped += bad
             self._warn("exchange-bad-rows", f"exchange of steps to {seq}: {bad} row(s) read from the c10d store "
                                             "dropped (not a rank of this job, not finite, negative, duplicated or of "
                                             "the wrong length); the window is judged on the rest; further ones are "
                                             "counted (the end event's exchange_rows_dropped)")
-        got = Received(seq, rows, self.world_size, take_ms)
-        verdict = self.judge(got, sent)
+        verdicts = [self.judge(Received(w, window_rows, self.world_size, take_ms), sent)
+                    for w, window_rows in batch_windows(rows, seq, self.slots, windows)]
         self.judge_ms.append((time.perf_counter() - t0) * 1e3)
         self._sweep_late(seq)
-        return verdict
+        return verdicts
 
     def _sweep_late(self, judged: int) -> None:
         """Rank 0, after judging exchange `judged`: remove the keys that rows arriving after
@@ -492,8 +503,8 @@ class Exchange:
         with self._take_lock:
             if self._pending is None or self._pending[0] != seq or self.transport.arrived(seq) >= self.world_size:
                 return None  # all came, or judge() took them meanwhile
-            rows, _ = decode_rows(self.transport.peek(seq), self.slots, seq, self.world_size)
-        ranks, _, missing = row_ranks(rows, self.world_size)
+            rows, _ = decode_rows(self.transport.peek(seq), self.slots, seq, self.world_size, self._pending_windows)
+        ranks, _, missing = row_ranks(rows[rows[:, SEQ] == seq], self.world_size)
         return seq, sent, ranks, missing
 
     # ---- the exchange grid (schedule.py ExchangeGrid: which windows are exchanged) ---------------
@@ -550,11 +561,18 @@ class Exchange:
     def enabled(self) -> bool:
         return self.transport is not None
 
-    def close(self, timeout_s: float = 2.0) -> Optional[WindowJudgement]:
+    def close(self, timeout_s: float = 2.0) -> list[WindowJudgement]:
         """Rank 0: judge the exchange in flight if its rows come within `timeout_s` (its peers
-        sent them a window ago; at exit some may be gone), and return its verdict. Nothing to
+        sent them a window ago; at exit some may be gone), and return its verdicts. Nothing to
         tear down: the store belongs to the job."""
         return self.collect(block=True, wait_s=timeout_s)
+
+
+def batch_windows(rows, seq: int, slots: int, windows: int):
+    """The rows of each window an exchange carried (decode_rows' rows), oldest window first:
+    [(window seq, its rows)]."""
+    col = rows[:, SEQ]
+    return [(w, rows[col == w]) for w in (seq - i * slots for i in reversed(range(max(1, windows))))]
 
 
 def split_rows(rows):

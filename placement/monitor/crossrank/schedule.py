@@ -1,15 +1,16 @@
 """Which steps are exchange steps, the same on every rank, and which of them this rank still owes.
 
 What
-    Exchange n carries the `every` (monitor.exchange_every) steps that exchange_steps(n) names.
-    At first every window is exchanged (n = every, 2 every, ...). At short steps that is
-    several exchanges a second, each a few store round trips and, on rank 0, a judgement: the
-    largest share of what placement's monitor thread spends in a DDP job at 10 ms steps
-    (benchmarks/job_cost.py). So rank 0 settles a grid once its steps have a steady median:
-    from exchange step `since` on, only every `stride`-th window (a power of two) is exchanged,
-    the fewest that leave monitor.exchange_min_s between two exchanges at its step time. A
-    window is still judged whole; the windows between are not sent (the judgement is a sample
-    of the run, one window each `stride`).
+    A window is the `every` (monitor.exchange_every) steps that exchange_steps(n) names. At
+    first each window is an exchange of its own (n = every, 2 every, ...). At short steps that
+    is several exchanges a second, each a few store round trips: the largest share of what
+    placement's monitor thread spent in a DDP job at 10 ms steps (benchmarks/job_cost.py). So
+    rank 0 settles a grid once its steps have a steady median: from exchange step `since` on,
+    an exchange is every `stride`-th window (a power of two), the fewest that leave
+    monitor.exchange_min_s between two exchanges at its step time, and it carries the
+    `stride` windows since the one before (windows()), a row each, in one store round trip.
+    Every window is still judged on its own, in order: a straggler is named on the same window
+    as without the grid, up to one exchange (about exchange_min_s) later in time.
 
 The agreement
     Ranks must send the same windows. Rank 0 posts (since, stride) under "grid" in the
@@ -123,6 +124,8 @@ class ExchangeGrid:
         agreed = self.settled and self.since != math.inf
         return {"exchange_since": int(self.since) if agreed else None, "exchange_stride": self.stride if agreed else None}
 
-    def window(self, step: int) -> tuple[int, int]:
-        """The steps (first, last) exchange `step` carries."""
-        return exchange_steps(step, self.every)
+    def windows(self, step: int) -> list[tuple[int, int]]:
+        """The windows (first, last) exchange `step` carries, oldest first: those after the
+        exchange step before it (one window before `since`, `stride` from it on)."""
+        before = step - self.every if step <= self.since else step - self.every * self.stride
+        return [exchange_steps(n, self.every) for n in range(before + self.every, step + 1, self.every)]

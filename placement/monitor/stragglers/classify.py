@@ -78,6 +78,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     peer_stall = _median([p.cpu_stall_ms for p in punctual])
     peer_nccl = _median([p.nccl_runq_ms for p in punctual])
     peer_mhz = _median([p.main_mhz for p in punctual])
+    peer_cpu = _median([p.main_cpu_ms for p in punctual])
     for r in sorted(late, key=lambda r: -lateness[r.rank]):
         lat = lateness[r.rank]
         data_x = r.data_ms - (peer_data or 0.0)
@@ -101,8 +102,10 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
         else:
             kind = StragglerKind.COMPUTE_SLOW
+            on_cpu = ("" if r.main_cpu_ms is None or peer_cpu is None else
+                      f"; its main thread is on a CPU {r.main_cpu_ms:.1f} ms/step vs {peer_cpu:.1f} on peers")
             why = (f"{arrives}; neither data wait ({r.data_ms:.1f} ms) nor runqueue wait "
-                   f"({_fmt(r.cpu_stall_ms)} ms) explains it")
+                   f"({_fmt(r.cpu_stall_ms)} ms) explains it{on_cpu}")
         cost = own[r.rank]
         late_at = [v > limit for v in per_step[r.rank]]  # the bar its median passed, step by step
         by_cause = split_cost(cost, data_x, stall_x, nccl_x if kind == StragglerKind.CPU_SLOW else None)

@@ -20,10 +20,13 @@ How lateness is measured
     So that no clock skew can fake it: from durations each rank measures on its own clock,
     never by comparing wall clocks of different hosts (NTP keeps them 1-10 ms apart, as much as
     the lateness we look for). A collective ends at the same moment on every rank (none can
-    finish before the last one's data is in), so a rank that entered L ms after the earliest
-    spends L ms less inside it: per step, a rank's lateness is the most comm time of any rank
+    finish before the last one's data is in), so a rank that arrived L ms after the earliest
+    waits L ms less for it: per step, a rank's lateness is the most comm wait of any rank
     minus its own (summed over the step's collectives, hence "ms/step"), and its figure is the
-    median over the steps (one GC pause is not a straggler). Figures are compared step by step:
+    median over the steps (one GC pause is not a straggler). Comm wait, not comm in flight
+    (records/parts.py): DDP's buckets are in flight while backward computes, on the rank that
+    computes longer as on the ranks that wait for it, so their time in flight tells neither
+    apart; the time main waited does. Figures are compared step by step:
     every rank sends the same absolute steps (RankFigures.first_step .. last_step,
     crossrank.exchange.exchange_steps), whatever its probe cadence.
 
