@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import datetime
 import json
+import math
 import os
 import threading
 import time
@@ -159,6 +160,25 @@ class StandInRecorder:
             self._ring.append({"id": self._next_id, "created": now, "start": start, "end": end, "ms": gpu_ms, "pg": pg_id,
                                "name": name, "retired": False, "duration_ms": None})
             self._next_id += 1
+
+    def enqueue(self, name: str = "nccl:all_reduce", pg_id: int = 0) -> dict:
+        """A collective whose end is known only when every rank's part is in (complete()): the
+        multi-rank case, where a rank's recorded duration includes its wait for a late peer
+        (NCCL's kernel spins on the GPU until the last rank's data arrives)."""
+        now = time.time()
+        with self._lock:
+            e = {"id": self._next_id, "created": now, "start": max(now + self.gpu_lag_s, self._stream_free_at),
+                 "end": math.inf, "ms": None, "pg": pg_id, "name": name, "retired": False, "duration_ms": None}
+            self._ring.append(e)
+            self._next_id += 1
+        return e
+
+    def complete(self, e: dict, end_s: float) -> None:
+        """The collective `e` ended at `end_s` on this rank's GPU (its end event occurred)."""
+        with self._lock:
+            e["end"] = max(end_s, e["start"])
+            e["ms"] = (e["end"] - e["start"]) * 1e3
+            self._stream_free_at = max(self._stream_free_at, e["end"])
 
     def _run_watchdog(self) -> None:
         while not self._stop.wait(self.watchdog_s):

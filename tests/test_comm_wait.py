@@ -10,6 +10,7 @@ import os
 import random
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,93 @@ def test_a_rank_slow_inside_forward_is_named(tmp_path):
 @pytest.mark.slow
 def test_one_bucket_no_overlap_the_slow_rank_is_named(tmp_path):
     _check_named(_job(tmp_path, "--slow-in", "backward", "--bucket-mb", "25"))
+
+
+# ---- the same straggler on the NCCL path (stand-ins: tests/nccl_standins.py) ----------------------
+NCCL_STEPS, FWD_MS, BUCKETS, BUCKET_MS, NCCL_EXTRA_MS = 160, 8.0, 4, 2.0, 8.0
+
+
+@pytest.mark.slow
+def test_on_nccl_the_rank_slow_inside_backward_is_named_from_the_flight_recorder(tmp_path):
+    """Two real gloo ranks whose comm source is the NCCL flight recorder, read through
+    StandInRecorder's dump: each step's backward enqueues BUCKETS collectives between its
+    layers' work, and each ends, as NCCL's kernels do, once every rank's part is in (a real
+    async all_reduce across the ranks: its completion on this rank is the entry's end event),
+    so the fast rank's recorded durations include its wait for the slow one. GPU work is a
+    sleep here: on a GPU rank it is not the CPU's. Rank 1 computes NCCL_EXTRA_MS more inside
+    backward from SLOW_FROM: it is named, rank 0 is not, and rank 0's comm holds the wait."""
+    from placerun_helpers import run_gloo_ranks
+
+    run_gloo_ranks(2, [__file__, "nccl", str(tmp_path)], timeout=180)
+    logs = {r: [json.loads(line) for line in (tmp_path / f"rank{r}.jsonl").read_text().splitlines()] for r in (0, 1)}
+    start = next(e for e in logs[0] if e["type"] == "start" and e.get("source") == "monitor")
+    assert start["comm_timing"] == "flight_recorder", start
+    events = [e for e in logs[0] if e["type"] == "straggler"]
+    named = [(s["kind"], s["ranks"], s["since_step"], tuple(e["steps"])) for e in events for s in e["stragglers"]]
+    assert all(ranks == [1] for _, ranks, _, _ in named), named
+    first = [n for n in named if n[3][1] >= SLOW_FROM]
+    assert first and first[0][0] in ("compute-slow", "cpu-slow"), named
+    assert first[0][2] < SLOW_FROM + EVERY and first[0][3][1] < SLOW_FROM + 3 * EVERY, named
+    fast, slow = (_slow_steps(logs[r], SLOW_FROM + EVERY) for r in (0, 1))
+    assert all(s["comm_ms"] is not None for s in fast + slow)
+    waited = statistics.median(s["comm_ms"] for s in fast) - statistics.median(s["comm_ms"] for s in slow)
+    assert waited >= 0.5 * NCCL_EXTRA_MS, waited
+
+
+def _nccl_worker(log_dir: str) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    import placement
+    import placement.monitor.comm.timing as comm_mod
+    from nccl_standins import StandInRecorder
+    from placement.monitor.comm.flight_recorder import DumpSource
+    from placement.monitor.comm.nccl import NcclFlightRecorderComm
+    from placerun_helpers import exit_without_gloo_teardown
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+    rank = dist.get_rank()
+    rec = StandInRecorder()
+
+    def make(mode, backend, warn, **kw):  # the flight recorder, read through the stand-in's dump
+        return NcclFlightRecorderComm(warn, window=kw.get("window", 20), budget_pct=kw.get("budget_pct", 0.3),
+                                      sources=[DumpSource("nccl", "server", "dump_nccl_trace_json", rec.dump_json)],
+                                      timing_on=True, environ={"TORCH_FR_BUFFER_SIZE": "2000"})
+
+    original, comm_mod.make_comm_timing = comm_mod.make_comm_timing, make
+    try:
+        handle = placement.attach(policy="none", tune={"enabled": False},
+                                  monitor={"log_dir": log_dir, "summary_every": 0})
+    finally:
+        comm_mod.make_comm_timing = original
+    grad = torch.zeros(1024)
+    dist.barrier()
+    for step in range(1, NCCL_STEPS + 1):
+        time.sleep(FWD_MS / 1e3)
+        works = []
+        for bucket in range(BUCKETS):
+            time.sleep(BUCKET_MS / 1e3)
+            if rank == 1 and step >= SLOW_FROM and bucket == 2:
+                time.sleep(NCCL_EXTRA_MS / 1e3)  # between the buckets: inside backward
+            entry = rec.enqueue()
+            work = dist.all_reduce(grad, async_op=True)  # the wrapper counts it, as on NCCL
+            work.get_future().add_done_callback(lambda _f, e=entry: rec.complete(e, time.time()))
+            works.append(work)
+        for work in works:  # the optimizer step's wait for the gradients
+            work.wait()
+        handle.step()
+    time.sleep(0.3)  # the watchdog's last retires (kWatchdogThreadSleepMillis = 100 ms)
+    handle.close()
+    rec.close()
+    dist.barrier()
+    exit_without_gloo_teardown()
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1] == "nccl":
+        _nccl_worker(sys.argv[2])
