@@ -117,7 +117,8 @@ class MonitorConfig:
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
     exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "
-                                      "ranks to exchange every 2^k-th window only (docs/monitor.md); 0 = every window")
+                                      "ranks to exchange at every 2^k-th window only, each exchange carrying the "
+                                      "windows since the last (docs/monitor.md); 0 = an exchange a window")
     straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
                                               "removed) is at least this share of step time (docs/monitor.md)")
     straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
