@@ -181,3 +181,28 @@ def test_hostile_field_types_are_read_as_unknown_never_a_traceback(tmp_path):
         p = _report(*argv)
         assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
         assert "31 step records" in p.stdout or '"steps"' in p.stdout
+
+
+def test_a_log_from_before_comm_wait_reads_and_its_comm_is_said_to_be_in_flight(tmp_path, capsys):
+    """A step line without comm_inflight_ms was written when comm_ms was the collectives' time in
+    flight: it reads as before, and the report says once what its comm is; a newer log's does not."""
+    from placement.report.text import IN_FLIGHT_LINE
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir(), new.mkdir()
+    _rank_log(new / "rank0.jsonl", 0, [[10.0] * 5])
+    lines = []
+    for line in (new / "rank0.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        if d["type"] == "step":
+            assert "comm_inflight_ms" in d
+            del d["comm_inflight_ms"]
+        lines.append(json.dumps(d))
+    (old / "rank0.jsonl").write_text("\n".join(lines) + "\n")
+    said = IN_FLIGHT_LINE.split("{n}")[0]
+    assert cli(["report", str(old)]) == 0
+    out = capsys.readouterr().out
+    assert "rank  steps" in out and out.count(said) == 1 and IN_FLIGHT_LINE.format(n=5) in out
+    assert read_logs([str(old)]).comm_in_flight == 5
+    assert cli(["report", str(new)]) == 0
+    assert said not in capsys.readouterr().out
