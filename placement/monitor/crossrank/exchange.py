@@ -6,7 +6,9 @@ What
     Exchange n (n: the last step of the window it carries, the same on every rank:
     exchange_steps) lives under two keys of a PrefixStore "placement/exchange" in the job's own
     c10d store:
-    - every rank, on its monitor thread: `append("<n>/rows", row)` then `add("<n>/n", 1)`;
+    - every rank, on its monitor thread: `append("<n>/rows", rows)` then `add("<n>/n", 1)`, a
+      row per window the exchange carries (one; on the exchange grid, the windows since the
+      last exchange: crossrank/schedule.py), each judged on its own;
     - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (at
       its next exchange it polls for up to WAIT_S, then judges whoever came), then one
       `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges in flight.
