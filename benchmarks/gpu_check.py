@@ -204,10 +204,13 @@ COMM_VARIANTS = {"auto": {}, "timing_off": {"TORCH_NCCL_ENABLE_TIMING": "0"},
 
 
 def compare_comm(truth: list[float], per_step: list[int], records: list[dict]) -> dict:
-    """placement's comm_ms of each step against the job's own timing of the same iteration. The
-    automatic monitor's step k runs from iteration k-1's optimizer step to iteration k's, so it
-    holds iteration k's collectives."""
-    pairs = [(r["step"], r.get("comm_ms")) for r in records if WARMUP_STEPS <= r["step"] < len(truth)]
+    """placement's comm time in flight of each step (comm_inflight_ms; a log from before comm
+    wait has only comm_ms, which was it) against the job's own timing of the same iteration's
+    collectives: what the job times is their time in flight, not the step's wait (on NCCL the
+    two are one figure, records/parts.py). The automatic monitor's step k runs from iteration
+    k-1's optimizer step to iteration k's, so it holds iteration k's collectives."""
+    pairs = [(r["step"], r.get("comm_inflight_ms", r.get("comm_ms"))) for r in records
+             if WARMUP_STEPS <= r["step"] < len(truth)]
     if not pairs:
         return {"compared": 0, "why": "no step record matches an iteration of the job"}
     null = [s for s, v in pairs if v is None]
