@@ -27,32 +27,46 @@ EXTRA = 0.8
 
 
 def test_comm_wait_is_in_flight_time_main_spent_off_cpu():
-    # main asleep through a 6 ms collective: all of it is wait
-    assert comm_wait_ms(20.0, 1.0, 6.0, main_cpu_ms=10.0, main_runq_ms=2.0) == 6.0
+    # one step, main asleep through a 6 ms collective: all of it is wait
+    assert comm_wait_ms([20.0], [1.0], [6.0], main_cpu_ms=10.0, main_runq_ms=2.0) == [6.0]
     # the collective in flight while main computed (a DDP bucket during backward): only the
     # 2 ms main was off-CPU outside its data wait are wait
-    assert comm_wait_ms(20.0, 1.0, 12.0, main_cpu_ms=15.0, main_runq_ms=2.0) == pytest.approx(2.0)
+    assert comm_wait_ms([20.0], [1.0], [12.0], main_cpu_ms=15.0, main_runq_ms=2.0) == [pytest.approx(2.0)]
     # main never off-CPU: no wait, whatever was in flight
-    assert comm_wait_ms(20.0, 0.0, 12.0, main_cpu_ms=19.0, main_runq_ms=3.0) == 0.0
+    assert comm_wait_ms([20.0], [0.0], [12.0], main_cpu_ms=19.0, main_runq_ms=3.0) == [0.0]
     # nothing in flight, or not measured: as it is; main's clock not read: unknown, not in flight
-    assert comm_wait_ms(20.0, 0.0, 0.0, 10.0, 1.0) == 0.0
-    assert comm_wait_ms(20.0, 0.0, None, 10.0, 1.0) is None
-    assert comm_wait_ms(20.0, 0.0, 5.0, None, None) is None
+    assert comm_wait_ms([20.0, 20.0], [0.0, 0.0], [0.0, None], 10.0, 1.0) == [0.0, None]
+    assert comm_wait_ms([20.0, 20.0], [0.0, 0.0], [5.0, 0.0], None, None) == [None, 0.0]
+    # a reading of 4 steps: main was off-CPU outside data 8 ms over them, exactly; each step's
+    # estimate (its own off-CPU time at the reading's mean, up to its time in flight: 2.5, 8,
+    # 2.5, 0) is scaled to that total
+    got = comm_wait_ms([20.0, 30.0, 20.0, 10.0], [0.0, 2.0, 0.0, 0.0], [4.0, 8.0, 4.0, 0.0],
+                       main_cpu_ms=14.0, main_runq_ms=3.5)
+    assert sum(got) == pytest.approx(8.0) and got[3] == 0.0
+    assert got[0] == pytest.approx(got[2]) and got[1] == pytest.approx(got[0] * 8.0 / 2.5)
+    # no step with a collective shows a wait at the mean, the reading does (main's off-CPU time
+    # fell on the other step at the mean): shared as their time in flight
+    got = comm_wait_ms([30.0, 10.0], [0.0, 0.0], [0.0, 2.0], main_cpu_ms=14.0, main_runq_ms=1.0)
+    assert got == [0.0, pytest.approx(2.0)]
 
 
-def test_the_parts_never_say_less_compute_than_main_spent_on_a_cpu():
+def test_over_a_reading_the_parts_never_say_less_compute_than_main_spent_on_a_cpu():
     rnd = random.Random(7)
-    for _ in range(5000):
-        step = rnd.uniform(0.1, 50.0)
-        data = rnd.uniform(0.0, step) * rnd.choice((0, 1))
-        cpu = rnd.uniform(0.0, step - data)
-        runq = rnd.uniform(0.0, step - data - cpu)
-        inflight = rnd.uniform(0.0, step)
-        wait = comm_wait_ms(step, data, inflight, cpu, runq)
-        assert 0.0 <= wait <= inflight
-        p = split_step(step, data, wait, runq)
-        assert p.data_ms + p.comm_ms + p.cpu_stall_ms + p.compute_ms == pytest.approx(step)
-        assert p.compute_ms >= cpu - 1e-9 and p.cpu_stall_ms == pytest.approx(runq)
+    for _ in range(2000):
+        n = rnd.randint(1, 30)
+        steps = [rnd.uniform(0.1, 50.0) for _ in range(n)]
+        data = [rnd.uniform(0.0, s) * rnd.choice((0, 1)) for s in steps]
+        busy = rnd.uniform(0.0, sum(s - d for s, d in zip(steps, data)))
+        cpu = rnd.uniform(0.0, busy) / n
+        runq = busy / n - cpu
+        inflight = [rnd.uniform(0.0, s) * rnd.choice((0, 1, 1)) for s in steps]
+        waits = comm_wait_ms(steps, data, inflight, cpu, runq)
+        assert all(0.0 <= w <= f + 1e-12 for w, f in zip(waits, inflight))
+        parts = [split_step(s, d, w, runq) for s, d, w in zip(steps, data, waits)]
+        for p, s in zip(parts, steps):
+            assert p.data_ms + p.comm_ms + p.cpu_stall_ms + p.compute_ms == pytest.approx(s)
+        held = sum(p.compute_ms + p.cpu_stall_ms for p in parts)
+        assert held >= n * (cpu + runq) - 1e-6 * n
 
 
 # ---- the straggler inside backward, in a real job ------------------------------------------------
@@ -105,10 +119,7 @@ def _check_named(logs: dict[int, list[dict]]) -> None:
         steps = [s for s in _slow_steps(logs[r], 1) if s["comm_ms"] is not None and s["roles"]["main"]["cpu_ms"] is not None]
         assert len(steps) > 100
         for s in steps:
-            # comm wait within what was in flight; where main waited, compute is at least its time on a CPU
-            assert s["comm_ms"] <= s["comm_inflight_ms"] + 1e-9, s
-            if s["comm_ms"] > 0:
-                assert _compute(s) >= s["roles"]["main"]["cpu_ms"] - 1e-6, s
+            assert s["comm_ms"] <= s["comm_inflight_ms"] + 1e-9, s  # comm wait within what was in flight
         # over the run, compute and CPU stall hold main's time on a CPU and in the runqueue (a
         # step's figures are means over a reading of the counters: one step may hold another's)
         held = sum(_compute(s) + s["roles"]["main"]["runq_ms"] for s in steps)

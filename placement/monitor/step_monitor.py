@@ -591,13 +591,14 @@ class StepMonitor:
         # and main's runqueue wait (the CPU stall) is looked up once for them.
         batch = []
         append = batch.append
-        t_last, shared, runq, cpu = self._t_last, None, None, None
+        t_last, shared, runq = self._t_last, None, None
         # Calls that block (gloo) leave main off-CPU while it waits: its schedstat tells the
         # wait from the time in flight (records/parts.py). NCCL's return at enqueue: the
         # GPU-side time is all there is.
-        wait_from_cpu = self.comm.timed_calls
+        comms = [late_comm.get(i, r.comm) for i, r in enumerate(ready)] if late_comm else [r.comm for r in ready]
+        waits = self._comm_waits(ready, comms, roles_of, probe_steps) if self.comm.timed_calls else None
         for i, r in enumerate(ready):
-            comm = late_comm.get(i, r.comm) if late_comm else r.comm
+            comm = comms[i]
             end_ns = r.end_ns
             step_ms, data_ms, t_last = (end_ns - t_last) / 1e6, r.data_ns / 1e6, end_ns
             roles = roles_of[i]
@@ -606,9 +607,9 @@ class StepMonitor:
                 merge_span(roles, r.span)
             if roles is not shared:
                 shared, main = roles, roles.get(MAIN)
-                runq, cpu = (None, None) if main is None else (main.runq_ms, main.cpu_ms)
+                runq = None if main is None else main.runq_ms
             inflight = comm.comm_ms
-            c = comm_wait_ms(step_ms, data_ms, inflight, cpu, runq) if wait_from_cpu and inflight else inflight
+            c = inflight if waits is None else waits[i]
             # split once here and kept on the record: the digest, summary and metrics read them too
             parts = split_step(step_ms, data_ms, c, runq)
             append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, comm.count, roles,
@@ -618,6 +619,25 @@ class StepMonitor:
         self._anchor = (time.perf_counter_ns(), wall_clock())
         self.hang.step_times(rec.step_ms for rec in batch)
         write_to_sinks(self.sinks, batch, self.warn)
+
+    def _comm_waits(self, ready: list[RawStep], comms: list[CommStep], roles_of: list[dict],
+                    probe_steps: list[int]) -> list[Optional[float]]:
+        """Each step's comm wait where calls block (gloo): main is off-CPU while it waits, and its
+        schedstat tells the wait from the time in flight, a reading of its counters at a time
+        (records/parts.py comm_wait_ms; the steps of one reading are the probe_steps before its
+        probe step). NCCL's calls return at enqueue: there the GPU-side time is all there is."""
+        waits: list[Optional[float]] = []
+        t_last, i = self._t_last, 0
+        ends = [r.end_ns for r in ready]
+        while i < len(ready):
+            n = max(1, probe_steps[i])
+            main = roles_of[i].get(MAIN) if probe_steps[i] else None
+            step_ms = [(e - s) / 1e6 for s, e in zip([t_last] + ends[i:i + n - 1], ends[i:i + n])]
+            waits.extend(comm_wait_ms(step_ms, [r.data_ns / 1e6 for r in ready[i:i + n]],
+                                      [c.comm_ms for c in comms[i:i + n]],
+                                      None if main is None else main.cpu_ms, None if main is None else main.runq_ms))
+            t_last, i = ends[i + n - 1], i + n
+        return waits
 
     def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
         """Per-step role samples: a probe step's counter deltas are spread evenly over it and

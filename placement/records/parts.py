@@ -12,9 +12,10 @@ Comm wait is what main waited, not what was in flight
     while, and booking that time as comm hides the very rank the others wait for (TraceML's
     users see the same: traceml#252). While main is on a CPU or runnable it computes or stalls,
     whatever is in flight; so comm wait (comm_wait_ms) is the time main was off-CPU outside its
-    data wait, up to the collectives' time in flight: the step less its data wait, less main's
-    on-CPU and runqueue time (its schedstat), at most comm in flight. Compute is then never
-    less than main's time on a CPU. Comm in flight stays a figure of its own
+    data wait, up to the collectives' time in flight: the steps less their data wait, less main's
+    on-CPU and runqueue time (its schedstat), at most comm in flight, over each reading of main's
+    counters, shared among its steps as their time in flight is. Compute is then never less than
+    main's time on a CPU over a reading. Comm in flight stays a figure of its own
     (StepRecord.comm_inflight_ms: the comm-overlap view), never a part. Where the CPU cannot see
     the wait (NCCL: calls return at enqueue, and a CUDA sync spins on a CPU), comm wait is the
     GPU-side time in flight, which includes the wait for a late peer (docs/monitor.md).
@@ -30,7 +31,7 @@ Why they do not overlap
 """
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import NamedTuple, Optional, Sequence
 
 from placement.roles import ThreadRole
 from placement.vocab import Vocabulary
@@ -56,17 +57,34 @@ class StepParts(NamedTuple):
                 StepPart.COMPUTE: self.compute_ms}
 
 
-def comm_wait_ms(step_ms: float, data_ms: Optional[float], inflight_ms: Optional[float],
-                 main_cpu_ms: Optional[float], main_runq_ms: Optional[float]) -> Optional[float]:
-    """A step's comm wait (the module docstring) from what main's schedstat says of it: its
-    time in flight, less whatever of it main spent on a CPU or in the runqueue. None when
-    either is not measured: an in-flight figure is an upper bound, never the wait."""
-    if not inflight_ms:
-        return inflight_ms
+def comm_wait_ms(step_ms: Sequence[float], data_ms: Sequence[float], inflight_ms: Sequence[Optional[float]],
+                 main_cpu_ms: Optional[float], main_runq_ms: Optional[float]) -> list[Optional[float]]:
+    """The comm wait (the module docstring) of the steps one reading of main's counters covers,
+    from what its schedstat says of them: `main_cpu_ms` and `main_runq_ms` are the reading's
+    per-step means. Each step's first estimate is its time in flight up to its own time off-CPU
+    outside data wait, with main's on-CPU and runqueue time taken as the mean; then the steps
+    are scaled together (never past their time in flight) to what the reading says exactly (the
+    readings telescope): main's time off-CPU outside data wait over them, at most their time in
+    flight. The step-by-step estimate keeps which steps main waited in (the rank late at every
+    step shows so); the reading's total keeps a busy host's runqueue spikes, which land on some
+    steps of a reading and not others, from turning into waits lost or made up (the Ray Train
+    job of tests/test_ray.py, at 150 ms/step of runqueue wait). None where in flight is not
+    measured, or main's clock was not read: an in-flight figure is an upper bound, never the wait."""
     if main_cpu_ms is None:
-        return None
-    off_cpu = step_ms - (data_ms or 0.0) - main_cpu_ms - (main_runq_ms or 0.0)
-    return inflight_ms if off_cpu >= inflight_ms else max(off_cpu, 0.0)
+        return [f if not f else None for f in inflight_ms]
+    total = sum(f for f in inflight_ms if f)
+    if not total:
+        return list(inflight_ms)
+    busy = main_cpu_ms + (main_runq_ms or 0.0)
+    first = [min(f, max(s - d - busy, 0.0)) if f else 0.0 for s, d, f in zip(step_ms, data_ms, inflight_ms)]
+    off_cpu = sum(step_ms) - sum(data_ms) - len(step_ms) * busy
+    want = min(total, max(off_cpu, 0.0)) if off_cpu == off_cpu else 0.0
+    got = sum(first)
+    if got > 0:
+        scale = want / got
+        return [min(f, w * scale) if f else f for w, f in zip(first, inflight_ms)]
+    share = want / total  # no step alone shows a wait: as their time in flight
+    return [f * share if f else f for f in inflight_ms]
 
 
 def _within(v: Optional[float], left: float) -> float:
