@@ -68,16 +68,20 @@ def comm_wait_ms(step_ms: Sequence[float], data_ms: Sequence[float], inflight_ms
     flight. The step-by-step estimate keeps which steps main waited in (the rank late at every
     step shows so); the reading's total keeps a busy host's runqueue spikes, which land on some
     steps of a reading and not others, from turning into waits lost or made up (the Ray Train
-    job of tests/test_ray.py, at 150 ms/step of runqueue wait). None where in flight is not
+    job of tests/test_ray.py beside two spinners, at 150 ms/step of runqueue wait). None where in flight is not
     measured, or main's clock was not read: an in-flight figure is an upper bound, never the wait."""
     if main_cpu_ms is None:
         return [f if not f else None for f in inflight_ms]
     total = sum(f for f in inflight_ms if f)
     if not total:
         return list(inflight_ms)
-    busy = main_cpu_ms + (main_runq_ms or 0.0)
-    first = [min(f, max(s - d - busy, 0.0)) if f else 0.0 for s, d, f in zip(step_ms, data_ms, inflight_ms)]
-    off_cpu = sum(step_ms) - sum(data_ms) - len(step_ms) * busy
+    runq = main_runq_ms or 0.0
+    busy = main_cpu_ms + runq
+    # A data wait may hold main's runqueue wait (the batch is in, main waits for a CPU to take
+    # it): that much of it is not off-CPU time, and is left to the data wait, not taken twice.
+    first = [min(f, max(s - max(d - runq, 0.0) - busy, 0.0)) if f else 0.0
+             for s, d, f in zip(step_ms, data_ms, inflight_ms)]
+    off_cpu = sum(step_ms) - max(sum(data_ms) - len(step_ms) * runq, 0.0) - len(step_ms) * busy
     want = min(total, max(off_cpu, 0.0)) if off_cpu == off_cpu else 0.0
     got = sum(first)
     if got > 0:
