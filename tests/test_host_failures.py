@@ -106,8 +106,10 @@ def _kill_and_replace(bed, tmp_path, name, env):
               for h in bed.hosts]
     wait_until(lambda: all((out / f"attempt0.rank{r}.json").exists() for r in range(4)), 180, "every rank stepping",
                fail_if=_agent_failed(agents))
-    if name == "placerun":  # something flushed on host1 before it dies
-        wait_until(_stepping(tmp_path / name, 2, "host1", 20), 60, "rank 2 at step 20", fail_if=_agent_failed(agents))
+    if name == "placerun":  # 20 steps flushed by every rank before host1 dies (each rank flushes on its own clock)
+        for rank in range(4):
+            wait_until(lambda: any(_stepping(tmp_path / name, rank, h.name, 20)() for h in bed.hosts), 60,
+                       f"rank {rank} at step 20", fail_if=_agent_failed(agents))
     (out / "killed").touch()
     bed.hosts[1].kill()
     again = bed.hosts[1].start(job_cmd(bed, 1, tmp_path / name, out, steps=150, step_ms=STEP_MS, **kw),
