@@ -132,6 +132,7 @@ def _loop(tmp_path, loop: str, *args: str, keys: tuple[str, ...] = ()):
     return p, logs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loop", ["plain", "two_opt", "accum", "scaler"])
 def test_an_unmodified_loop_gets_a_record_per_iteration(tmp_path, loop):
     p, logs = _loop(tmp_path, loop)
@@ -147,6 +148,7 @@ def test_a_megatron_core_chained_optimizer_loop_without_attach_megatron(tmp_path
     _check_steps(tmp_path / "logs", ITERS)
 
 
+@pytest.mark.slow
 def test_megatron_lms_iteration_is_said_where_step_1_begins(tmp_path):
     _, logs = _loop(tmp_path, "plain", "--megatron-lm-from", "500")
     for rank in (0, 1):
@@ -155,6 +157,7 @@ def test_megatron_lms_iteration_is_said_where_step_1_begins(tmp_path):
         assert start["megatron_iteration"] == 500, start
 
 
+@pytest.mark.slow
 def test_a_program_that_attaches_itself_has_one_monitor(tmp_path):
     p, logs = _loop(tmp_path, "attach")
     for rank in (0, 1):
@@ -165,6 +168,7 @@ def test_a_program_that_attaches_itself_has_one_monitor(tmp_path):
         assert [s["steps"] for s in starts] == ["attach"], starts
 
 
+@pytest.mark.slow
 def test_a_program_without_an_optimizer_is_told_once_and_exits_as_it_would(tmp_path):
     p, logs = _placerun(tmp_path, [str(JOBS / "auto_loops.py"), "noopt", "--iters", "5"])
     assert p.returncode == 0, p.stderr[-4000:]
@@ -181,6 +185,7 @@ def test_a_program_without_an_optimizer_is_told_once_and_exits_as_it_would(tmp_p
     assert p.returncode == 1 and "exitcode  : 3" in p.stderr, p.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_monitor_auto_false_keeps_binding_and_records_nothing(tmp_path):
     p, logs = _loop(tmp_path, "plain", keys=("placement.monitor.auto=false",))
     log = _log(logs, 0)

@@ -88,6 +88,7 @@ def events(tmp_path, rank=5):
     return [json.loads(line) for line in open(tmp_path / "logs" / f"rank{rank}.jsonl")]
 
 
+@pytest.mark.slow
 def test_script_runs_as_main_with_its_argv_after_stage1(tmp_path, handoff):
     script = tmp_path / "sub" / "train.py"
     script.parent.mkdir()
@@ -114,6 +115,7 @@ def test_script_runs_as_main_with_its_argv_after_stage1(tmp_path, handoff):
     assert ev[-1]["type"] == "end"  # flushed and closed at exit
 
 
+@pytest.mark.slow
 def test_module_mode_and_exit_code_pass_through(tmp_path, handoff):
     (tmp_path / "mytrain.py").write_text(REPORT)
     p = bootstrap(["-m", "mytrain", "x"], handoff(EXIT_WITH="3"), cwd=tmp_path)
@@ -122,6 +124,7 @@ def test_module_mode_and_exit_code_pass_through(tmp_path, handoff):
     assert out["name"] == "__main__" and out["argv"] == [str(tmp_path / "mytrain.py"), "x"]
 
 
+@pytest.mark.slow
 def test_user_set_env_is_kept(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
     env = handoff(OMP_NUM_THREADS="7", keep_env=["OMP_NUM_THREADS"], CUDA_DEVICE_ORDER="FASTEST_FIRST")
@@ -136,6 +139,7 @@ def test_no_python_execs_with_the_stage1_mask(tmp_path, handoff):
     assert [e["type"] for e in events(tmp_path)] == ["start", "bind", "memory", "end"]
 
 
+@pytest.mark.slow
 def test_policy_none_binds_nothing(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
     p = bootstrap(["t.py"], handoff(make_plan(policy="none", memory="none")), cwd=tmp_path)
@@ -148,6 +152,7 @@ def test_policy_none_binds_nothing(tmp_path, handoff):
                                                                          ("end", None)]
 
 
+@pytest.mark.slow
 def test_memory_fallback_is_logged_and_printed(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
     plan = make_plan()
@@ -186,6 +191,7 @@ def test_an_interpreter_that_cannot_import_placement_runs_the_program_unbound(tm
     assert "this rank runs unbound" in p.stderr
 
 
+@pytest.mark.slow
 def test_without_a_plan_the_hook_does_nothing(tmp_path, handoff):
     (tmp_path / "t.py").write_text(REPORT)
     env = handoff()
@@ -194,6 +200,7 @@ def test_without_a_plan_the_hook_does_nothing(tmp_path, handoff):
     assert p.returncode == 0 and p.stderr == "" and json.loads(p.stdout)["session"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("parent, visible, local_rank", [(None, "1", 1), (["GPU-a", "GPU-b"], "GPU-b", 1),
                                                          (["4", "6"], "4", 0)])
 def test_virtual_local_rank_is_found_from_the_device_torch_gave_the_worker(tmp_path, handoff, parent, visible,

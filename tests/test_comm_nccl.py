@@ -618,6 +618,7 @@ def test_a_stall_says_from_the_recorder_whether_the_rank_waits_inside_an_nccl_co
     assert len(said) == 1 and "worker server gone" in said[0] and "null" in said[0], said
 
 
+@pytest.mark.slow
 def test_a_stall_dump_that_hangs_is_given_up_in_bounded_time_and_said(caplog):
     """The dump queries CUDA events, which can hang while another thread holds the context in a
     synchronize (ProcessGroupNCCL.cpp's watchdog warns of it): in_collective waits

@@ -11,6 +11,7 @@ import pytest
 from nccl_standins import run_standin_job
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step_ms,steps,lag", [(2.0, 400, 0), (20.0, 60, 0), (2.0, 400, 3), (20.0, 60, 3)],
                          ids=["2ms", "20ms", "2ms-gpu-3-behind", "20ms-gpu-3-behind"])
 def test_comm_time_is_the_truth_or_null_never_short(tmp_path, step_ms, steps, lag):

@@ -80,6 +80,7 @@ def test_torch_optimizers_unwraps_megatron_wrappers(example, megatron_world):
         torch_optimizers(object())
 
 
+@pytest.mark.slow
 def test_attach_megatron_records_every_step(example, megatron_world, tmp_path):
     """Real GPTModel, MockGPTDataset iterator and Megatron FP32Optimizer: one record per
     optimizer.step(), each with the time blocked on the data iterator."""

@@ -122,6 +122,7 @@ def test_the_cadence_settles_on_a_noisy_steady_loop(seed):
     assert (4.0 + 30.0 / b.every) * 1.1 <= 30.0, b.every
 
 
+@pytest.mark.slow
 def test_the_cadence_settles_under_a_real_steady_loop(tmp_path):
     """A real monitor on a steady ~0.3 ms loop (the hook is a large share of such a step, and on a
     busy host its cost jumps): after the first 1,000 steps, at most one cadence event per 1,000."""
@@ -269,6 +270,7 @@ def _spin(cpu_s: float) -> None:
         pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("windowed", [False, True])
 def test_the_budget_counts_all_of_placements_cpu_tuner_or_not(tmp_path, windowed):
     """An observer that spends 300 us of the monitor thread's CPU on each record: the budget
@@ -342,6 +344,7 @@ def test_cost_rate_judges_each_second_after_the_first():
     assert CostRate(budget_pct=0).tick(1.0, 0) is None
 
 
+@pytest.mark.slow
 def test_a_spinning_thread_of_ours_moves_the_budget_within_a_second_or_two(tmp_path):
     """A thread of placement's that spins (as the monitor's and the watcher's did under
     libfaketime, whose timed waits returned at once) costs the rank every second: the readings go

@@ -143,6 +143,7 @@ def test_settings_from_the_environment():
         EnvSettings.read({"PLACEMENT_OVERRIDES": "placement.monitor.log_dir='unclosed"})
 
 
+@pytest.mark.slow
 def test_a_bad_setting_in_a_ray_worker_is_one_line_and_the_worker_runs_unbound():
     code = ("import os, torch; from placement.integrations.ray import setup; setup(); "
             "print(sorted(os.sched_getaffinity(0)) == sorted(%r))" % (sorted(CPUS),))

@@ -36,6 +36,7 @@ def runs(tmp_path_factory):
     return base
 
 
+@pytest.mark.slow
 def test_a_slower_run_is_beyond_the_noise_and_a_run_against_itself_is_not(runs, capsys):
     assert cli(["report", "--compare", str(runs / "fast"), str(runs / "slow")]) == 0
     out = capsys.readouterr().out
@@ -50,6 +51,7 @@ def test_a_slower_run_is_beyond_the_noise_and_a_run_against_itself_is_not(runs, 
     assert "within the runs' noise" in line and "p = 1" in line, line
 
 
+@pytest.mark.slow
 def test_two_runs_of_one_log_are_compared_by_number_and_as_json(runs, capsys):
     both = runs / "both"
     assert cli(["report", "--compare", f"{both}@1", f"{both}@2", "--json"]) == 0
@@ -60,6 +62,7 @@ def test_two_runs_of_one_log_are_compared_by_number_and_as_json(runs, capsys):
     assert doc["throughput_change_pct"] < -25.0
 
 
+@pytest.mark.slow
 def test_report_json_holds_the_run_and_parts_that_add_up(runs, capsys):
     assert cli(["report", str(runs / "both"), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -73,6 +76,7 @@ def test_report_json_holds_the_run_and_parts_that_add_up(runs, capsys):
                         100.0, abs_tol=0.01), rank
 
 
+@pytest.mark.slow
 def test_compare_refuses_what_it_cannot_do_in_one_line(runs, tmp_path, capsys):
     for argv in (["report", "--compare", str(tmp_path / "nope"), str(runs / "fast")],
                  ["report", "--compare", str(runs / "fast"), f"{runs / 'both'}@3"],

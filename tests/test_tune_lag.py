@@ -56,6 +56,7 @@ def _step_work(ms: float) -> None:
         time.sleep(left)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("early", [True, False], ids=["window-hand-over", "flush-batches"])
 def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
     handle = placement.attach(policy="none", tune={"enabled": False},
