@@ -119,7 +119,7 @@ SETTLE_CASES = {"2ms": (2.0, (500, 2000), 0), "20ms": (20.0, (100, 300), 0), "50
 
 
 def settle_cases(quick: bool) -> dict:
-    """Comm time through the real monitor against the truth of tests/nccl_standins.StandInRecorder
+    """Comm time through the real monitor against the truth of tests/nccl_recorder_standins.StandInRecorder
     (upstream's cadence: durations written by a watchdog every 100 ms, dumps of copies showing
     completed before that, a GPU queue behind the CPU). short_pct: steps whose comm time is below
     the truth; null_pct: null steps, leaving out those the exit cut (the GPU's lag and one
@@ -127,7 +127,7 @@ def settle_cases(quick: bool) -> dict:
     import tempfile
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-    from nccl_standins import run_standin_job
+    from nccl_recorder_standins import run_standin_job
 
     out = {}
     for case, (step_ms, (quick_steps, full_steps), lag) in SETTLE_CASES.items():

@@ -98,7 +98,7 @@ def allowed_cpus(tid: int) -> str:
 
 
 # --nccl-lag: records reach the tuner as under NCCL timing: each step's comm durations settled
-# LAG_STEPS steps later (tests/nccl_standins.settle_steps_late), so the monitor holds the last
+# LAG_STEPS steps later (tests/nccl_recorder_standins.settle_steps_late), so the monitor holds the last
 # steps back until they settle, and batches every 2 windows (flush_every 40 > window 20).
 LAG_STEPS = 2
 
@@ -134,7 +134,7 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
         torch.set_num_threads(1)
     if lag and handle.monitor is not None:
         sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
-        from nccl_standins import settle_steps_late
+        from nccl_recorder_standins import settle_steps_late
 
         settle_steps_late(handle, LAG_STEPS)  # the stand-in for NCCL's late durations
     model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512))

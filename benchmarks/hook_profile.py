@@ -7,12 +7,12 @@ What
     - timed: every step's handle.step() call, timed by the loop around it, and sorted by what
       the hook did at that step: `plain` (a stamp and the comm count), `handover` (a step that
       also hands the batch to the monitor thread). Per kind: how many, median and mean us; the
-      monitor's own figure (StepMonitor.self_ns / steps_timed, what its budget judges by); and
+      monitor's own figure (StepHook.self_ns / steps_timed, what its budget judges by); and
       the monitor thread's CPU per step (its thread clock), of which reading the counters
       (probes/sampled.py).
     - profiled: the loop again in a child process under `py-spy record --rate 5000 --format raw`
       (not in the timed run: py-spy pauses the process to sample it). Of the samples inside
-      StepMonitor.on_step, the share of each of its lines and of each callee (top entries);
+      StepHook.on_step, the share of each of its lines and of each callee (top entries);
       of the monitor thread's samples outside its idle wait, the share of each placement function
       (the innermost one on the stack, with what it calls).
     Without py-spy (`pip install py-spy`, in the dev extra) the profile is null and says why.
@@ -79,19 +79,19 @@ def job(steps: int, timed: bool):
         loss.backward()
         opt.step()
         if i == warm:
-            ns0, steps0 = mon.self_ns, mon.steps_timed
+            ns0, steps0 = mon.hook.self_ns, mon.hook.steps_timed
             thread_ns0, read_ns0 = thread_ns(mon), mon._sampled.cost_ns
         if not timed:
             h.step()
             continue
-        kind = "handover" if mon.step + 1 >= mon._next_due else "plain"
+        kind = "handover" if mon.step + 1 >= mon.hook.next_due else "plain"
         t0 = pc()
         h.step()
         t1 = pc()
         if i > warm:
             by_kind[kind].append((t1 - t0) / 1e3)
-    counted = max(1, mon.steps_timed - steps0)
-    inside = (mon.self_ns - ns0) / counted / 1e3
+    counted = max(1, mon.hook.steps_timed - steps0)
+    inside = (mon.hook.self_ns - ns0) / counted / 1e3
     by_kind["monitor_thread"] = [(thread_ns(mon) - thread_ns0) / counted / 1e3]
     by_kind["readings"] = [(mon._sampled.cost_ns - read_ns0) / counted / 1e3]
     every = mon.budget.every
@@ -125,7 +125,7 @@ def profile(steps: int) -> tuple[list, list, str]:
             for line in f:
                 stack, _, n = line.rstrip("\n").rpartition(" ")
                 frames, count = stack.split(";"), int(n)
-                at = next((i for i, fr in enumerate(frames) if fr.startswith("StepMonitor.on_step ")), None)
+                at = next((i for i, fr in enumerate(frames) if fr.startswith("StepHook.on_step ")), None)
                 if at is not None:
                     # the hook's own line, or the first frame it called (where the time went)
                     inner = frames[at + 1:at + 3]

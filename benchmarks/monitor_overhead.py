@@ -107,7 +107,7 @@ def run_block(model, opt, data, steps: int, source, end_step=None) -> Block:
 
 class FloorHook:
     """The least a per-step monitor does: main's thread CPU clock, one pread of its
-    schedstat, an append. Its own time is kept like StepMonitor.self_ns."""
+    schedstat, an append. Its own time is kept like StepHook.self_ns (monitor/hook.py)."""
 
     def __init__(self):
         self.fd = os.open(f"/proc/self/task/{threading.get_native_id()}/schedstat", os.O_RDONLY)
@@ -212,15 +212,15 @@ def main(argv=None) -> int:
             elif arm == "floor":
                 blocks[arm].append(run_block(model, opt, data, steps, loader, floor))
             elif arm == "on":
-                ns0 = h.monitor.self_ns
+                ns0 = h.monitor.hook.self_ns
                 blocks[arm].append(run_block(model, opt, data, steps, watched, h.step))
-                inside_ns[arm] += h.monitor.self_ns - ns0
+                inside_ns[arm] += h.monitor.hook.self_ns - ns0
             else:
-                ns0 = h.monitor.self_ns
+                ns0 = h.monitor.hook.self_ns
                 auto.hook()
                 blocks[arm].append(run_block(model, opt, data, steps, loader))
                 auto.unhook()
-                inside_ns[arm] += h.monitor.self_ns - ns0
+                inside_ns[arm] += h.monitor.hook.self_ns - ns0
     probe_every = h.monitor.budget.every
     monitor_cpu_ms = thread_cpu_ms(h.monitor._thread)
     h.close()

@@ -89,7 +89,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
         h = placement.attach(model, policy="none", tune={"enabled": False}, monitor=monitor)
         block = run_block(model, opt, data, steps, h.watch(torch.utils.data.DataLoader(data, batch_size=None)), h.step)
         total_us = thread_cpu_ms(h.monitor._thread) * 1e3
-        every, stride = h.monitor.budget.every, h.monitor.stride
+        every, stride = h.monitor.budget.every, h.monitor.hook.stride
         floor_s = h.monitor.cfg.handover_min_s
         h.close()
     parts = {label.strip(): round(spent[label] / 1e3 / steps, 2) for label in LABELS if label in spent}

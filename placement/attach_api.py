@@ -46,7 +46,7 @@ from placement.events import EventKind, LogDirError, open_rank_log  # noqa: F401
 from placement.identity import RankIdentity, job_id, new_run_id, process_group, run_id_from_env, shared_run_id
 from placement.monitor import exitflush
 # The module, not its names: make_comm_timing is looked up when attach() runs, so a test can
-# stand in an NCCL comm source for the whole of attach() (tests/nccl_standins.py).
+# stand in an NCCL comm source for the whole of attach() (tests/nccl_recorder_standins.py).
 from placement.monitor.comm import timing as monitor_comm
 from placement.monitor.comm.base import UNSEEN
 from placement.monitor.comm.groups import default_backend
@@ -291,7 +291,7 @@ class Handle:
         """Wrap a DataLoader or iterator: time blocked in it counts as data wait."""
         if self.monitor is None:
             return iterable
-        return WatchedIterable(iterable, self.monitor)
+        return WatchedIterable(iterable, self.monitor.hook)
 
     @contextlib.contextmanager
     def comm(self):
@@ -530,7 +530,7 @@ def _start_monitor(cfg: PlacementConfig, events, session, model, identity: RankI
     events.event(EventKind.START, source="monitor", pid=os.getpid(), host=identity.host, job=job_id(),
                  node_rank=identity.node_rank, backend=backend, comm_timing=comm.name,
                  ddp_hook=ddp_timed, ddp_buckets=None if route is None else route.value,
-                 exchange=monitor.exchange is not None, sigterm_flush=sigterm, steps=steps,
+                 exchange=exchange is not None, sigterm_flush=sigterm, steps=steps,
                  every={"flush": cfg.monitor.flush_every, "rescan": cfg.monitor.rescan_every,
                         "exchange": cfg.monitor.exchange_every, "summary": cfg.monitor.summary_every},
                  **({} if megatron_iteration is None else {"megatron_iteration": megatron_iteration}))
@@ -549,11 +549,10 @@ def _start_metrics(cfg: PlacementConfig, events, session, identity: RankIdentity
         return
     if rank_plan is not None and rank_plan.roles:
         publisher.set_binding({role.value: a.cpus for role, a in rank_plan.roles.items()}, rank_plan.numa)
-    monitor.sinks.append(publisher)
-    events.taps.append(publisher.on_event)
-    publisher.on_close = lambda: events.taps.remove(publisher.on_event)
-    if monitor.exchange is not None and identity.rank == 0:
-        monitor.judgement_observers.append(lambda verdict: publisher.judged(named_ranks(verdict)))
+    monitor.delivery.add_sink(publisher)
+    publisher.on_close = events.add_tap(publisher.on_event)
+    if monitor.crossrank.exchange is not None and identity.rank == 0:
+        monitor.crossrank.on_judged(lambda verdict: publisher.judged(named_ranks(verdict)))
 
 
 def _gpu_uuid(rank_plan) -> Optional[str]:

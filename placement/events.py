@@ -177,7 +177,7 @@ class EventLog:
         self._reported = False  # the total was said on stderr
         # Called with every event written (not step lines), after it is buffered: the live
         # metrics count stalls, drift, tuner actions from here (placement/metrics/rank.py).
-        self.taps: list = []
+        self._taps: list = []
         self._held: Optional[list[dict[str, Any]]] = None  # records kept until open_at() (held())
         if path:
             self._open(path)
@@ -304,17 +304,23 @@ class EventLog:
         finally:
             self._release()
 
+    def add_tap(self, tap: Callable[[dict[str, Any]], None]) -> Callable[[], None]:
+        """Call tap(record) with every event written from now on (not step lines); returns what
+        takes it off again."""
+        self._taps.append(tap)
+        return lambda: self._taps.remove(tap) if tap in self._taps else None
+
     def event(self, kind: EventKind, **fields: Any) -> dict[str, Any]:
         """Write one event record and return it."""
         rec = {"type": kind, "t": time.time(), "rank": self.rank, **fields}
         if self.run is not None:
             rec["run"] = self.run
         self.write(rec)
-        for tap in list(self.taps):
+        for tap in list(self._taps):
             try:
                 tap(rec)
             except Exception as e:  # a tap never breaks the log it listens to: said once, then dropped
-                self.taps.remove(tap)
+                self._taps.remove(tap)
                 _say(f"placement: rank {self.rank}: an event listener failed and is dropped "
                      f"({type(e).__name__}: {e})")
         return rec

@@ -1,6 +1,7 @@
 """Shared by the placerun tests: how to start placerun/torchrun, and independent /proc read-backs
 (parsed here, not with placement's own readers, so the tests check the binder from outside)."""
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -168,3 +169,18 @@ def memory_policy(pid, tid):
     mode, _, nodes = field.partition(":")
     mode = _KERNEL_POLICY.get(mode.split("=")[0], mode)
     return mode, sorted(parse_cpulist(nodes)) if mode != "none" else []
+
+
+def run_self_under_placerun(script: str, tmp_path: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    """A test file that is also its worker, run as 2 ranks by `placerun --standalone` with its logs
+    in tmp_path/logs and tmp_path as its one argument; fails the test with the output's end unless
+    it exits 0 (skips where placerun is not installed)."""
+    import pytest
+    placerun = shutil.which("placerun", path=str(BIN))
+    if placerun is None:
+        pytest.skip("placerun is not installed in this environment")
+    p = subprocess.run([placerun, "--standalone", "--nproc-per-node", "2",
+                        f"placement.monitor.log_dir={tmp_path / 'logs'}", "placement.strict=false", script,
+                        str(tmp_path)], capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    return p

@@ -7,25 +7,19 @@ The file is also the training script placerun runs.
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
+
+from placerun_helpers import run_self_under_placerun
 
 STEPS = 12
 
 
 @pytest.mark.slow
 def test_placerun_two_ranks_attach_joins_the_session(tmp_path):
-    placerun = shutil.which("placerun", path=os.path.dirname(sys.executable))
-    if placerun is None:
-        pytest.skip("placerun is not installed in this environment")
     logs = tmp_path / "logs"
-    p = subprocess.run([placerun, "--standalone", "--nproc-per-node", "2", f"placement.monitor.log_dir={logs}",
-                        "placement.strict=false", __file__, str(tmp_path)],
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    p = run_self_under_placerun(__file__, tmp_path)
     for rank in (0, 1):  # attach(policy="none") under placerun: one line per rank, the key named
         said = [line for line in p.stderr.splitlines() if f"placement: rank {rank}: placerun's plan wins" in line]
         assert len(said) == 1 and "attach() settings dropped: placement.policy='none'" in said[0], p.stderr[-4000:]

@@ -1,4 +1,4 @@
-"""A GPU rank's threads on this machine, with NCCL reproduced by tests/nccl_standin.py (threads
+"""A GPU rank's threads on this machine, with NCCL reproduced by tests/nccl_threads_standin.py (threads
 with NCCL's names created at NCCL's points, the caller's mask saved / narrowed / restored as
 src/init.cc does) and torch's backward thread by its name (pt_autograd_<device>). Real binding
 through placement's one stage-1 function and the stage-2 binder; every check reads /proc."""
@@ -18,7 +18,7 @@ from placement.events import EventLog
 from placement.identity import RankIdentity
 from placement.plan.model import GpuRef, MemoryPolicy, Plan, RankPlan, RoleAssignment
 from placement.roles import ThreadRole
-from nccl_standin import StandInComm
+from nccl_threads_standin import StandInComm
 from placerun_helpers import allowed, wait_thread_gone
 
 ALLOWED = sorted(os.sched_getaffinity(0))

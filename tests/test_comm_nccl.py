@@ -1,5 +1,5 @@
 """NCCL comm timing without a GPU: the flight-recorder reader on a dump torch itself produces
-(gloo, CPU) and on NCCL-shaped stand-ins (tests/nccl_standins.py, each citing the upstream code
+(gloo, CPU) and on NCCL-shaped stand-ins (tests/nccl_recorder_standins.py, each citing the upstream code
 it copies), the completion hook on WorkInfo shaped as pybind11 delivers it, and the backend of
 real gloo groups created with every backend string that works on CPU."""
 import datetime
@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from nccl_standins import NcclGroup, fr_dump_json, fr_entry, work_info
+from nccl_recorder_standins import NcclGroup, fr_dump_json, fr_entry, work_info
 from placement.monitor.comm.base import CommStep
 from placement.monitor.comm.timing import make_comm_timing
 from placement.monitor.comm.groups import describe_group, group_backends, nccl_groups, parse_backend_config
@@ -539,7 +539,7 @@ def test_exchange_sends_the_same_steps_whatever_the_poll_cadence(tmp_path, gloo_
 
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": 5, "exchange_every": 10, "summary_every": 0})
-    h.monitor.exchange = exchange = SentFigures()
+    h.monitor.crossrank.exchange = exchange = SentFigures()
     t = torch.ones(16)
     for _ in range(43):
         dist.all_reduce(t)

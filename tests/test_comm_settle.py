@@ -1,5 +1,5 @@
 """NCCL comm time against the truth, with the flight recorder's real cadence (tests/
-nccl_standins.StandInRecorder: durations written by a watchdog every 100 ms, dumps that show
+nccl_recorder_standins.StandInRecorder: durations written by a watchdog every 100 ms, dumps that show
 "completed" before that, a GPU queue behind the CPU, a ring that wraps): never short, null only
 when it cannot be known, for steps far shorter and far longer than the watchdog's period.
 On the code before settlement by evidence (a fixed 2-step lag, "completed" taken as settled)
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from nccl_standins import run_standin_job
+from nccl_recorder_standins import run_standin_job
 
 
 @pytest.mark.slow

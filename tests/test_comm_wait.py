@@ -151,7 +151,7 @@ def test_one_bucket_no_overlap_the_slow_rank_is_named(tmp_path):
     _check_named(_job(tmp_path, "--slow-in", "backward", "--bucket-mb", "25"))
 
 
-# ---- the same straggler on the NCCL path (stand-ins: tests/nccl_standins.py) ----------------------
+# ---- the same straggler on the NCCL path (stand-ins: tests/nccl_recorder_standins.py) ----------------------
 NCCL_STEPS, FWD_MS, BUCKETS, BUCKET_MS, NCCL_EXTRA_MS = 160, 8.0, 4, 2.0, 8.0
 
 
@@ -190,7 +190,7 @@ def _nccl_worker(log_dir: str) -> None:
 
     import placement
     import placement.monitor.comm.timing as comm_mod
-    from nccl_standins import StandInRecorder
+    from nccl_recorder_standins import StandInRecorder
     from placement.monitor.comm.flight_recorder import DumpSource
     from placement.monitor.comm.nccl import NcclFlightRecorderComm
     from placerun_helpers import exit_without_gloo_teardown

@@ -8,8 +8,6 @@ The file is also the training script the placerun test runs.
 """
 import json
 import os
-import shutil
-import subprocess
 import sys
 
 import pytest
@@ -22,6 +20,7 @@ from placement.plan.cores import share_cores
 from placement.plan.model import Plan
 from placement.plan.node import plan_for_node
 from placement.topology import discover
+from placerun_helpers import run_self_under_placerun
 
 STEPS = 12
 
@@ -73,14 +72,7 @@ def test_a_plan_without_cores_still_reads_and_a_bad_file_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_a_placerun_worker_tunes_from_the_plan_and_never_loads_a_topology(tmp_path):
-    placerun = shutil.which("placerun", path=os.path.dirname(sys.executable))
-    if placerun is None:
-        pytest.skip("placerun is not installed in this environment")
-    logs = tmp_path / "logs"
-    p = subprocess.run([placerun, "--standalone", "--nproc-per-node", "2", f"placement.monitor.log_dir={logs}",
-                        "placement.strict=false", __file__, str(tmp_path)],
-                       capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    run_self_under_placerun(__file__, tmp_path)
     topo = discover()
     for rank in (0, 1):
         facts = json.loads((tmp_path / f"facts{rank}.json").read_text())

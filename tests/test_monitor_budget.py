@@ -12,6 +12,7 @@ import pytest
 import placement
 from placement.errors import ConfigError
 from placement.roles import OWN_THREADS
+from placement.monitor.step_monitor import read_at_hand_over
 from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
                                               STRETCH, CostRate, ProbeBudget, max_every)
 
@@ -249,19 +250,9 @@ def test_a_reading_counts_the_wake_up_it_took_and_a_reading_of_no_new_step_is_no
     (19, 0, 1, False),  # read every step: only the reading at the hand-over itself is left to it
     (20, 0, 1, True),
 ])
-def test_a_reading_due_near_a_hand_over_is_left_to_it(tmp_path, step, read_in_steps, every, left_to_hand_over):
-    h = placement.attach(policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20})
-    m = h.monitor
-    try:
-        with m._holding():
-            kept = (m.step, m._next_due, m.budget.every, m._sampled.period_s)
-            step_s = 0.01
-            m.step, m._next_due, m.budget.every, m._sampled.period_s = step, 20, every, every * step_s
-            assert m._read_at_hand_over(read_in_steps * step_s) is left_to_hand_over
-            m.step, m._next_due, m.budget.every, m._sampled.period_s = kept
-    finally:
-        h.close()
+def test_a_reading_due_near_a_hand_over_is_left_to_it(step, read_in_steps, every, left_to_hand_over):
+    step_s = 0.01  # the hand-over is due at step 20
+    assert read_at_hand_over(read_in_steps * step_s, step, 20, every, every * step_s) is left_to_hand_over
 
 
 def _spin(cpu_s: float) -> None:

@@ -39,7 +39,7 @@ def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], l
         h.add_observer(lambda rec: seen.append(rec.step), window_end)
     for _ in range(STEPS):
         h.step()
-    stride = mon.stride
+    stride = mon.hook.stride
     h.close()
     steps = [json.loads(line)["step"] for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
              if '"type":"step"' in line]

@@ -61,7 +61,7 @@ def test_a_failing_output_is_said_once_and_the_others_still_get_every_record(tmp
         def close(self):
             pass
 
-    monitor.sinks.insert(0, Broken())
+    monitor.delivery.add_sink(Broken(), first=True)
     seen = []
     h.add_observer(lambda rec: seen.append(rec.step))
     for _ in range(12):

@@ -1,5 +1,5 @@
 """The tuner behind the real step monitor, with NCCL's comm lag (a step's durations settled
-2 steps later: nccl_standins.settle_steps_late) and flush steps every 40 steps while windows are 20: a move is
+2 steps later: nccl_recorder_standins.settle_steps_late) and flush steps every 40 steps while windows are 20: a move is
 judged on steps that ran after it, never on steps measured before it, whether the records
 come in batches at flush steps (an observer without window_end) or, as placement.attach
 wires the tuner, each window as soon as its comm timing is final."""
@@ -14,7 +14,7 @@ import placement
 from placement.roles import ThreadRole
 from placement.tune.rules.base import Proposal, Rule, RuleContext
 from placement.tune.tuner import Tuner
-from nccl_standins import settle_steps_late
+from nccl_recorder_standins import settle_steps_late
 from tune_fakes import FakeBinder, FakeFacts, ListEvents, rank_plan, topology, tune_cfg
 
 SLOW_MS, FAST_MS = 6.0, 2.0  # step time on the first core and after the move

@@ -73,7 +73,7 @@ class AutoMonitor:
         self.session = session
         self.state = AutoState.WAITING
         self.handle = None
-        self.monitor = None
+        self.counter = None  # the monitor's step hook: data wait and the last batch go to it (monitor/hook.py)
         self.finder: Optional[StepFinder] = None  # made when the monitor starts (adopt)
         self.fetches = 0  # batches the main thread fetched before the monitor started
         # The rank's main thread: the hooks act only there. In a forked child (a DataLoader
@@ -144,13 +144,13 @@ class AutoMonitor:
                 auto._waited(t0)
                 raise
             # what a fetch tells the monitor, inline (one frame less at every fetch)
-            monitor = auto.monitor
-            if auto.state is not _RUNNING or monitor is None:
+            counter = auto.counter
+            if auto.state is not _RUNNING or counter is None:
                 auto.fetches += 1
                 return batch
             auto.finder.fetched(t0, first)  # may end the step at t0: the wait below is the next step's
-            monitor.data_ns += perf_counter_ns() - t0
-            monitor.last_batch = batch
+            counter.data_ns += perf_counter_ns() - t0
+            counter.last_batch = batch
             return batch
 
         @functools.wraps(iter_original)
@@ -226,9 +226,9 @@ class AutoMonitor:
             self._start(key, outer)
 
     def _waited(self, t0: int) -> None:
-        monitor = self.monitor
-        if self.state is _RUNNING and monitor is not None:
-            monitor.data_ns += perf_counter_ns() - t0
+        counter = self.counter
+        if self.state is _RUNNING and counter is not None:
+            counter.data_ns += perf_counter_ns() - t0
 
     # ---- lifecycle -------------------------------------------------------------------------
     def _start(self, key: int, outer: bool) -> None:
@@ -251,11 +251,11 @@ class AutoMonitor:
 
     def adopt(self, handle, key: int, outer: bool = False) -> None:
         """Mark `handle`'s monitor's steps from now on; step 1 begins at the fire of `key`."""
-        monitor = handle.monitor
-        self.handle, self.monitor = handle, monitor
+        hook = handle.monitor.hook
+        self.handle, self.counter = handle, hook
         handle.on_close = self._handle_closed
         # A fire ends a step now (the monitor's own hook, no frame between); a fetch at its start.
-        self.finder = StepFinder(monitor.on_step, lambda start_ns: monitor.on_step(at=start_ns))
+        self.finder = StepFinder(hook.on_step, lambda start_ns: hook.on_step(at=start_ns))
         self.state = AutoState.RUNNING
         self.finder.begin(key, outer, seen_fetch=self.fetches > 0)
 
@@ -271,7 +271,7 @@ class AutoMonitor:
         if self.state is AutoState.RUNNING:
             self.state = AutoState.GAVE_WAY
             self.unhook()
-        self.monitor = None
+        self.counter = None
 
     def _at_exit(self) -> None:
         if os.getpid() != self._pid:

@@ -55,7 +55,7 @@ class FrameworkSteps:
         self.handle = placement.attach(model, optimizer, config=self.config, **overrides)
         monitor = self.handle.monitor
         if time_fetches and monitor is not None:
-            self._fetches = FetchWait(monitor)
+            self._fetches = FetchWait(monitor.hook)
         else:
             self.mark()
         return self.handle
@@ -68,7 +68,7 @@ class FrameworkSteps:
     def batch_start(self) -> None:
         monitor = None if self.handle is None else self.handle.monitor
         if self._mark is not None and monitor is not None:
-            monitor.data_ns += perf_counter_ns() - self._mark
+            monitor.hook.data_ns += perf_counter_ns() - self._mark
         self._mark = None
 
     def close(self) -> None:

@@ -15,21 +15,7 @@ import torch
 import torch.distributed as dist
 
 import placement
-
-
-class Batches:
-    def __init__(self, slow: bool, delay_s: float):
-        self.slow, self.delay_s, self.step = slow, delay_s, 0
-        self.x = torch.randn(32, 64)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        self.step += 1
-        if self.slow and self.step > 10:
-            time.sleep(self.delay_s)
-        return self.x
+from late_batches import Batches
 
 
 def main():

@@ -174,3 +174,37 @@ def close_sinks(sinks: Sequence[RecordSink], warn: WarnOnce) -> None:
             sink.close()
         except Exception as e:
             warn(f"sink-close-{sink.name}", f"{sink.name} did not close ({first_line(e)})")
+
+
+class Delivery:
+    """The monitor's outputs, in order: the rank's log, the observers (the tuner), the window the
+    next exchange sends, the summary, the digests, TensorBoard where it is on, then the sinks
+    added since (the live metrics). Callers register through add_sink and add_observer; the
+    monitor thread writes each batch and takes the exchange's windows."""
+
+    def __init__(self, cfg, events: EventLog, rank: int, warn: WarnOnce, exchange_on: Callable[[], bool]):
+        self._warn = warn
+        self._observers = ObserverSink(warn)
+        self._window = ExchangeWindow(rank, exchange_on)
+        self._sinks: list[RecordSink] = [JsonlSink(events), self._observers, self._window,
+                                         SummarySink(rank, cfg.summary_every), DigestSink(events, rank, cfg.digest_every)]
+        if cfg.tensorboard:
+            self._sinks.append(TensorBoardSink(cfg.log_dir, rank, warn))
+
+    def add_sink(self, sink: RecordSink, first: bool = False) -> None:
+        """Hand `sink` every batch from now on: after the others, or before them with `first`."""
+        self._sinks.insert(0 if first else len(self._sinks), sink)
+
+    def add_observer(self, observe: Callable[[StepRecord], None]) -> None:
+        """Call observe(record) for every record from now on, in step order."""
+        self._observers.observers.append(observe)
+
+    def write(self, batch: Sequence[StepRecord]) -> None:
+        write_to_sinks(self._sinks, batch, self._warn)
+
+    def window(self, first: int, last: int) -> RankFigures:
+        """The figures of steps first..last for the exchange (records up to `last` are let go)."""
+        return self._window.take(first, last)
+
+    def close(self) -> None:
+        close_sinks(self._sinks, self._warn)

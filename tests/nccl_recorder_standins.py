@@ -105,7 +105,7 @@ class NcclGroup:
 def settle_steps_late(handle, lag: int) -> None:
     """Make an attach() handle's comm source settle each step's figures `lag` steps after the
     step, as NCCL durations come after it (the monitor then holds those steps:
-    StepMonitor._finalize): settled through the step `lag` steps back, read as handle.step() is
+    build.py RecordBuilder.build): settled through the step `lag` steps back, read as handle.step() is
     called for it (so just before that step's end stamp: the step `lag` + 1 back is settled
     whole), before the hook hands steps over, as a poll of NCCL's records would have seen it."""
     ends: collections.deque = collections.deque(maxlen=lag + 1)

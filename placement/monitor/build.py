@@ -1,0 +1,241 @@
+"""Step records from the raw steps the hook measured, on the monitor thread (or whoever holds
+the monitor's lock: an exit path).
+
+What
+    The hook keeps each step as a tuple (RawStep's fields: its end stamp, data wait and comm
+    counters); at a hand-over they become RawSteps here and wait, pending, until their comm
+    figures are settled (comm.settled_through: NCCL durations arrive after the step) or have
+    waited comm.settle_max_s. build() then cuts the pending steps at a step with a reading of
+    main's counters (a probe step: every step built has its counters), spreads each reading's
+    counter deltas over its steps, works out each step's comm wait where calls block
+    (records/parts.py), splits the step into its parts, judges it (records/verdict.py) and
+    hands the batch to the delivery (sinks/). A hand-over due for a span reading (every
+    thread read in full, the thread list refreshed) takes it here, at least `span_floor_s`
+    apart unless an observer judges windows.
+
+Clocks
+    Step boundaries are perf_counter_ns stamps; their wall time is derived when records are
+    built, from an anchor pair re-taken then (one clock read per step on the training thread,
+    not two), so that a drift between the two clocks cannot build up.
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import time
+from typing import Callable, Iterable, Optional
+
+from placement.monitor.clock import wall as wall_clock
+from placement.monitor.comm.base import CommStep, CommTiming, comm_step
+from placement.monitor.probes.counters import MainRead
+from placement.monitor.probes.sampled import SampledReads
+from placement.monitor.probes.threads import MAIN, HotRead, RoleSampler, merge_span
+from placement.monitor.sinks.base import Delivery
+from placement.records.parts import comm_wait_ms, split_step
+from placement.records.step import StepRecord
+from placement.records.verdict import step_verdict
+
+
+@dataclasses.dataclass(slots=True)
+class RawStep:
+    """One step as the hook measured it (its number is its place in the hand-over)."""
+
+    end_ns: int  # perf_counter_ns at the end of the step
+    data_ns: int  # time blocked waiting for data
+    comm: CommStep  # (the hook keeps the clock's take_raw() tuple; raw_steps makes it this)
+    main: Optional[MainRead] = None  # main's counters; None on the steps between readings
+    hot: Optional[tuple[HotRead, ...]] = None  # the backward/nccl/pin_memory threads' counters (same steps)
+    span: Optional[dict] = None  # every thread's span reading, set by the monitor thread
+
+
+def raw_steps(kept: list[tuple]) -> list[RawStep]:
+    """The steps as the hook kept them (tuples of RawStep's fields, each comm as the clock gave
+    it: most often a shared CommStep already)."""
+    steps = [RawStep(*fields) for fields in kept]
+    for r in steps:
+        if r.comm.__class__ is not CommStep:
+            r.comm = comm_step(r.comm)
+    return steps
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordTags:
+    """What every record of the rank carries beside its figures, and the tuner's thresholds its
+    verdict is judged by (tune config: runq_wait_pct, comm_share_pct, data_share_pct)."""
+
+    rank: int
+    local_rank: int
+    run: Callable[[], Optional[str]]  # the event log's run id, read as records are built
+    verdict_pcts: tuple[float, float, float]
+
+
+class RecordBuilder:
+    """The pending steps of one rank, built into records and delivered."""
+
+    def __init__(self, tags: RecordTags, sampler: RoleSampler, sampled: Optional[SampledReads], comm: CommTiming,
+                 delivery: Delivery, on_built: Callable[[Iterable[float]], None], first_step: int,
+                 span_floor_s: float):
+        self._tags = tags
+        self._sampler = sampler
+        self._sampled = sampled  # None: the hook read each step's counters itself (budget 0)
+        self._comm = comm
+        self._delivery = delivery
+        self._on_built = on_built  # called with the built steps' times (the hang watch's median)
+        self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
+        self.first_pending = first_step  # step number of the first pending step
+        self._span = (first_step - 1, -math.inf, span_floor_s * 1e9)  # last span step, its end (ns), the floor (ns)
+        self.last_end_ns = 0  # perf_counter_ns at the end of the last step built
+        self._clock = (0, 0.0, 0.0)  # the anchor pair, and the wall time of the last built step's end
+        self.start()
+
+    def start(self) -> int:
+        """Step 1 (of this builder) begins now: the anchor, re-taken; returns it (perf_counter_ns)."""
+        anchor_ns, anchor_wall = time.perf_counter_ns(), wall_clock()
+        self._clock = (anchor_ns, anchor_wall, anchor_wall)
+        self.last_end_ns = anchor_ns
+        return anchor_ns
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    @property
+    def built_through(self) -> int:
+        """The last step built into a record."""
+        return self.first_pending - 1
+
+    def add(self, step: int, kept: list[tuple], span_due: bool, windowed: bool) -> list[RawStep]:
+        """A hand-over's steps (through `step`), pending from now; `span_due`: a span reading is
+        due at `step`, taken unless the last one is less than the floor ago (`windowed`: an
+        observer judges windows; its rules read the span's figures per window)."""
+        raw = raw_steps(kept)
+        last_span, span_ns, floor_ns = self._span
+        if span_due and (windowed or raw[-1].end_ns - span_ns >= floor_ns):
+            raw[-1].span = self._sampler.read_span(step - last_span)
+            self._span = (step, raw[-1].end_ns, floor_ns)
+            self._sampler.refresh()
+        self._pending.extend(raw)
+        return raw
+
+    def add_at_exit(self, kept: list[tuple]) -> None:
+        """At exit: the steps the hook has not handed over, pending too; the last read now if it
+        has no reading (the reading includes the moments since the last step ended); all built."""
+        pending = self._pending
+        pending.extend(raw_steps(kept))
+        if self._sampled is not None:
+            self._sampled.attach(pending, self.first_pending)
+        if pending and pending[-1].main is None:
+            sampler = self._sampler
+            pending[-1].main, pending[-1].hot = sampler.main.step_read(), sampler.read_hot()
+        self.build(final=True)
+
+    def build(self, final: bool) -> None:
+        """Build, write and deliver the records of the pending steps whose comm figures are
+        settled (comm.settled_through: NCCL durations arrive after the step, when the source
+        has seen them), or that waited comm.settle_max_s for them (their comm time is then
+        null, and counted); with `final` (exit), every step. The cut is made at a step with a
+        reading of the counters (a probe step) so that every step built has its counters."""
+        comm = self._comm
+        comm.poll_if_due(final)
+        raw = self._pending
+        if not raw:
+            return
+        if self._sampled is not None:
+            self._sampled.attach(raw, self.first_pending)
+        anchor_ns, anchor_wall, wall_last = self._clock
+        cut = len(raw)
+        if not final:
+            through = max(comm.settled_through(), wall_clock() - comm.settle_max_s)
+            if through != math.inf:
+                through_ns = anchor_ns + int((through - anchor_wall) * 1e9)
+                cut = bisect.bisect_right([r.end_ns for r in raw], through_ns)
+            while cut > 0 and raw[cut - 1].main is None:
+                cut -= 1
+        if cut <= 0:
+            return
+        ready, self._pending = raw[:cut], raw[cut:]
+        first_step = self.first_pending
+        self.first_pending += cut
+        ends = [anchor_wall + (r.end_ns - anchor_ns) / 1e9 for r in ready]
+        starts = [wall_last] + ends[:-1]
+        pending = [i for i, r in enumerate(ready) if r.comm.comm_ms is None]
+        late_comm = dict(zip(pending, comm.resolve_steps([(starts[i], ends[i]) for i in pending],
+                                                         [ready[i].comm for i in pending]))) if pending else {}
+        roles_of, probe_steps = self._role_samples(ready)
+        tags = self._tags
+        runq_pct, comm_pct, data_pct = tags.verdict_pcts
+        rank, local_rank, run = tags.rank, tags.local_rank, tags.run()
+        # Written out for the monitor thread, which builds every step's record (its cost per
+        # record: benchmarks/monitor_thread.py): the steps of one reading share their roles,
+        # and main's runqueue wait (the CPU stall) is looked up once for them.
+        batch = []
+        append = batch.append
+        t_last, shared, runq = self.last_end_ns, None, None
+        # Calls that block (gloo) leave main off-CPU while it waits: its schedstat tells the
+        # wait from the time in flight (records/parts.py). NCCL's return at enqueue: the
+        # GPU-side time is all there is.
+        comms = [late_comm.get(i, r.comm) for i, r in enumerate(ready)] if late_comm else [r.comm for r in ready]
+        waits = self._comm_waits(ready, comms, roles_of, probe_steps) if comm.timed_calls else None
+        for i, r in enumerate(ready):
+            c_step = comms[i]
+            end_ns = r.end_ns
+            step_ms, data_ms, t_last = (end_ns - t_last) / 1e6, r.data_ns / 1e6, end_ns
+            roles = roles_of[i]
+            if r.span is not None:  # its own copy: the other steps of its reading share theirs
+                roles = {name: dataclasses.replace(s) for name, s in roles.items()}
+                merge_span(roles, r.span)
+            if roles is not shared:
+                shared, main = roles, roles.get(MAIN)
+                runq = None if main is None else main.runq_ms
+            inflight = c_step.comm_ms
+            c = inflight if waits is None else waits[i]
+            # split once here and kept on the record: the digest, summary and metrics read them too
+            parts = split_step(step_ms, data_ms, c, runq)
+            append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, c_step.count, roles,
+                              step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
+                              local_rank, c_step.enter_t, probe_steps[i], run, inflight, parts))
+        self.last_end_ns = t_last
+        self._clock = (time.perf_counter_ns(), wall_clock(), ends[-1])
+        self._on_built(rec.step_ms for rec in batch)
+        self._delivery.write(batch)
+
+    def _comm_waits(self, ready: list[RawStep], comms: list[CommStep], roles_of: list[dict],
+                    probe_steps: list[int]) -> list[Optional[float]]:
+        """Each step's comm wait where calls block (gloo): main is off-CPU while it waits, and its
+        schedstat tells the wait from the time in flight, a reading of its counters at a time
+        (records/parts.py comm_wait_ms; the steps of one reading are the probe_steps before its
+        probe step). NCCL's calls return at enqueue: there the GPU-side time is all there is."""
+        waits: list[Optional[float]] = []
+        t_last, i = self.last_end_ns, 0
+        ends = [r.end_ns for r in ready]
+        while i < len(ready):
+            n = max(1, probe_steps[i])
+            main = roles_of[i].get(MAIN) if probe_steps[i] else None
+            step_ms = [(e - s) / 1e6 for s, e in zip([t_last] + ends[i:i + n - 1], ends[i:i + n])]
+            waits.extend(comm_wait_ms(step_ms, [r.data_ns / 1e6 for r in ready[i:i + n]],
+                                      [c.comm_ms for c in comms[i:i + n]],
+                                      None if main is None else main.cpu_ms, None if main is None else main.runq_ms))
+            t_last, i = ends[i + n - 1], i + n
+        return waits
+
+    def _role_samples(self, ready: list[RawStep]) -> tuple[list[dict], list[int]]:
+        """Per-step role samples: a probe step's counter deltas are spread evenly over it and
+        the steps since the probe step before it, which share its samples (records are not
+        changed once built; a step with a span reading, which need not be a probe step, gets
+        its own copy in build). Steps after the last probe step, only at exit, have none."""
+        roles_of: list[dict] = []
+        probe_steps: list[int] = []
+        run = 0  # steps waiting for the next probe step
+        sampler = self._sampler
+        for r in ready:
+            run += 1
+            if r.main is None:
+                continue
+            roles_of.extend([sampler.samples(r.main, r.hot, run)] * run)
+            probe_steps.extend([run] * run)
+            run = 0
+        for _ in range(run):
+            roles_of.append(sampler.unread())
+            probe_steps.append(0)
+        return roles_of, probe_steps
