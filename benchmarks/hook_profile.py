@@ -103,7 +103,7 @@ def job(steps: int, timed: bool):
 def thread_ns(mon) -> int:
     """The monitor thread's CPU time so far (its thread clock)."""
     from placement.monitor.probes.counters import thread_cpu_clock
-    return time.clock_gettime_ns(thread_cpu_clock(mon._thread.native_id))
+    return time.clock_gettime_ns(thread_cpu_clock(mon.thread.native_id))
 
 
 def profile(steps: int) -> tuple[list, list, str]:

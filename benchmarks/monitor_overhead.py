@@ -222,7 +222,7 @@ def main(argv=None) -> int:
                 auto.unhook()
                 inside_ns[arm] += h.monitor.hook.self_ns - ns0
     probe_every = h.monitor.budget.every
-    monitor_cpu_ms = thread_cpu_ms(h.monitor._thread)
+    monitor_cpu_ms = thread_cpu_ms(h.monitor.thread)
     h.close()
     floor.close()
     # The caller's two clock reads around the hook cost a few us themselves right after a step

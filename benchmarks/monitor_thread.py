@@ -88,7 +88,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
             monitor["handover_min_s"] = handover_min_s
         h = placement.attach(model, policy="none", tune={"enabled": False}, monitor=monitor)
         block = run_block(model, opt, data, steps, h.watch(torch.utils.data.DataLoader(data, batch_size=None)), h.step)
-        total_us = thread_cpu_ms(h.monitor._thread) * 1e3
+        total_us = thread_cpu_ms(h.monitor.thread) * 1e3
         every, stride = h.monitor.budget.every, h.monitor.hook.stride
         floor_s = h.monitor.cfg.handover_min_s
         h.close()

@@ -78,6 +78,12 @@ TUNE_RULES = ("runqueue", "nccl_core", "dataloader_size", "faster_core", "numa_b
 MAX_DATALOADER_WORKERS = 1024  # per rank; more than any node has cores for
 CONFIG_FILE_MAX = 1024 * 1024  # a placement YAML is a few hundred bytes
 SHOWN_MAX = 200  # characters of a bad value quoted in a config error
+# Keys renamed (old -> new, without "placement."): the old name still sets the new key for a
+# release, with one deprecation line a process. "stall" is a step's CPU-stall part; a rank that
+# completes no step is hung (docs/design.md, words).
+RENAMED_KEYS = {"monitor.stall_factor": "monitor.hang_factor", "monitor.stall_min_s": "monitor.hang_min_s",
+                "monitor.stall_pause_s": "monitor.hang_pause_s"}
+_said_renamed: set[str] = set()
 
 
 def _shown(value: Any) -> str:
@@ -138,12 +144,12 @@ class MonitorConfig:
     budget_pct: float = _key(0.3, "share of step time placement may take (the step hook and the CPU of every thread "
                                   "of its own, tuner or not); above it the hot threads' counters are read every k-th "
                                   "step (monitor/probes/budget.py); 0 = every step, in the step hook")
-    stall_factor: float = _key(10.0, "a rank that completes no step for max(stall_factor x its median step, "
-                                     "stall_min_s) seconds gets a `stall` event naming where its main thread waits")
-    stall_min_s: float = _key(7.0, "the floor of that stall limit, in seconds")
-    stall_pause_s: float = _key(120.0, "a rank of many stalled outside any collective is named at once by rank 0 "
-                                       "when peers wait for it; its own `stall` event waits this long, as every "
-                                       "rank pausing together (a checkpoint) is not a fault")
+    hang_factor: float = _key(10.0, "a rank that completes no step for max(hang_factor x its median step, "
+                                    "hang_min_s) seconds is hung: a `stall` event names where its main thread waits")
+    hang_min_s: float = _key(7.0, "the floor of that hang limit, in seconds")
+    hang_pause_s: float = _key(120.0, "a rank of many hung outside any collective is named at once by rank 0 "
+                                      "when peers wait for it; its own `stall` event waits this long, as every "
+                                      "rank pausing together (a checkpoint) is not a fault")
     residence_every_s: float = _key(60.0, "seconds between looks at where the rank's memory pages are (a move_pages "
                                           "sample on the monitor thread, docs/monitor.md); 0 = off")
     residence_min_pct: float = _key(90.0, "share of the rank's resident pages on its planned NUMA node(s) below which "
@@ -257,9 +263,9 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     _range("monitor.straggler_steady_pct", m.straggler_steady_pct, 0.0, 100.0)
     _range("monitor.straggler_persist_windows", m.straggler_persist_windows, 1, 1000)
     _range("monitor.budget_pct", m.budget_pct, 0.0, 100.0)
-    _range("monitor.stall_factor", m.stall_factor, 1.0, 1000.0)
-    _range("monitor.stall_min_s", m.stall_min_s, 0.1, 86400.0)
-    _range("monitor.stall_pause_s", m.stall_pause_s, 0.0, 86400.0)
+    _range("monitor.hang_factor", m.hang_factor, 1.0, 1000.0)
+    _range("monitor.hang_min_s", m.hang_min_s, 0.1, 86400.0)
+    _range("monitor.hang_pause_s", m.hang_pause_s, 0.0, 86400.0)
     if m.residence_every_s != 0:
         _range("monitor.residence_every_s", m.residence_every_s, 1.0, 86400.0)
     _range("monitor.residence_min_pct", m.residence_min_pct, 0.0, 100.0)
@@ -428,6 +434,7 @@ def _merge(node: Any, layer: dict[str, Any], where: str, prefix: tuple[str, ...]
 def _set(node: Any, path: list[str], value: Any, where: str, *, prefix: tuple[str, ...] = (),
          from_text: bool = False) -> None:
     """Set one key, converting and type-checking the value against the dataclass field."""
+    path = _renamed(prefix, path)
     *parents, leaf = path
     for name in parents:
         child = getattr(node, name, None) if name in _field_types(node) else None
@@ -443,6 +450,19 @@ def _set(node: Any, path: list[str], value: Any, where: str, *, prefix: tuple[st
         raise ConfigError(f"bad value for {full} (from {where}): {_shown(value)} is not a mapping of its keys; "
                           f"valid keys: {', '.join(_all_keys(type(current), full + '.'))}")
     setattr(node, leaf, _convert(types[leaf], value, full, where, from_text))
+
+
+def _renamed(prefix: tuple[str, ...], path: list[str]) -> list[str]:
+    """`path` under `prefix`, an old name (RENAMED_KEYS) put to its new one, said once."""
+    old = ".".join(prefix + tuple(path))
+    new = RENAMED_KEYS.get(old)
+    if new is None:
+        return path
+    if old not in _said_renamed:
+        _said_renamed.add(old)
+        sys.stderr.write(f"placement: placement.{old} is now placement.{new}; the old name is read for one "
+                         f"more release\n")
+    return new.split(".")[len(prefix):]
 
 
 def _field_types(node: Any) -> dict[str, Any]:
@@ -565,6 +585,8 @@ def _all_keys(cls: type, prefix: str = "placement.") -> list[str]:
 def is_setting(key: str) -> bool:
     """`key` ("placement.policy", "+placement.monitor") names a setting or a group of them."""
     key = key.lstrip("+")
+    if key.startswith("placement.") and key[len("placement."):] in RENAMED_KEYS:
+        return True
     return any(k == key or k.startswith(key + ".") for k in _all_keys(PlacementConfig))
 
 

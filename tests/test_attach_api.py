@@ -109,7 +109,7 @@ def test_the_end_event_says_what_the_monitor_thread_cost_per_step(tmp_path):
     x = torch.randn(8, 16)
     for _ in range(40):
         _train_step(model, opt, x)
-    tid = h.monitor._thread.native_id
+    tid = h.monitor.thread.native_id
     with open(f"/proc/self/task/{tid}/schedstat") as f:
         seen_ns = int(f.read().split()[0])
     h.close()

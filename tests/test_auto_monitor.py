@@ -211,7 +211,7 @@ def test_an_unmodified_loop_names_a_rank_slowed_30_percent_with_its_cost(tmp_pat
 @pytest.mark.slow
 def test_an_unmodified_loop_names_a_hung_rank(tmp_path):
     p, logs = _placerun(tmp_path, [str(JOBS / "auto_loops.py"), "plain", "--iters", "40", "--hang-rank", "1",
-                                   "--hang-at", "20", "--hang-s", "9"], keys=("placement.monitor.stall_min_s=3",))
+                                   "--hang-at", "20", "--hang-s", "9"], keys=("placement.monitor.hang_min_s=3",))
     assert p.returncode == 0, p.stderr[-4000:]
     log = _log(logs, 0)
     named = [e for e in log if e["type"] == "stall" and e.get("reported_by") == 0 and e.get("rank") == 1]

@@ -102,3 +102,27 @@ def test_the_environments_settings_lie_beneath_placerun_plan_and_attach(monkeypa
     assert cfg.policy == "node"  # the command line's words after the environment's
     cfg = build_config(None, {"monitor": {"flush_every": 4}})
     assert (cfg.policy, cfg.dataloader_workers, cfg.monitor.flush_every) == ("none", 3, 4)  # attach()'s over both
+
+
+def test_a_renamed_key_still_sets_its_new_name_for_a_release_and_says_so_once(tmp_path, capsys):
+    """monitor.stall_* became monitor.hang_* (a hung rank is a hang; a step's CPU stall is another
+    idea): the old names, from overrides, a YAML file, attach()'s dict or placerun's words, set
+    the new key with one deprecation line per old name and process."""
+    from placement import config, launcher
+
+    config._said_renamed.clear()
+    cfg = load_config(["placement.monitor.stall_min_s=3", "monitor.stall_factor=4"])
+    assert (cfg.monitor.hang_min_s, cfg.monitor.hang_factor) == (3.0, 4.0)
+    yml = tmp_path / "p.yaml"
+    yml.write_text("monitor:\n  stall_min_s: 5\n  stall_pause_s: 30\n")
+    cfg = load_config(config_file=str(yml), base={"monitor": {"stall_factor": 6}})
+    assert (cfg.monitor.hang_min_s, cfg.monitor.hang_pause_s, cfg.monitor.hang_factor) == (5.0, 30.0, 6.0)
+    err = capsys.readouterr().err.splitlines()
+    said = [line for line in err if "is now placement.monitor.hang_" in line]
+    assert sorted(said) == sorted({line for line in said}) and len(said) == 3, err
+    assert "placement.monitor.stall_min_s is now placement.monitor.hang_min_s" in said[0]
+    assert launcher.main(["--nproc-per-node", "1", "--dry-run", "t.py", "placement.monitor.stall_min_s=2"]) == 0
+    # a bad value under the old name names the new key and its range, one line
+    with pytest.raises(ConfigError, match=r"placement\.monitor\.hang_min_s"):
+        load_config(["placement.monitor.stall_min_s=0"])
+    assert "placement.monitor.stall_min_s" not in config.keys_table()  # the new names are the documented ones

@@ -3,7 +3,7 @@ crossrank/exchange.py):
 - `hang`: 3 real gloo ranks, an all_reduce per step; rank 1's main thread blocks on a lock after
   step STOP_AT (so every rank then waits). Rank 0's log gets a `stall` event naming rank 1
   (reported_by 0, how "posted"), its last step and its main thread's wait channel, within
-  2 x stall_min_s of rank 1's last step; then one saying it resumed. `placement report` over
+  2 x hang_min_s of rank 1's last step; then one saying it resumed. `placement report` over
   rank 0's log as the hung job left it puts rank 1 first; over the whole run, nobody.
 - `frozen`: 3 ranks stepping without collectives; rank 1's whole process stops (SIGSTOP: its
   monitor thread cannot post). Rank 0 names it from its exchange rows that stopped arriving
@@ -29,7 +29,7 @@ from placerun_helpers import exit_without_gloo_teardown, free_port
 WORLD = 3
 EVERY = 10
 STOP_AT = 28  # rank 1 stops after this step
-STALL_MIN_S = 2.0
+HANG_MIN_S = 2.0
 STEPS = 60
 
 
@@ -104,7 +104,7 @@ def test_rank0_names_a_peer_whose_main_thread_hangs_with_its_last_step_and_wait_
     assert "outside any collective" in e["message"], e["message"]
     assert any("_hung_in_a_lock" in line for line in e["main"]["stack"]), e["main"]
     after = e["t"] - _step_t(logs[1], STOP_AT)  # one host: one clock
-    assert STALL_MIN_S <= after <= 2 * STALL_MIN_S, after
+    assert HANG_MIN_S <= after <= 2 * HANG_MIN_S, after
     assert _named_by_rank0(logs[0], "resumed"), "rank 0 did not say rank 1 resumed"
     assert all(x.get("reported_by") is None for r in (1, 2) for x in logs[r] if x.get("type") == "stall"), \
         "only rank 0 names peers"
@@ -120,14 +120,14 @@ def test_rank0_names_a_peer_whose_main_thread_hangs_with_its_last_step_and_wait_
     assert cli(["report", str(hung)]) == 0
     out = capsys.readouterr().out
     first = out.splitlines()[0]
-    assert first.startswith("STALLED:") and f"rank 1 after step {STOP_AT} outside any collective" in first, out[:600]
+    assert first.startswith("HUNG:") and f"rank 1 after step {STOP_AT} outside any collective" in first, out[:600]
     # Ranks stalled inside the all_reduce (rank 0 itself, rank 2 by its post) may be flagged by
     # then too: the one outside any collective comes first, whatever the last steps say.
     assert first.split("did not resume: ", 1)[1].startswith(f"rank 1 after step {STOP_AT}"), first
     assert "futex" in out and "named by rank 0" in out, out[:2000]
     assert cli(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert not out.startswith("STALLED") and not any(l.startswith("stalled (") for l in out.splitlines()), out[:2000]
+    assert not out.startswith("HUNG") and not any(l.startswith("hung (") for l in out.splitlines()), out[:2000]
 
 
 @pytest.mark.slow
@@ -146,10 +146,10 @@ def test_rank0_names_a_frozen_peer_from_its_exchange_rows(tmp_path):
 
     last_row_step = exchange_steps((STOP_AT // EVERY) * EVERY, EVERY)[1]
     assert e["how"] == "rows stopped" and e["last_step"] == last_row_step, e
-    assert e["stalled_s"] >= e["threshold_s"] >= STALL_MIN_S, e
+    assert e["stalled_s"] >= e["threshold_s"] >= HANG_MIN_S, e
     # Rank 0 sent the first exchange rank 1 missed at step (STOP_AT // EVERY + 1) * EVERY.
     sent_at = _step_t(logs[0], (STOP_AT // EVERY + 1) * EVERY)
-    assert e["t"] - sent_at <= 2 * STALL_MIN_S, e["t"] - sent_at
+    assert e["t"] - sent_at <= 2 * HANG_MIN_S, e["t"] - sent_at
 
 
 # ---------------------------------------------------------------------------------- the worker
@@ -178,7 +178,7 @@ def worker(scenario: str, log_dir: str) -> None:
     rank = dist.get_rank()
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": log_dir, "exchange_every": EVERY, "flush_every": 5,
-                                       "summary_every": 0, "stall_min_s": STALL_MIN_S,
+                                       "summary_every": 0, "hang_min_s": HANG_MIN_S,
                                        # the frozen rank's last row is the window before it froze
                                        "handover_min_s": 0})
     dist.barrier()
@@ -234,7 +234,7 @@ def test_many_peers_posting_at_once_are_named_in_a_few_events_and_reported(tmp_p
     capsys.readouterr()
     assert cli(["report", str(tmp_path)]) == 0
     first = capsys.readouterr().out.splitlines()[0]
-    assert first.startswith("STALLED: 199 rank(s)") and first.split(": ", 2)[2].startswith("rank 41 after step 27"), first
+    assert first.startswith("HUNG: 199 rank(s)") and first.split(": ", 2)[2].startswith("rank 41 after step 27"), first
 
 
 def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_when_its_rows_come():

@@ -57,7 +57,7 @@ def _start(bed, tmp_path, out, steps, **kw):
 
 def test_a_frozen_host_is_named_stalled_with_its_host_and_resumed(hostbed, tmp_path):
     bed = hostbed(2)
-    agents = _start(bed, tmp_path, tmp_path, 400, overrides=["placement.monitor.stall_min_s=2"])
+    agents = _start(bed, tmp_path, tmp_path, 400, overrides=["placement.monitor.hang_min_s=2"])
     wait_until(_stepping(tmp_path, 0, "host0", 40), 180, "rank 0 at step 40", fail_if=_agent_failed(agents))
     frozen_at = time.time()
     assert bed.hosts[1].freeze()

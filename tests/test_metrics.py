@@ -95,9 +95,11 @@ def test_names_and_labels_follow_prometheus_conventions():
         for s in fam.samples:
             assert not set(s.labels) & names.FORBIDDEN_LABELS, (s.name, s.labels)
     for f in names.FAMILIES:  # a unit or a plain count in every name
-        assert f.name.endswith(("_seconds", "_ratio", "_info", "_step", "_stalled")) or f.kind is names.Kind.COUNTER, f
+        assert f.name.endswith(("_seconds", "_ratio", "_info", "_step", "_hung", "_stalled")) or f.kind is names.Kind.COUNTER, f
     values = {(s.name, tuple(sorted(s.labels.items()))): s.value for s in _samples(text)}
     rank0 = tuple(sorted(LABELS.items()))
+    assert values[("placement_hangs_total", rank0)] == 1 and values[("placement_hung", rank0)] == 1
+    # the names before "hang" was one word, the same values for a release
     assert values[("placement_stalls_total", rank0)] == 1 and values[("placement_stalled", rank0)] == 1
     assert values[("placement_binding_drift_repaired_total", rank0)] == 1
     assert values[("placement_tuner_actions_total", tuple(sorted({**LABELS, "outcome": "applied"}.items())))] == 1
@@ -140,10 +142,10 @@ def test_a_node_aggregate_sums_its_ranks_under_run_and_node_labels_only():
     b.on_event({"type": EventKind.STALL, "rank": 1, "phase": "stalled"})
     samples = _samples(_text([a.snapshot(), b.snapshot()], per_rank=False))
     for s in samples:
-        if s.name.startswith(("placement_steps", "placement_stalled")):
+        if s.name.startswith(("placement_steps", "placement_hung")):
             assert set(s.labels) == {"run", "node"}
     got = {s.name: s.value for s in samples if not s.labels.get("le") and not s.labels.get("outcome")}
-    assert got["placement_steps_total"] == 50 and got["placement_stalled"] == 1
+    assert got["placement_steps_total"] == 50 and got["placement_hung"] == 1
     assert got["placement_step_seconds_total"] == pytest.approx(
         (sum(r.step_ms for r in _records(1, 30)) + sum(r.step_ms for r in _records(1, 20, 20.0))) / 1e3)
     assert got["placement_last_step"] == 20  # the node's lagging rank

@@ -216,7 +216,7 @@ def test_a_main_thread_that_never_lets_go_of_the_gil_keeps_the_backlog_bounded(t
     for _ in range(300):
         _step(0.0003, 0.0)
         h.step()
-        most = max(most, len(h.monitor._handed))
+        most = max(most, len(h.monitor.handed))
     h.close()
     assert most <= 8  # a few batches waiting at most (300 steps: up to 300 without the fallback)
     steps = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
@@ -228,7 +228,7 @@ def test_a_reading_counts_the_wake_up_it_took_and_a_reading_of_no_new_step_is_no
                          monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 1000})
     try:
         reads = h.monitor._sampled
-        with h.monitor._holding():  # the monitor thread takes no reading meanwhile
+        with h.monitor.holding():  # the monitor thread takes no reading meanwhile
             h.step()
             before = reads.cost_ns
             reads.take(woke_ns=5_000_000)  # as if waking for it had cost 5 ms of CPU

@@ -9,7 +9,8 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.step_monitor import MAX_STRIDE, SPAN_FLOORS
+from placement.monitor.hook import MAX_STRIDE
+from placement.monitor.step_monitor import SPAN_FLOORS
 
 FLUSH = 5
 STEPS = 3000

@@ -1,5 +1,5 @@
 """A rank that stops stepping is named by its own monitor thread: a `stall` event within
-2 x monitor.stall_min_s, with its main thread's kernel wait channel, state and Python stack;
+2 x monitor.hang_min_s, with its main thread's kernel wait channel, state and Python stack;
 one `resumed` event when steps go on; `placement report` puts it at the top."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import placement
 from placement.cli import main as cli
 from placement.monitor.health.hang import HangWatch
 
-STALL_MIN_S = 2.0
+HANG_MIN_S = 2.0
 
 
 def _events(log: Path, kind: str) -> list[dict]:
@@ -39,7 +39,7 @@ def _hung_in_a_lock(release: threading.Event) -> None:
 def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tmp_path, capsys):
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": str(tmp_path), "flush_every": 10, "summary_every": 0,
-                                       "stall_min_s": STALL_MIN_S})
+                                       "hang_min_s": HANG_MIN_S})
     log = tmp_path / "rank0.jsonl"
     for _ in range(30):
         time.sleep(0.002)
@@ -65,10 +65,10 @@ def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tm
     handle.close()  # at once: steps after a hang that take less than one watch poll are resumed too
     stalls = _events(log, "stall")
     assert "after_s" in seen, "no stall event within 30 s"
-    assert seen["after_s"] <= 2 * STALL_MIN_S, seen
+    assert seen["after_s"] <= 2 * HANG_MIN_S, seen
     first = stalls[0]
     assert first["phase"] == "stalled" and first["rank"] == 0 and first["last_step"] == 30
-    assert STALL_MIN_S <= first["stalled_s"] <= 2 * STALL_MIN_S
+    assert HANG_MIN_S <= first["stalled_s"] <= 2 * HANG_MIN_S
     main = first["main"]
     assert main["state"] == "S" and "futex" in main["wchan"], main  # blocked on a lock, not running
     assert any("_hung_in_a_lock" in line for line in main["stack"]), main["stack"]
@@ -82,11 +82,11 @@ def test_a_rank_that_stops_stepping_is_named_with_where_its_main_thread_waits(tm
     capsys.readouterr()
     assert cli(["report", str(hung)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[0].startswith("STALLED: 1 rank(s)") and "rank 0 after step 30" in out, out[:400]
+    assert out.splitlines()[0].startswith("HUNG: 1 rank(s)") and "rank 0 after step 30" in out, out[:400]
     capsys.readouterr()
     assert cli(["report", str(log)]) == 0  # it resumed: not flagged, the events say what happened
     out = capsys.readouterr().out
-    assert not out.startswith("STALLED") and "rank 0 resumed" in out and "futex" in out, out
+    assert not out.startswith("HUNG") and "rank 0 resumed" in out and "futex" in out, out
 
 
 def test_the_limit_is_the_median_step_times_the_factor_with_a_floor():

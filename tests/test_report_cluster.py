@@ -58,7 +58,7 @@ def test_cluster_summary_names_holders_stalled_first_and_per_node_figures(tmp_pa
     _node_logs(tmp_path)
     assert cli(["report", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.index("stalled (1):") < out.index("held the job back")
+    assert out.index("hung (1):") < out.index("held the job back")
     assert "rank 2 (node 1" in out and "last step 24" in out
     assert "main thread S in futex_do_wait, Python at File \"train.py\", line 7 in all_reduce (named by rank 0)" in out
     held = [l for l in out.splitlines() if l.strip().startswith("cpu-slow")]

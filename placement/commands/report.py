@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
         _print(json.dumps(report_document(log, summary), default=str))
         return 0
     if summary.stalled:  # what a hung job's user looks for first
-        _print(f"STALLED: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
+        _print(f"HUNG: {len(summary.stalled)} rank(s) stopped stepping and did not resume: "
               + ", ".join(f"rank {s.rank} after step {'?' if s.last_step is None else s.last_step}"
                           + (" outside any collective" if s.in_collective is False else "")
                           for s in summary.stalled[:10]) + (", ..." if len(summary.stalled) > 10 else ""))

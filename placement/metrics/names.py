@@ -65,8 +65,11 @@ STRAGGLERS = Family("placement_straggler_windows", Kind.COUNTER,
 STRAGGLER_COST = Family("placement_straggler_cost_ratio", Kind.GAUGE,
                         "Share of the job's step time this rank cost it in the last window it was judged "
                         "(0 when not named)", ("cause",))
-STALLS = Family("placement_stalls", Kind.COUNTER, "Times the rank stopped completing steps past its stall limit")
-STALLED = Family("placement_stalled", Kind.GAUGE, "1 while the rank is stalled, else 0")
+HANGS = Family("placement_hangs", Kind.COUNTER, "Times the rank stopped completing steps past its hang limit")
+HUNG = Family("placement_hung", Kind.GAUGE, "1 while the rank is hung, else 0")
+# The names before "hang" was one word (a step's CPU stall is another idea), kept for a release.
+STALLS = Family("placement_stalls", Kind.COUNTER, "Deprecated: placement_hangs under its old name, for one more release")
+STALLED = Family("placement_stalled", Kind.GAUGE, "Deprecated: placement_hung under its old name, for one more release")
 DRIFT = Family("placement_binding_drift_repaired", Kind.COUNTER,
                "Threads found off their planned CPUs and put back")
 TUNER = Family("placement_tuner_actions", Kind.COUNTER, "Tuner actions by outcome", ("outcome",))
@@ -78,7 +81,7 @@ LOST = Family("placement_metrics_lost", Kind.COUNTER,
               "Rank snapshots the exporter could not read (unreadable, too large, not placement's)")
 
 FAMILIES = (STEPS, STEP_SECONDS, DATA_WAIT, COMM_WAIT, CPU_STALL, COMPUTE, OWN_CPU, STEP_DURATION, LAST_STEP_TIME,
-            LAST_STEP, STRAGGLERS, STRAGGLER_COST, STALLS, STALLED, DRIFT, TUNER, RESIDENCE, BINDING)
+            LAST_STEP, STRAGGLERS, STRAGGLER_COST, HANGS, HUNG, STALLS, STALLED, DRIFT, TUNER, RESIDENCE, BINDING)
 # Parts of a step, each a counter; summed over ranks in a node aggregate like every counter.
 PART_FAMILIES = (DATA_WAIT, COMM_WAIT, CPU_STALL, COMPUTE)
 

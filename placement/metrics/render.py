@@ -6,7 +6,7 @@ What
     series carries the rank's labels (names.RANK_LABELS). Per node (placement.metrics.per_rank =
     false, for sites that cannot hold per-rank series at 16,384 ranks): counters and histograms
     summed over the node's ranks, `placement_last_step*` the node's oldest (the rank that lags),
-    `placement_stalled` the number of its ranks stalled, residence the lowest; labels `run`, `node`.
+    `placement_hung` the number of its ranks hung, residence the lowest; labels `run`, `node`.
     Straggler series come from rank 0's snapshot and name the straggler's rank and host.
 
 Upstream
@@ -59,8 +59,9 @@ def families(snapshots: Iterable[dict[str, Any]], per_rank: bool = True) -> Iter
         if s["last_step_t"] is not None:
             fam[n.LAST_STEP_TIME].add_metric(lv, s["last_step_t"])
         fam[n.LAST_STEP].add_metric(lv, s["last_step"])
-        fam[n.STALLS].add_metric(lv, s["stalls"])
-        fam[n.STALLED].add_metric(lv, s["stalled"])
+        for hangs, hung in ((n.HANGS, n.HUNG), (n.STALLS, n.STALLED)):  # (the old names for a release)
+            fam[hangs].add_metric(lv, s["stalls"])
+            fam[hung].add_metric(lv, s["stalled"])
         fam[n.DRIFT].add_metric(lv, s["drift"])
         for outcome, count in s["tuner"].items():
             fam[n.TUNER].add_metric(lv + [outcome], count)

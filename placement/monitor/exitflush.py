@@ -11,12 +11,13 @@ forever). The deferral lasts microseconds; the signal is then delivered as it wo
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
 import threading
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 from placement import events
 
@@ -29,16 +30,35 @@ _owner_pid = 0  # a process forked from the rank (a DataLoader worker) inherits 
 
 
 class FlushGate:
-    """Whether an exit path (SIGTERM, atexit, the excepthook) may write a monitor's records now,
-    or must leave it to the end of the step or the lock hold it interrupted: the handler runs on
-    the interrupted thread, which must never wait on itself."""
+    """The monitor's lock, and whether an exit path (SIGTERM, atexit, the excepthook) may write
+    a monitor's records now or must leave it to the end of the step or the lock hold it
+    interrupted: the handler runs on the interrupted thread, which must never wait on itself.
+    `flush`: the monitor's, runs a deferred flush (then resume_deferred())."""
 
-    __slots__ = ("in_step", "holder", "deferred")
+    __slots__ = ("in_step", "holder", "deferred", "_lock", "_flush")
 
-    def __init__(self) -> None:
+    def __init__(self, flush: Callable[[], None]) -> None:
         self.in_step = False  # the training thread is inside the step hook
         self.holder: Optional[int] = None  # the thread holding the monitor's lock
         self.deferred = False  # a flush waits for the step's end or the lock's release
+        self._lock = threading.Lock()  # the monitor's: its hand-overs, pending steps, writes
+        self._flush = flush
+
+    @contextlib.contextmanager
+    def holding(self, timeout: float = -1):
+        """Hold the monitor's lock (yields False when it was not had within `timeout`). A
+        SIGTERM that lands while the main thread holds it is deferred to the release, as one
+        mid-step is."""
+        if not self._lock.acquire(timeout=timeout):
+            yield False
+            return
+        self.holder = threading.get_ident()
+        try:
+            yield True
+        finally:
+            self.holder = None
+            self._lock.release()
+            self.flush_if_due()
 
     def defer(self, log_held: bool) -> bool:
         """True (and the flush deferred) when the calling thread is inside a step, holds the
@@ -48,14 +68,13 @@ class FlushGate:
             return True
         return False
 
-    def due(self) -> bool:
-        """A deferred flush may run now, on this thread (the main thread, out of the step and
-        the lock); it is taken: the caller runs it, then resume_deferred()."""
+    def flush_if_due(self) -> None:
+        """Run a deferred flush if it may run now, on this thread (the main thread, out of the
+        step and the lock)."""
         if self.deferred and not self.in_step and self.holder is None \
                 and threading.current_thread() is threading.main_thread():
             self.deferred = False
-            return True
-        return False
+            self._flush()
 
 
 def register(monitor) -> bool:

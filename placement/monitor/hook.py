@@ -21,12 +21,16 @@ Threads
 """
 from __future__ import annotations
 
+import collections
+import queue
 from time import perf_counter_ns
 from typing import Callable, Optional
 
 from placement.monitor.warn import WarnOnce, first_line
 
 NEVER = 1 << 62  # a due step that never comes
+# The most flush_every strides one hand-over may hold (a power of two; see StepHook.pace).
+MAX_STRIDE = 32
 
 
 class HandOver:
@@ -42,6 +46,56 @@ class HandOver:
         self.hook_steps = hook_steps  # steps the hook timed so far
 
 
+class HandOvers:
+    """What the training thread has handed over and the monitor thread not yet taken: HandOver
+    items in order (deque appends and pops are atomic; only the holder of the monitor's lock
+    pops) and a wake-up for each."""
+
+    __slots__ = ("_items", "_wake")
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._wake: queue.SimpleQueue = queue.SimpleQueue()
+
+    def put(self, item: HandOver) -> int:
+        """Hand `item` over and wake the monitor thread; the hand-overs now waiting."""
+        self._items.append(item)
+        self._wake.put(item.last_step)
+        return len(self._items)
+
+    def wait(self, timeout: float) -> tuple[bool, Optional[int]]:
+        """(woken, the waking hand-over's last step: None when woken to end) within `timeout`."""
+        try:
+            return True, self._wake.get(timeout=timeout)
+        except queue.Empty:
+            return False, None
+
+    def wake_to_end(self) -> None:
+        self._wake.put(None)
+
+    def pop(self) -> Optional[HandOver]:
+        try:
+            return self._items.popleft()
+        except IndexError:
+            return None
+
+    def oldest_step(self) -> Optional[int]:
+        """The last step of the oldest hand-over waiting (None: none)."""
+        try:
+            return self._items[0].last_step
+        except IndexError:  # emptied meanwhile by the training thread (the monitor's MAX_BACKLOG)
+            return None
+
+    def newest_step(self) -> Optional[int]:
+        try:
+            return self._items[-1].last_step
+        except IndexError:
+            return None
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+
 def next_multiple(step: int, every: int) -> int:
     """The first multiple of `every` after `step`."""
     return (step // every + 1) * every
@@ -52,16 +106,16 @@ class StepHook:
     `hand_over(item)`: the monitor's, called at a due step; `next_exchange(step)`: the next
     exchange step after `step` (NEVER without an exchange); `read_counters`: the sampler's
     (main, hot) reading, at every step when the budget is 0, else None; `gate`: the exit
-    paths' (exitflush.FlushGate), `deferred()` runs a flush one deferred to the step's end."""
+    paths' (exitflush.FlushGate: a flush deferred to the step's end runs there)."""
 
     def __init__(self, comm, step: int, cfg, hand_over: Callable[[HandOver], None],
                  next_exchange: Callable[[int], int], read_counters: Optional[Callable[[], tuple]],
-                 gate, deferred: Callable[[], None], warn: WarnOnce):
+                 gate, warn: WarnOnce):
         self.step = step  # steps ended (the last step's number)
         self.data_ns = 0  # data wait of the current step, added to by the watched iterator (watch.py)
         self.last_batch = None  # the last batch the watched iterator handed out (the residence watch reads it)
         self.self_ns = 0  # time spent inside the hook (over steps_timed steps)
-        self.stride = 1  # flush_every strides per hand-over, set by the monitor thread (its _pace)
+        self.stride = 1  # flush_every strides per hand-over, set by the monitor thread (pace())
         self.stopped = False  # set as the monitor closes: no step is taken any more
         self._zero = step
         self._raw: list[tuple] = []
@@ -69,9 +123,10 @@ class StepHook:
         # where the call it replaced cost ~2 us cold (benchmarks/hook_profile.py).
         self._clock, self._no_comm = comm.clock, comm.no_collective
         self._every = (cfg.flush_every, cfg.rescan_every)
+        self._pace_by = (cfg.handover_min_s, cfg.exchange_every)
         self._due = [step + cfg.rescan_every, 0]  # the next span step; the next step with work for the monitor thread
         self._due[1] = min(self._due[0], next_multiple(step, cfg.flush_every), next_multiple(step, cfg.exchange_every))
-        self._calls = (hand_over, next_exchange, read_counters, gate, deferred, warn)
+        self._calls = (hand_over, next_exchange, read_counters, gate, warn)
         self._window_ends: list[Callable[[int], Optional[int]]] = []
 
     @property
@@ -114,6 +169,35 @@ class StepHook:
     def windowed(self) -> bool:
         return bool(self._window_ends)
 
+    def flushes_at(self, step: int) -> bool:
+        """`step` is a flush step (every monitor.flush_every)."""
+        return step % self._every[0] == 0
+
+    def pace(self, step_ms: Optional[float], windowed: bool, exchange_windows: Optional[int]) -> None:
+        """Set the hand-overs' stride: the fewest flush_every strides (a power of two, so that
+        ranks whose step times differ a little still meet at the larger one's exchange steps)
+        that last monitor.handover_min_s at this step time, at most MAX_STRIDE and, with an
+        exchange, `exchange_windows` exchange windows. A hand-over's fixed cost (a wake-up, the
+        span reading of every thread, the flush's write, the exchanges' round trips) is then
+        paid a few times a second whatever the step time (benchmarks/monitor_thread.py).
+        While an observer judges windows (`windowed`), 1."""
+        if step_ms is None or step_ms <= 0:
+            return
+        if windowed:
+            # An observer judges whole windows (the tuner): each is handed over as it ends, as
+            # its moves are judged, and its rules answer, in steps (benchmarks/contention.py).
+            self.stride = 1
+            return
+        flush_every = self._every[0]
+        floor_s, exchange_every = self._pace_by
+        cap = MAX_STRIDE
+        if exchange_windows is not None:
+            cap = min(cap, max(1, exchange_windows * exchange_every // flush_every))
+        stride = 1
+        while stride * 2 <= cap and stride * flush_every * step_ms < floor_s * 1e3:
+            stride *= 2
+        self.stride = stride
+
     def take_raw(self) -> list[tuple]:
         """The steps not handed over (an exit path, under the monitor's lock)."""
         raw, self._raw = self._raw, []
@@ -128,7 +212,7 @@ class StepHook:
         t0 = h0 if at is None else at
         if self.stopped:
             return
-        hand_over, _, read_counters, gate, deferred, warn = self._calls
+        hand_over, _, read_counters, gate, warn = self._calls
         gate.in_step = True
         try:
             clock = self._clock
@@ -146,8 +230,8 @@ class StepHook:
         finally:
             gate.in_step = False
             self.self_ns += perf_counter_ns() - h0
-            if gate.deferred and gate.due():
-                deferred()
+            if gate.deferred:
+                gate.flush_if_due()
 
     def _hand_over(self, step: int, hand_over: Callable[[HandOver], None]) -> None:
         raw, self._raw = self._raw, []

@@ -6,15 +6,17 @@ What
     state, and this module owns only the hand-over between them and the monitor's lifecycle
     (MonitorState):
       hook.py StepHook           the training thread's side: on_step() measures a step with no
-                                 system call and hands the steps over at the next due step (a
+        and HandOvers            system call and hands the steps over at the next due step (a
                                  span reading, a flush, an exchange, an observer's window end);
                                  at short steps with no observer judging windows, only every
-                                 `stride` flushes (_pace: monitor.handover_min_s of steps at least)
+                                 `stride` flushes (pace(): monitor.handover_min_s of steps at least)
       probes/sampled.py          the hot threads' kernel counters, read on the monitor thread
         SampledReads             every few steps (the budget's cadence) and at each hand-over,
                                  each reading tagged with the last step ended; a reading due
                                  within half the budget's steps of a hand-over is left to it
-      probes/cost.py CostKeeper  what placement costs the rank, and the budget that judges it
+      probes/cost.py CostKeeper  what placement costs the rank (the monitor thread's CPU
+                                 too), and the budget that judges it
+      exitflush.py FlushGate     the monitor's lock, and whether an exit path may write now
       build.py RecordBuilder     raw steps into records once their comm figures settle, judged
                                  (records/verdict.py); span readings at least SPAN_FLOORS
                                  hand-over floors apart while no observer judges windows
@@ -24,8 +26,8 @@ What
         ExchangeDuty             the grid's exchange steps (crossrank/schedule.py), the same
                                  absolute steps on every rank; rank 0 publishes the judgements
       health/rank.py RankHealth  between hand-overs: the hang watch (a rank that completes no
-                                 step for max(monitor.stall_factor x its median step,
-                                 monitor.stall_min_s) gets a `stall` event), rank 0's peer
+                                 step for max(monitor.hang_factor x its median step,
+                                 monitor.hang_min_s) gets a `stall` event), rank 0's peer
                                  watch, the residence watch
     Data crosses from the training thread as tuples and dataclasses (RawStep, HandOver, and the
     counters in them: probes.counters.MainRead, probes.threads.HotRead) addressed by step and
@@ -41,17 +43,14 @@ Cost
     synchronises a GPU. No figure is guessed: what a probe cannot read is None.
 
 Threads
-    The monitor thread's work runs under `_lock`; the exit paths (close, SIGTERM, an exception in
+    The monitor thread's work runs under the monitor's lock (FlushGate.holding); the exit paths (close, SIGTERM, an exception in
     training code, interpreter exit) take it and finish that work on their own thread, so every
     measured step is written whichever thread gets there (docs/design.md, threads and locks).
 """
 from __future__ import annotations
 
-import collections
-import contextlib
 import enum
 import math
-import queue
 import statistics
 import threading
 import time
@@ -66,7 +65,7 @@ from placement.monitor.crossrank.duty import MAX_EXCHANGES_DUE, ExchangeDuty
 from placement.monitor.crossrank.exchange import Exchange
 from placement.monitor.crossrank.schedule import ExchangeGrid
 from placement.monitor.health.rank import RankHealth
-from placement.monitor.hook import NEVER, HandOver, StepHook
+from placement.monitor.hook import NEVER, HandOver, HandOvers, StepHook
 from placement.monitor.probes.cost import CostKeeper
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import RoleSampler
@@ -79,9 +78,6 @@ from placement.roles import OWN_THREADS
 # itself: a main thread that never releases the GIL (pure Python, no I/O, no GPU waits)
 # lets the monitor thread run only one switch interval (5 ms) per system call it makes.
 MAX_BACKLOG = 4
-# The most flush_every strides one hand-over may hold (a power of two; see _pace): it also
-# holds at most MAX_EXCHANGES_DUE / 2 exchange windows.
-MAX_STRIDE = 32
 # While no observer judges windows, span readings (every thread read in full, the thread list
 # rescanned) are at least this many monitor.handover_min_s apart (2 s at the defaults), whatever
 # rescan_every says: at short steps each costs hundreds of us on the monitor thread
@@ -113,40 +109,34 @@ class StepMonitor:
     def __init__(self, cfg: PlacementConfig, events, *, rank: int, local_rank: int, world_size: int,
                  sampler: RoleSampler, comm: CommTiming, warn: WarnOnce,
                  exchange: Optional[Exchange] = None, planned_nodes: tuple[int, ...] = (), first_step: int = 1):
-        self.cfg = cfg.monitor
+        mon = cfg.monitor
         self.events = events
         self.sampler = sampler
         self.comm = comm
         self.warn = warn
         self.state = MonitorState.CREATED
         # the training thread's side: steps measured, when the next hand-over is due
-        self._gate = exitflush.FlushGate()  # an exit path's flush, now or at the step's end
-        self.hook = StepHook(comm, first_step - 1, self.cfg, self._hand_over, self._next_exchange,
-                             self._read_counters if self.cfg.budget_pct <= 0 else None, self._gate,
-                             self._flush_deferred, warn)
-        # the hand-over: HandOver items (deque appends and pops are atomic; only the holder of
-        # _lock pops), a wake-up per hand-over, the monitor thread
-        self._handed: collections.deque = collections.deque()
-        self._wake: queue.SimpleQueue = queue.SimpleQueue()
-        self._lock = threading.Lock()
+        self._gate = exitflush.FlushGate(self._flush_deferred)  # the lock; an exit path's flush, now or at the step's end
+        self.hook = StepHook(comm, first_step - 1, mon, self._hand_over, self._next_exchange,
+                             self._read_counters if mon.budget_pct <= 0 else None, self._gate, warn)
+        self.handed = HandOvers()  # the hand-overs the monitor thread has not taken yet
         self._thread: Optional[threading.Thread] = None
-        self.thread_cpu_ns: Optional[int] = None  # the monitor thread's CPU, set as it ends
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
-        self._sampled = SampledReads(sampler, lambda: self.hook.step) if self.cfg.budget_pct > 0 else None
+        self._sampled = SampledReads(sampler, lambda: self.hook.step) if mon.budget_pct > 0 else None
         # what placement costs the rank, and the budget that k is chosen by (probes/cost.py)
-        self.cost = CostKeeper(self.cfg.budget_pct, events, warn, self._sampled)
-        self.delivery = Delivery(self.cfg, events, rank, warn, lambda: self.crossrank.on)
-        self.crossrank = ExchangeDuty(exchange, ExchangeGrid(self.cfg.exchange_every, self.cfg.exchange_min_s,
+        self.cost = CostKeeper(mon.budget_pct, events, warn, self._sampled)
+        self.delivery = Delivery(mon, events, rank, warn, lambda: self.crossrank.on)
+        self.crossrank = ExchangeDuty(exchange, ExchangeGrid(mon.exchange_every, mon.exchange_min_s,
                                                              exchange, rank, first_step - 1),
                                       self.delivery.window, events, warn)
-        self.health = RankHealth(self.cfg, events, rank, world_size, comm, self.crossrank, warn, planned_nodes,
+        self.health = RankHealth(mon, events, rank, world_size, comm, self.crossrank, warn, planned_nodes,
                                  lambda: self.hook.last_batch)
         tune = cfg.tune
         self.builder = RecordBuilder(RecordTags(rank, local_rank, lambda: events.run,
                                                 (tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct)),
                                      sampler, self._sampled, comm, self.delivery, self.health.step_times,
-                                     first_step, SPAN_FLOORS * self.cfg.handover_min_s)
+                                     first_step, SPAN_FLOORS * mon.handover_min_s)
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -184,6 +174,11 @@ class StepMonitor:
         return self.cost.budget
 
     @property
+    def thread(self) -> Optional[threading.Thread]:
+        """The monitor thread (`placement_mon`; None until it starts)."""
+        return self._thread
+
+    @property
     def closed(self) -> bool:
         return self.state in (MonitorState.STOPPING, MonitorState.CLOSED)
 
@@ -194,11 +189,9 @@ class StepMonitor:
 
     # ---- the hand-over (training thread) -------------------------------------------------
     def _hand_over(self, item: HandOver) -> None:
-        self._handed.append(item)
         self._start_thread()
-        self._wake.put(item.last_step)
-        if len(self._handed) > MAX_BACKLOG:
-            with self._holding():
+        if self.handed.put(item) > MAX_BACKLOG:
+            with self.holding():
                 if self._sampled is not None:  # the monitor thread is starved of the GIL: read here
                     self._sampled.take(at_most=item.last_step)
                 self._drain(exchange=True)
@@ -220,7 +213,7 @@ class StepMonitor:
         try:
             self._loop()
         finally:
-            self.thread_cpu_ns = time.thread_time_ns()  # its whole life: the end event's figure
+            self.cost.thread_ended(time.thread_time_ns())  # its whole life: the end event's figure
 
     def _loop(self) -> None:
         sampled, hook = self._sampled, self.hook
@@ -238,11 +231,7 @@ class StepMonitor:
                 if not self._read_at_hand_over(read_in):
                     wait_s = min(wait_s, read_in)
             c0 = time.thread_time_ns()
-            try:
-                handed = self._wake.get(timeout=wait_s)  # a hand-over's last step (None: close)
-                woken = True
-            except queue.Empty:
-                handed, woken = None, False
+            woken, handed = self.handed.wait(wait_s)  # handed: a hand-over's last step (None: close)
             if self.state is not MonitorState.RUNNING:
                 return
             if sampled is not None:  # at a hand-over at once: its last step is then read near its end
@@ -260,25 +249,20 @@ class StepMonitor:
                             # tens of us on a VM). It is put no later than a hand-over waiting
                             # here, whose steps are then built at it (a reading past it would
                             # leave them to the next one).
-                            handed_over = self._handed
-                            try:
-                                waiting = handed_over[0].last_step if handed_over else None
-                            except IndexError:  # emptied meanwhile by the training thread (MAX_BACKLOG)
-                                waiting = None
-                            sampled.take(at_most=waiting, woke_ns=time.thread_time_ns() - c0)
+                            sampled.take(at_most=self.handed.oldest_step(), woke_ns=time.thread_time_ns() - c0)
                 except Exception as e:
                     self.warn(f"probe:{type(e).__name__}", f"counter reading failed ({type(e).__name__}: "
                                                            f"{first_line(e)}); the figures it misses are spread over the next")
                 if not woken and time.monotonic() < next_watch:
                     continue  # woken only to read
             watched = time.monotonic()
-            self.health.watch(hook.step)  # (without _lock: a hung main thread may hold it)
+            self.health.watch(hook.step)  # (without the monitor's lock: a hung main thread may hold it)
             self.cost.tick(time.monotonic(), hook.self_ns, hook.step)
             if woken:
-                with self._holding():
+                with self.holding():
                     self._drain(exchange=True)
             elif self.builder.pending or self.comm.poll_interval_s() != math.inf:  # steps held for their comm figures
-                with self._holding():
+                with self.holding():
                     self._build_held()
 
     def _read_at_hand_over(self, read_in_s: float) -> bool:
@@ -286,7 +270,7 @@ class StepMonitor:
         return read_at_hand_over(read_in_s, hook.step, hook.next_due, self.budget.every, self._sampled.period_s)
 
     def _build_held(self) -> None:
-        """Between hand-overs (the caller holds _lock): build the steps that were waiting for
+        """Between hand-overs (the caller holds the monitor's lock): build the steps that were waiting for
         their comm figures, and send the exchanges that waited for them."""
         try:
             self.builder.build(final=False)
@@ -295,27 +279,14 @@ class StepMonitor:
         except Exception as e:
             self._batch_failed(e)
 
-    @contextlib.contextmanager
-    def _holding(self, timeout: float = -1):
-        """Hold _lock (yields False when it was not had within `timeout`). A SIGTERM that lands
-        while the main thread holds it is deferred to the release, as one mid-step is."""
-        if not self._lock.acquire(timeout=timeout):
-            yield False
-            return
-        self._gate.holder = threading.get_ident()
-        try:
-            yield True
-        finally:
-            self._gate.holder = None
-            self._lock.release()
-            if self._gate.due():
-                self._flush_deferred()
+    def holding(self, timeout: float = -1):
+        """The monitor's lock, as a context manager (exitflush.FlushGate.holding)."""
+        return self._gate.holding(timeout)
 
     def _drain(self, exchange: bool) -> None:
-        """Work through what was handed over (the caller holds _lock). `exchange`: take part
-        in due cross-rank exchanges (not on the way out: peers may be gone)."""
-        while self._handed:
-            item = self._handed.popleft()
+        """Work through what was handed over (the caller holds the monitor's lock). `exchange`:
+        take part in due cross-rank exchanges (not on the way out: peers may be gone)."""
+        while (item := self.handed.pop()) is not None:
             try:
                 self._process(item, exchange=exchange)
             except Exception as e:  # the monitor never breaks training, nor stops for one bad batch
@@ -325,17 +296,17 @@ class StepMonitor:
         self.warn(f"batch:{type(e).__name__}", f"monitor batch failed ({type(e).__name__}: {first_line(e)}); continuing")
 
     def _process(self, item: HandOver, exchange: bool) -> None:
-        cfg, hook, builder, crossrank = self.cfg, self.hook, self.builder, self.crossrank
+        hook, builder, crossrank = self.hook, self.builder, self.crossrank
         step = item.last_step
         windowed = hook.windowed and hook.window_due(crossrank.grid.handed) != NEVER
         raw = builder.add(step, item.raw, item.span, windowed)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
-        self._pace(step_ms, windowed)
+        hook.pace(step_ms, windowed, MAX_EXCHANGES_DUE // 2 if crossrank.on else None)
         on = exchange and crossrank.exchange is not None
         # every exchange step this hand-over holds (several when it holds several strides)
         exchange_now = crossrank.grid.hand(step, step_ms) and on
-        flush_now = exchange_now or step % cfg.flush_every == 0
+        flush_now = exchange_now or hook.flushes_at(step)
         if flush_now or (hook.windowed and hook.window_ends_by(builder.first_pending, step)):
             builder.build(final=False)
         if flush_now:
@@ -344,43 +315,21 @@ class StepMonitor:
         if not sent and on:
             crossrank.collect()
 
-    def _pace(self, step_ms: Optional[float], windowed: bool) -> None:
-        """The hand-overs' stride: the fewest flush_every strides (a power of two, so that ranks
-        whose step times differ a little still meet at the larger one's exchange steps) that
-        last monitor.handover_min_s at this step time. A hand-over's fixed cost (a wake-up, the
-        span reading of every thread, the flush's write, the exchanges' round trips) is then
-        paid a few times a second whatever the step time (benchmarks/monitor_thread.py).
-        While an observer judges windows (`windowed`), 1."""
-        floor_s = self.cfg.handover_min_s
-        if step_ms is None or step_ms <= 0:
-            return
-        if windowed:
-            # An observer judges whole windows (the tuner): each is handed over as it ends, as
-            # its moves are judged, and its rules answer, in steps (benchmarks/contention.py).
-            self.hook.stride = 1
-            return
-        cap = MAX_STRIDE
-        if self.crossrank.on:
-            cap = min(cap, max(1, MAX_EXCHANGES_DUE // 2 * self.cfg.exchange_every // self.cfg.flush_every))
-        stride = 1
-        while stride * 2 <= cap and stride * self.cfg.flush_every * step_ms < floor_s * 1e3:
-            stride *= 2
-        self.hook.stride = stride
-
     # ---- ends --------------------------------------------------------------------------
     def _write_everything(self, exchange: bool) -> bool:
         """Every measured step into records now, on this thread. False when the monitor
         thread did not let go within EXIT_WAIT_S (it then writes what it holds itself)."""
-        with self._holding(EXIT_WAIT_S) as held:
+        with self.holding(EXIT_WAIT_S) as held:
             if not held:
                 self.warn("exit-wait", f"the monitor thread was busy for {EXIT_WAIT_S:.0f} s at exit; "
                                        "steps it had not built are not written")
                 return False
-            if self._sampled is not None and self._handed:
+            newest = self.handed.newest_step()
+            if self._sampled is not None and newest is not None:
                 # A hand-over the monitor thread had not read for (close() stopped it first):
                 # read for its last step, as the thread would have, so that its batch is cut
                 # there and not at the reading before (a flush of steps 11-14, then 15 alone).
-                self._sampled.take(at_most=self._handed[-1].last_step)
+                self._sampled.take(at_most=newest)
             self._drain(exchange=exchange)
             self.builder.add_at_exit(self.hook.take_raw())
             return True
@@ -407,7 +356,7 @@ class StepMonitor:
         hook.stopped = True
         thread = self._thread
         if thread is not None:
-            self._wake.put(None)
+            self.handed.wake_to_end()
             thread.join(timeout=EXIT_WAIT_S)
         idle = thread is None or not thread.is_alive()
         if idle:
@@ -427,23 +376,11 @@ class StepMonitor:
         per_step = hook.self_ns / 1e3 / steps if steps else None
         self.events.event(EventKind.END, source="monitor", steps=hook.step,
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
-                          **self._thread_cost(thread),
+                          **self.cost.thread(steps, thread is not None, EXIT_WAIT_S),
                           **self.cost.whole(steps, hook.self_ns, time.thread_time_ns() - c0, self.builder.last_end_ns),
                           probe_every=self.budget.every, **self.crossrank.figures())
         self.events.flush()
         self.state = MonitorState.CLOSED
-
-    def _thread_cost(self, thread: Optional[threading.Thread]) -> dict:
-        """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life
-        per step monitored (what a Python-bound step pays for it through the GIL, beside the
-        hook's own figure), or null and `monitor_thread_null` saying why."""
-        steps = self.hook.steps_timed
-        why = ("the monitor thread never started" if thread is None else
-               f"the monitor thread was still busy at close (after {EXIT_WAIT_S:.0f} s)" if self.thread_cpu_ns is None
-               else "no step was monitored" if steps <= 0 else None)
-        if why is not None:
-            return {"monitor_thread_us_per_step": None, "monitor_thread_null": why}
-        return {"monitor_thread_us_per_step": round(self.thread_cpu_ns / 1e3 / steps, 2)}
 
 
 def read_at_hand_over(read_in_s: float, step: int, next_due: int, every: int, period_s: float) -> bool:

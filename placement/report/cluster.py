@@ -328,7 +328,7 @@ def cluster_text(s: ClusterSummary, table: RunLog, with_nodes: bool = True) -> s
     node = table.node
     lines = []
     if s.stalled:
-        lines.append(f"stalled ({len(s.stalled)}):")
+        lines.append(f"hung ({len(s.stalled)}):")
         for st in s.stalled:
             step = "?" if st.last_step is None else st.last_step
             lines.append(f"  rank {st.rank} ({node.get(st.rank, '?')}) last step {step}" + (f": {st.where}" if st.where else ""))

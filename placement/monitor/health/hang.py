@@ -2,9 +2,9 @@
 `stall` event (log word unchanged), and posts it for rank 0 (health/peers.py reads the posts).
 
 What
-    The limit is max(monitor.stall_factor x its median step, monitor.stall_min_s). The
+    The limit is max(monitor.hang_factor x its median step, monitor.hang_min_s). The
     monitor thread (which needs neither the training thread nor any peer) checks it every
-    poll_s = stall_min_s / 8 and, once past it, writes one event: the last step, how long
+    poll_s = hang_min_s / 8 and, once past it, writes one event: the last step, how long
     since, and where the main thread is: its kernel state and wait channel from /proc
     (`futex_do_wait` / S: a lock or a collective's future; R: spinning in Python or a kernel;
     D: uninterruptible I/O) and its Python stack, dumped by faulthandler (which reads other

@@ -179,10 +179,10 @@ def peer_event(post: dict[str, Any], threshold_s: Optional[float] = None) -> dic
     fields.update(reported_by=0, how="posted")
     if post.get("phase") == "resumed":
         fields["message"] = (f"rank {rank} resumed (its post, read by rank 0): step {post.get('resumed_step')} "
-                             f"completed after the stall at step {post.get('last_step')}")
+                             f"completed after the hang at step {post.get('last_step')}")
         return fields
     main = post.get("main") if isinstance(post.get("main"), dict) else {}
-    fields["message"] = (f"rank {rank} stalled (its post, read by rank 0): no step completed for "
+    fields["message"] = (f"rank {rank} hung (its post, read by rank 0): no step completed for "
                          f"{post.get('stalled_s')} s after step {post.get('last_step')}; main thread "
                          f"{main.get('state') or '?'} waiting in {main.get('wchan') or '?'}"
                          + (f", Python at {post['python']}" if post.get("python") else "")
@@ -214,7 +214,7 @@ def peer_events(posts: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if phase == "stalled":
                 fields["in_collective"] = inside
                 fields["main"] = {"state": state, "wchan": wchan, "stack": [frame] if frame else []}
-                fields["message"] = (f"{len(group)} more ranks stalled after step {last_step} (their posts, read "
+                fields["message"] = (f"{len(group)} more ranks hung after step {last_step} (their posts, read "
                                      f"by rank 0), main thread {state or '?'} waiting in {wchan or '?'}"
                                      + (f", Python at {frame}" if frame else "") + collective_words(inside)
                                      + f": ranks {ranks}")
@@ -298,7 +298,7 @@ class PeerWatch:
         except Exception as e:
             if not self._failed:  # said once; the watch goes on (a store hiccup may pass)
                 self._failed = True
-                log.warning("placement: rank 0's watch over its peers' stalls failed (%s: %s); it goes on",
+                log.warning("placement: rank 0's watch over its peers' hangs failed (%s: %s); it goes on",
                             type(e).__name__, str(e).splitlines()[0] if str(e) else "")
         return True
 
@@ -387,7 +387,7 @@ def _peer_fields(phase: str, ranks: list[int], last_step: dict[int, int], waited
         who = f"rank {rank_fields['rank']}" if "rank" in rank_fields else f"{len(ranks)} ranks ({rank_fields['ranks']})"
         if phase == "stalled" and how == "silent":
             f.update(stalled_s=round(waited, 3), threshold_s=round(threshold_s, 3))
-            f["message"] = (f"{who}: no stall post and no exchange row for {waited:.1f} s while its peers wait in "
+            f["message"] = (f"{who}: no hang post and no exchange row for {waited:.1f} s while its peers wait in "
                             f"a collective (limit {threshold_s:.1f} s): frozen, dead or cut from the store; last "
                             f"step exchanged {'?' if last is None else last}")
         elif phase == "stalled":

@@ -27,7 +27,7 @@ class RankHealth:
 
     def __init__(self, cfg, events, rank: int, world_size: int, comm, duty, warn: WarnOnce,
                  planned_nodes: Sequence[int] = (), last_batch: Callable[[], Any] = lambda: None):
-        self.hang = HangWatch(cfg.stall_factor, cfg.stall_min_s, cfg.stall_pause_s)
+        self.hang = HangWatch(cfg.hang_factor, cfg.hang_min_s, cfg.hang_pause_s)
         self._who = (events, rank, world_size)
         self._comm = comm
         self._duty = duty

@@ -13,7 +13,8 @@ What
     - tick(): once a second of wall time, whatever the steps do: placement's CPU in that second
       is its share of every step in it; over the budget, the readings go to their cap at once,
       and RATE_WARN_S such seconds in a row at the cap say the budget's warning.
-    - whole(): the end event's placement_cpu_us_per_step and placement_cost_pct.
+    - whole(): the end event's placement_cpu_us_per_step and placement_cost_pct; thread(): its
+      monitor_thread_us_per_step.
 
 Threads
     judge_batch() runs on whoever holds the monitor's lock (the monitor thread, an exit path);
@@ -52,6 +53,7 @@ class CostKeeper:
         self._rate_over = 0  # seconds in a row over the budget with the readings at their cap
         self._step_ms: Optional[float] = None  # the last batch's median step
         self._start = (time.perf_counter_ns(), OWN_THREADS.cpu_ns())  # step 1's start, our CPU then
+        self._thread_ns: Optional[int] = None  # the monitor thread's CPU over its life, as it ended
 
     def start(self, hook_ns: int, hook_steps: int, start_ns: int) -> None:
         """Step 1 begins at perf_counter_ns `start_ns`: what was spent before is no step's."""
@@ -153,3 +155,19 @@ class CostKeeper:
         us = (hook_ns + closing_ns + max(0, OWN_THREADS.cpu_ns() - own0)) / 1e3 / steps
         step_us = (last_end_ns - start_ns) / 1e3 / steps
         return {"placement_cpu_us_per_step": round(us, 2), "placement_cost_pct": round(100 * us / step_us, 3)}
+
+    def thread_ended(self, cpu_ns: int) -> None:
+        """The monitor thread ends, having spent `cpu_ns` of CPU (its own clock)."""
+        self._thread_ns = cpu_ns
+
+    def thread(self, steps: int, started: bool, waited_s: float) -> dict:
+        """The end event's `monitor_thread_us_per_step`: the monitor thread's CPU over its life
+        per step monitored (what a Python-bound step pays for it through the GIL, beside the
+        hook's own figure), or null and `monitor_thread_null` saying why (`waited_s`: how long
+        close waited for it)."""
+        why = ("the monitor thread never started" if not started else
+               f"the monitor thread was still busy at close (after {waited_s:.0f} s)" if self._thread_ns is None
+               else "no step was monitored" if steps <= 0 else None)
+        if why is not None:
+            return {"monitor_thread_us_per_step": None, "monitor_thread_null": why}
+        return {"monitor_thread_us_per_step": round(self._thread_ns / 1e3 / steps, 2)}
