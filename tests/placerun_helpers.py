@@ -55,6 +55,24 @@ def exit_without_gloo_teardown() -> None:
     os._exit(0)
 
 
+def close_and_exit(handle) -> None:
+    """A gloo worker's end: its monitor closed (every record written), every rank past the
+    barrier (no peer's store read fails for a rank gone), then exit_without_gloo_teardown()."""
+    import torch.distributed as dist
+
+    handle.close()
+    dist.barrier()
+    exit_without_gloo_teardown()
+
+
+def write_facts(out_dir: str, rank: int, facts: dict) -> None:
+    """What a rank under placerun found, as facts<rank>.json for its test to read back."""
+    import json
+
+    with open(os.path.join(out_dir, f"facts{rank}.json"), "w") as f:
+        json.dump(facts, f)
+
+
 def launcher(name):
     """The installed console script when there is one, else the module behind it."""
     script = BIN / name

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from placerun_helpers import run_self_under_placerun
+from placerun_helpers import run_self_under_placerun, write_facts
 
 STEPS = 12
 
@@ -58,8 +58,7 @@ def script(out_dir: str) -> None:
     facts = {"used_session": h.session is not None and not h._owns_session, "policy_kept": h.config.policy,
              "plan_main": sorted(main.cpus), "main_allowed": sorted(allowed)}
     h.close()
-    with open(os.path.join(out_dir, f"facts{rank}.json"), "w") as f:
-        json.dump(facts, f)
+    write_facts(out_dir, rank, facts)
     dist.destroy_process_group()
 
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from placerun_helpers import exit_without_gloo_teardown, run_gloo_ranks
+from placerun_helpers import close_and_exit, run_gloo_ranks
 
 EVERY = 10
 STEPS = 60
@@ -82,9 +82,7 @@ def worker(log_dir: str) -> None:
         time.sleep(0.005)
         dist.all_reduce(x)
         handle.step()
-    handle.close()
-    dist.barrier()
-    exit_without_gloo_teardown()
+    close_and_exit(handle)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from placement.plan.cores import share_cores
 from placement.plan.model import Plan
 from placement.plan.node import plan_for_node
 from placement.topology import discover
-from placerun_helpers import run_self_under_placerun
+from placerun_helpers import run_self_under_placerun, write_facts
 
 STEPS = 12
 
@@ -134,8 +134,7 @@ def script(out_dir: str) -> None:
              "tuner_main": None if tuner is None else sorted(tuner.role_cpus(main)),
              "binder_main": sorted(s.binder.role_cpus(main))}
     h.close()
-    with open(os.path.join(out_dir, f"facts{rank}.json"), "w") as f:
-        json.dump(facts, f)
+    write_facts(out_dir, rank, facts)
     dist.destroy_process_group()
 
 

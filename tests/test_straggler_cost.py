@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from placerun_helpers import exit_without_gloo_teardown, run_gloo_ranks
+from placerun_helpers import close_and_exit, run_gloo_ranks
 
 WORLD = 3
 STEPS = 100
@@ -105,9 +105,7 @@ def worker(log_dir: str) -> None:
         time.sleep((STEP_MS + extra) / 1e3)
         dist.all_reduce(x)
         handle.step()
-    handle.close()
-    dist.barrier()
-    exit_without_gloo_teardown()
+    close_and_exit(handle)
 
 
 if __name__ == "__main__":
