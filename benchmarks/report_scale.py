@@ -152,7 +152,7 @@ def _rank0_events(ranks: int, steps: int, every: int, sc: dict) -> list[str]:
             if job_wide:
                 event["job_wide"] = job_wide
             out.append(json.dumps(event, separators=(",", ":")))
-    # As rank 0's peer watch writes it from the stalled rank's post (placement/monitor/health/peers.py).
+    # As rank 0's peer watch writes it from the hung rank's post (placement/monitor/health/peers.py).
     stall = peer_event({"phase": "stalled", "rank": sc["stalled"], "last_step": sc["stall_step"], "stalled_s": 30.4,
                         "threshold_s": 30.0, "main": {"tid": 4242, "state": "S", "wchan": "futex_do_wait",
                                                       "stack": ['File "train.py", line 80 in step']}})

@@ -588,7 +588,7 @@ def test_null_comm_is_one_warning_event_after_the_first_exchange_window(tmp_path
 
 @pytest.mark.parametrize("last", ["completed", "started", "scheduled", "coalesced-then-completed"])
 def test_a_stall_says_from_the_recorder_whether_the_rank_waits_inside_an_nccl_collective(caplog, last):
-    """NCCL calls return at enqueue, so only the recorder knows whether a stalled rank's GPU waits
+    """NCCL calls return at enqueue, so only the recorder knows whether a hung rank's GPU waits
     inside a collective (for a peer): an entry of this rank not completed (scheduled, or started
     with timing on) and not settled by a later completed entry of its group. A rank whose every
     collective completed stopped outside them: the one its peers wait for."""

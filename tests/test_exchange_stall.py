@@ -1,4 +1,4 @@
-"""Rank 0 names stalled PEERS in its own log, through the job's c10d store (monitor/health/peers.py,
+"""Rank 0 names hung peers in its own log, through the job's c10d store (monitor/health/peers.py,
 crossrank/exchange.py):
 - `hang`: 3 real gloo ranks, an all_reduce per step; rank 1's main thread blocks on a lock after
   step STOP_AT (so every rank then waits). Rank 0's log gets a `stall` event naming rank 1

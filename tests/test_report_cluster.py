@@ -1,5 +1,5 @@
 """`placement report` over several nodes' logs written by the real monitor: the cluster summary
-(who held the job back, stalled ranks first, per-node figures), the heatmap PNG and the Chrome
+(who held the job back, hung ranks first, per-node figures), the heatmap PNG and the Chrome
 trace-event file (validated against the format: traceEvents, ph, ts, pid, tid)."""
 import json
 import os

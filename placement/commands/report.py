@@ -1,7 +1,7 @@
 """`placement report LOGS... [--run N|ID] [--read auto|steps|digests] [--json] [--plot OUT.png] [--heatmap OUT.png] [--trace
 OUT.json [--steps A:B] [--ranks LIST]]` and `placement report --compare BASE NEW`: per-rank table
 and events for a few ranks; for a cluster (many ranks, several nodes) who held the job back,
-stalled ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and a Chrome
+hung ranks first, and per-node figures; a stacked plot, a ranks x time heatmap and a Chrome
 trace-event file; two runs side by side."""
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ class RankPublisher:
 
     def on_event(self, rec: Mapping[str, Any]) -> None:
         self.metrics.on_event(rec)
-        self._publish(force=rec.get("type") == EventKind.STALL)  # a stalled rank builds no batch: say it now
+        self._publish(force=rec.get("type") == EventKind.STALL)  # a hung rank builds no batch: say it now
 
     def judged(self, named: Iterable[tuple[int, str, Optional[float], Optional[str]]]) -> None:
         self.metrics.judged(named)

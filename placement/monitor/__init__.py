@@ -9,6 +9,6 @@
     sinks/            where built records go (Delivery: the log, observers, summaries, digests)
     stragglers/       pure judgement of an exchange window: who is late, why, what it costs
     crossrank/        the c10d store: windows to rank 0 (duty.py: this rank's part), rank 0's
-                      verdicts and peer liveness
+                      judgements and peer liveness
     health/           a rank's own hang, its peers' liveness, memory residence (rank.py: all three)
 The log's schema is placement/records/, shared with `placement report`."""

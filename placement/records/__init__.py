@@ -5,7 +5,7 @@
 - verdict.py: each step's verdict word;
 - digest.py: StepDigest, the sums of many steps (a long job's report reads these);
 - summary.py: the periodic one-line summary;
-- words.py: the words events carry (straggler kinds, a cost, which stalled rank came first).
+- words.py: the words events carry (straggler kinds, a cost, which hung rank came first).
 Nothing here runs inside the training loop's monitor thread alone: the report imports only this.
 """
 from placement.records.parts import StepPart, split_step

@@ -1,5 +1,5 @@
 """The words the monitor's events carry and `placement report` reads back: straggler kinds, how a
-cost is said, and which stalled rank is the likely cause. Written by the live monitor
+cost is said, and which hung rank is the likely cause. Written by the live monitor
 (monitor/stragglers, monitor/health), read by the report: here, so the report needs no live code.
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ def collective_words(in_collective: Optional[bool]) -> str:
 
 
 def cause_first(in_collective: Optional[bool], last_step: Optional[int], rank: int) -> tuple:
-    """Sort key of stalled ranks, the likely cause first: outside any collective (the ranks
+    """Sort key of hung ranks, the likely cause first: outside any collective (the ranks
     inside one wait for it), then unknown, then inside one; then the lowest last step (the
     rank that stopped first), then the rank."""
     return (0 if in_collective is False else 2 if in_collective is True else 1,

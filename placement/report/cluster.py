@@ -1,5 +1,5 @@
 """The cluster view of `placement report`: which ranks held the job back (by kind, for how
-many windows), stalled ranks first, and per-node figures, from the columns of a RunLog.
+many windows), hung ranks first, and per-node figures, from the columns of a RunLog.
 
 Who held the job back is what rank 0 judged at run time (its `straggler` events, one per
 window that named someone, and `stall` events); the report counts them, it does not judge
@@ -202,7 +202,7 @@ def stall_where(e: dict) -> str:
 
 
 def _stalls(events: list[dict]) -> list[Stall]:
-    """Ranks stalled and not resumed, from `stall` events in time order (a rank's own and
+    """Ranks hung and not resumed, from `stall` events in time order (a rank's own and
     rank 0's about it: whichever says `resumed` last clears it)."""
     last: dict[int, Stall] = {}
     for e in events:

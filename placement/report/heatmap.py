@@ -1,7 +1,7 @@
 """The heatmap PNG of `placement report --heatmap`: ranks (rows, grouped by node) x windows of
 steps (columns), left coloured by each rank's mean step time against the job's median in
 that window, right by CPU stall (main + NCCL runqueue wait, % of the step). Straggler
-windows rank 0 named are outlined per kind; a stalled rank is crossed at its last step.
+windows rank 0 named are outlined per kind; a hung rank is crossed at its last step.
 Computed on columns (numpy bincount), so a million step records take well under a second.
 """
 from __future__ import annotations
@@ -77,7 +77,7 @@ def write_heatmap(table: RunLog, out_path: str) -> None:
     for ax in axes:
         ax.set_xlabel(f"step ({width} step(s) per column)" if width > 1 else "step")
     fig.suptitle(f"placement: {rows} rank(s) x {columns} window(s); outlines: straggler windows rank 0 named "
-                 "(colour = kind, label = its cost, % of step); x: stalled rank's last step", fontsize=10)
+                 "(colour = kind, label = its cost, % of step); x: hung rank's last step", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1, 0.97))
     save_png(fig, out_path, 100, "heatmap")
 

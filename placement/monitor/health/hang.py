@@ -136,7 +136,7 @@ class HangWatch:
         written only once the hang outlasts pause_s (write_held)."""
         where = main_thread_where()
         median = "no step measured yet" if s.median_step_ms is None else f"median step {s.median_step_ms:.1f} ms"
-        msg = (f"rank {rank} stalled: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
+        msg = (f"rank {rank} hung: no step completed for {s.stalled_s:.1f} s after step {s.last_step} "
                f"(limit {s.threshold_s:.1f} s: {median}); main thread {where.tid} state {where.state or '?'} "
                f"waiting in {where.wchan or '?'}")
         innermost = next((line for line in where.stack if line.startswith("File")), None)

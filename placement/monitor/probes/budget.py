@@ -154,7 +154,7 @@ class CostRate:
     """placement's share of the rank's time, judged every PERIOD_S of wall time whatever the
     steps do: the CPU of its threads and the hook's time per second is its share of every step
     in that second (cost per step x steps per second). The per-batch judgement (ProbeBudget)
-    waits for JUDGED batches; at long or stalled steps that is many seconds, while a thread of
+    waits for JUDGED batches; at long or hung steps that is many seconds, while a thread of
     ours that spins (timed waits that return at once, as under libfaketime) costs the job every
     second meanwhile. Over the budget in a whole period: `tick` says so, and the monitor takes
     the readings to their cap and warns once, within a second."""
