@@ -41,7 +41,21 @@ MONITOR_THREAD = "placement_mon"
 # The parts timed, in this order (indented: inside the one above).
 LABELS = ("hand-over (all of it)", "  records built and written", "    of which the sinks",
           "      the log (JSONL)", "      observers", "      digest", "  span reading of every thread",
-          "  thread list", "  budget", "counter readings", "stall watch", "held steps")
+          "  thread list", "  budget", "counter readings", "hang watch", "held steps")
+
+
+def timed_parts() -> tuple:
+    """(owner, attribute) of each part LABELS names, in its order: where that work lives now
+    (tests/test_benchmarks.py checks that each still exists)."""
+    from placement.monitor import build, step_monitor
+    from placement.monitor.health import rank as rank_health
+    from placement.monitor.probes import cost, sampled, threads
+    from placement.monitor.sinks import base as sinks
+    return ((step_monitor.StepMonitor, "_process"), (build.RecordBuilder, "build"),
+            (sinks, "write_to_sinks"), (sinks.JsonlSink, "write"), (sinks.ObserverSink, "write"),
+            (sinks.DigestSink, "write"), (threads.RoleSampler, "read_span"), (threads.RoleSampler, "refresh"),
+            (cost.CostKeeper, "judge_batch"), (sampled.SampledReads, "take"),
+            (rank_health.RankHealth, "_watch_hang"), (step_monitor.StepMonitor, "_build_held"))
 
 
 def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
@@ -49,9 +63,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
 
     import placement
     from monitor_overhead import calibrate, make_job, run_block, thread_cpu_ms
-    from placement.monitor import step_monitor
-    from placement.monitor.sinks import base as sinks
-    from placement.monitor.probes import cost, sampled, threads
+    from placement.config import MonitorConfig
 
     spent: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
@@ -71,12 +83,7 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
                 calls[label] += 1
         setattr(owner, name, wrapper)
 
-    for (owner, name), label in zip((
-            (step_monitor.StepMonitor, "_process"), (step_monitor.StepMonitor, "_finalize"),
-            (step_monitor, "write_to_sinks"), (sinks.JsonlSink, "write"), (sinks.ObserverSink, "write"),
-            (sinks.DigestSink, "write"), (threads.RoleSampler, "read_span"), (threads.RoleSampler, "refresh"),
-            (cost.CostKeeper, "judge_batch"), (sampled.SampledReads, "take"),
-            (step_monitor.StepMonitor, "_watch_hang"), (step_monitor.StepMonitor, "_build_held")), LABELS):
+    for (owner, name), label in zip(timed_parts(), LABELS):
         timed(owner, name, label)
     torch.set_num_threads(1)
     batch = calibrate()
@@ -90,14 +97,13 @@ def parts_run(steps: int, handover_min_s: float | None = None) -> dict:
         block = run_block(model, opt, data, steps, h.watch(torch.utils.data.DataLoader(data, batch_size=None)), h.step)
         total_us = thread_cpu_ms(h.monitor.thread) * 1e3
         every, stride = h.monitor.budget.every, h.monitor.hook.stride
-        floor_s = h.monitor.cfg.handover_min_s
         h.close()
     parts = {label.strip(): round(spent[label] / 1e3 / steps, 2) for label in LABELS if label in spent}
     top_level = sum(ns for label, ns in spent.items() if not label.startswith(" "))
     parts["the loop: waking, waiting"] = round((total_us * 1e3 - top_level) / 1e3 / steps, 2)
     per_call = {label.strip(): round(ns / 1e3 / calls[label], 1) for label, ns in spent.items() if calls[label]}
     return {"step_ms": round(statistics.median(block.wall), 3), "probe_every": every,
-            "handover_min_s": floor_s, "handover_stride": stride,
+            "handover_min_s": handover_min_s if handover_min_s is not None else MonitorConfig().handover_min_s, "handover_stride": stride,
             "monitor_thread_us_per_step": round(total_us / steps, 1), "parts_us_per_step": parts,
             "us_per_call": per_call}
 

@@ -97,6 +97,10 @@ def _shown(value: Any) -> str:
     return text if len(text) <= SHOWN_MAX else text[:SHOWN_MAX - 3] + "..."
 
 
+# monitor.budget_pct's default, written once: the comm timers and selftest take it from here.
+BUDGET_PCT = 0.3
+
+
 def _key(default: Any, doc: str) -> Any:
     """A configuration key with its default and its one-line description: keys_table() makes
     README's table of keys from these."""
@@ -141,9 +145,10 @@ class MonitorConfig:
     nccl_timing: NcclTimingMode = _key(NcclTimingMode.AUTO, "TORCH_NCCL_ENABLE_TIMING for NCCL ranks when the user has not set it: `auto` = on "
                                     "unless CUDA_DEVICE_MAX_CONNECTIONS=1 (timing events would break comm/compute "
                                     "overlap) (docs/nccl_timing.md)")
-    budget_pct: float = _key(0.3, "share of step time placement may take (the step hook and the CPU of every thread "
-                                  "of its own, tuner or not); above it the hot threads' counters are read every k-th "
-                                  "step (monitor/probes/budget.py); 0 = every step, in the step hook")
+    budget_pct: float = _key(BUDGET_PCT, "share of step time placement may take (the step hook and the CPU of every "
+                                         "thread of its own, tuner or not); above it the hot threads' counters are read "
+                                         "every k-th step (monitor/probes/budget.py) and NCCL's flight recorder is polled "
+                                         "less often (monitor/comm/nccl.py FrCadence); 0 = every step, in the step hook")
     hang_factor: float = _key(10.0, "a rank that completes no step for max(hang_factor x its median step, "
                                     "hang_min_s) seconds is hung: a `stall` event names where its main thread waits")
     hang_min_s: float = _key(7.0, "the floor of that hang limit, in seconds")

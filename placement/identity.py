@@ -59,7 +59,7 @@ def process_group():
     """torch.distributed when a default process group exists, else None. Looked up among the
     modules already imported, never imported here: no process group can exist before the program
     imports torch, and a placerun worker's stage 1 (before user code) must import neither torch nor
-    numpy, as torchrun's worker does not (tests/test_torchrun_conformance.py)."""
+    numpy, as torchrun's worker does not (tests/placerun/test_torchrun_conformance.py)."""
     dist = sys.modules.get("torch.distributed")
     if dist is None:
         return None

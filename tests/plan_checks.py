@@ -1,4 +1,4 @@
-"""The rules every plan keeps (DESIGN.md, Plan), checked against the topology it was made for.
+"""The rules every plan keeps (docs/design.md, "Plan"), checked against the topology it was made for.
 
 Each check recomputes what it needs from the Topology itself (cores from the `core` key, nodes
 from `numa`), not from the planner's internals, so a planner bug cannot hide in a shared helper.

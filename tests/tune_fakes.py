@@ -1,5 +1,5 @@
 """Test doubles for the tuner's unit tests: synthetic step records, a binder that records
-what it was asked (the real RoleBinder is exercised by tests/test_tune_e2e.py), fixed host
+what it was asked (the real RoleBinder is exercised by tests/tune/test_tune_e2e.py), fixed host
 facts, and an in-memory event log."""
 from __future__ import annotations
 

@@ -68,7 +68,7 @@ def comm_wait_ms(step_ms: Sequence[float], data_ms: Sequence[float], inflight_ms
     flight. The step-by-step estimate keeps which steps main waited in (the rank late at every
     step shows so); the reading's total keeps a busy host's runqueue spikes, which land on some
     steps of a reading and not others, from turning into waits lost or made up (the Ray Train
-    job of tests/test_ray.py beside two spinners, at 150 ms/step of runqueue wait). None where in flight is not
+    job of tests/integrations/test_ray.py beside two spinners, at 150 ms/step of runqueue wait). None where in flight is not
     measured, or main's clock was not read: an in-flight figure is an upper bound, never the wait."""
     if main_cpu_ms is None:
         return [f if not f else None for f in inflight_ms]

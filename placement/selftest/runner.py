@@ -9,6 +9,7 @@ import tempfile
 from dataclasses import dataclass, field
 from typing import Optional
 
+from placement.config import BUDGET_PCT
 from placement.errors import PlacementError
 from placement.selftest.checks import Check, gpus_match, rank_checks
 
@@ -71,7 +72,7 @@ def evaluate(evidence: list[dict], nproc: int, budget_pct: float) -> list[Check]
     return checks
 
 
-def run_selftest(nproc: Optional[int], steps: int = 100, budget_pct: float = 0.3) -> SelftestResult:
+def run_selftest(nproc: Optional[int], steps: int = 100, budget_pct: float = BUDGET_PCT) -> SelftestResult:
     reason = gpu_absent_reason()
     if reason is not None:
         return SelftestResult(True, reason)

@@ -1,5 +1,5 @@
 """Training loops written as their authors write them, with no placement import: placerun's
-automatic monitor must find their steps (tests/test_auto_monitor.py).
+automatic monitor must find their steps (tests/auto/test_auto_monitor.py).
 
     placerun --standalone --nproc-per-node 2 auto_loops.py LOOP --iters N [--slow-rank R] [--hang-rank R]
 

@@ -1,7 +1,7 @@
 """A DDP job as its author writes it (no placement import) in which one rank computes more than
 the others from some step on: inside backward (a custom autograd function between layers 2 and
 3, the way a slower core or a throttled socket computes), or inside forward
-(tests/test_comm_wait.py).
+(tests/monitor/comm/test_comm_wait.py).
 
     placerun --standalone --nproc-per-node 2 backward_straggler.py --steps N --slow-rank R
         [--slow-from S] [--slow-in backward|forward] [--extra 0.4] [--bucket-mb 0.25]

@@ -1,4 +1,4 @@
-"""The worker of tests/test_torchrun_conformance.py: reports what a program sees of itself and of
+"""The worker of tests/placerun/test_torchrun_conformance.py: reports what a program sees of itself and of
 its launcher (one JSON file per rank and restart), says hello on stdout, then does what
 CONFORM_ACTION asks. Standard library only, so any interpreter (PYTHON_EXEC) runs it."""
 import json

@@ -1,5 +1,5 @@
 """A rank with a 2-worker DataLoader, every warning shown: torch's worker-count check must not warn
-under placerun where it does not under torchrun (tests/test_bind_dataloader.py)."""
+under placerun where it does not under torchrun (tests/bind/test_bind_dataloader.py)."""
 import os
 import warnings
 

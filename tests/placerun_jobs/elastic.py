@@ -1,4 +1,4 @@
-"""A rank for tests/test_placerun_elastic.py: reports its attempt, pid, plan and CPU mask; on the
+"""A rank for tests/placerun/test_placerun_elastic.py: reports its attempt, pid, plan and CPU mask; on the
 first attempt it waits to be killed, once the test has marked the kill it finishes at once.
 
     elastic.py OUT_DIR

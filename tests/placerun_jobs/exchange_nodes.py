@@ -1,4 +1,4 @@
-"""A rank for tests/test_exchange_nodes.py: DDP on gloo with the monitor attached; the rank named
+"""A rank for tests/monitor/crossrank/test_exchange_nodes.py: DDP on gloo with the monitor attached; the rank named
 by SLOW_RANK waits SLOW_MS for each batch from step 11 on, so it enters every all-reduce late.
 
     exchange_nodes.py STEPS SLOW_RANK SLOW_MS

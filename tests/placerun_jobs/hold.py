@@ -1,4 +1,4 @@
-"""A rank for tests/test_placerun_e2e.py: starts real threads (gloo, the intra-op pool, two
+"""A rank for tests/placerun/test_placerun_e2e.py: starts real threads (gloo, the intra-op pool, two
 DataLoader worker processes), says where its pid is, and holds still while the test reads its
 /proc from outside; then finishes a step and exits.
 

@@ -1,4 +1,4 @@
-"""A rank for tests/test_hosts.py: DDP on gloo with the monitor attached, STEPS optimizer steps
+"""A rank for tests/placerun/test_hosts.py: DDP on gloo with the monitor attached, STEPS optimizer steps
 of about STEP_MS each; the rank SLOW_RANK (-1: none) waits SLOW_MS for each batch from step 11
 on, so it enters every all-reduce late. Each rank writes OUT/attempt<A>.rank<R>.json once it is
 stepping (A: 1 when OUT/killed exists: the test marks a kill before it kills a host).

@@ -1,4 +1,4 @@
-"""The worker of tests/test_bind_openmp.py: small ops on torch's 2-thread OpenMP pool, back to
+"""The worker of tests/bind/test_bind_openmp.py: small ops on torch's 2-thread OpenMP pool, back to
 back; prints one JSON line: main's mask as torch's import left it and now, the pool's new
 threads, and their voluntary context switches per op (a wait that ended in a futex sleep)."""
 import json

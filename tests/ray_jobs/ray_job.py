@@ -1,4 +1,4 @@
-"""Ray Train and plain Ray actors under placement's setup hook (tests/test_ray.py,
+"""Ray Train and plain Ray actors under placement's setup hook (tests/integrations/test_ray.py,
 benchmarks/ray_cost.py). The training code has no placement import; the driver adds one line.
 
     python ray_job.py trainer --out DIR [--iters N] [--workers W] [--work-ms MS]

@@ -53,7 +53,7 @@ import threading
 import time
 from typing import Optional
 
-from placement.config import CommTimingMode
+from placement.config import BUDGET_PCT, CommTimingMode
 from placement.events import EventKind
 from placement.monitor.comm.base import CommStep, CommTiming
 from placement.monitor.comm.groups import nccl_groups
@@ -326,7 +326,7 @@ class NcclFlightRecorderComm(NcclTiming):
 
     name = "flight_recorder"
 
-    def __init__(self, warn: WarnOnce, window: int = 20, budget_pct: float = 0.3,
+    def __init__(self, warn: WarnOnce, window: int = 20, budget_pct: float = BUDGET_PCT,
                  sources: Optional[list[DumpSource]] = None, timing_on: Optional[bool] = None,
                  environ=os.environ, since: Optional[float] = None):
         super().__init__(warn, window)
@@ -540,7 +540,7 @@ class NcclFlightRecorderComm(NcclTiming):
         super().close()
 
 
-def choose_nccl_timing(mode: CommTimingMode, warn: WarnOnce, *, window: int = 20, budget_pct: float = 0.3) -> CommTiming:
+def choose_nccl_timing(mode: CommTimingMode, warn: WarnOnce, *, window: int = 20, budget_pct: float = BUDGET_PCT) -> CommTiming:
     """hook -> the completion hook (adds CUDA events and a GIL hop per collective); auto and
     flight_recorder -> the flight recorder, which adds nothing (auto never registers the
     hook: it could not be removed again)."""

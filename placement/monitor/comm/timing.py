@@ -28,7 +28,7 @@ from __future__ import annotations
 import enum
 from typing import Optional
 
-from placement.config import CommTimingMode
+from placement.config import BUDGET_PCT, CommTimingMode
 from placement.monitor.comm.base import CollectiveClock, CommTiming, OriginalCollectives
 from placement.monitor.comm.groups import nccl_groups
 from placement.monitor.comm.nccl import choose_nccl_timing
@@ -143,7 +143,7 @@ def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollective
 
 
 def make_comm_timing(mode: CommTimingMode, backend: Optional[str], warn: WarnOnce, *, window: int = 20,
-                     budget_pct: float = 0.3) -> CommTiming:
+                     budget_pct: float = BUDGET_PCT) -> CommTiming:
     """The CommTiming for monitor.comm_timing `mode`. NCCL timing when the default group's
     backend (comm_groups.default_backend: from its backend config, not the string the user
     gave) is NCCL or any group runs NCCL on some device. `window`: steps after which comm

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "tests" / "placerun_jobs" / "omp_waits.py"
 CPUS = sorted(os.sched_getaffinity(0))
 

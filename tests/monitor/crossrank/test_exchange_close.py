@@ -3,7 +3,7 @@ rank 1 waits for its data only in the steps after the last regular exchange wind
 step STEPS, carries steps up to STEPS - MAX_EVERY + 1). Those steps reach rank 0 only if every
 rank sends them at close; rank 0 names rank 1 data-slow on them.
 
-The file is also the worker: `python tests/test_exchange_close.py LOG_DIR` with
+The file is also the worker: `python tests/monitor/crossrank/test_exchange_close.py LOG_DIR` with
 RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 """
 from __future__ import annotations
@@ -13,6 +13,10 @@ import sys
 import time
 
 import pytest
+
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: its helpers, when this file runs as a rank's script
 
 from placerun_helpers import close_and_exit, run_gloo_ranks
 

@@ -25,7 +25,7 @@ import torch.distributed as dist  # noqa: E402
 from placement.errors import ConfigError  # noqa: E402
 from placement.integrations.megatron import attach_megatron, torch_optimizers, watch_data_iterator  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "megatron_gpt.py"
 VENV_BIN = Path(sys.executable).parent
 

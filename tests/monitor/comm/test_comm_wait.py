@@ -16,6 +16,10 @@ from pathlib import Path
 import pytest
 
 from placement.records.parts import comm_wait_ms, split_step
+import sys
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: its helpers, when this file runs as a rank's script
+
 from placerun_helpers import JOBS, REPO, launcher
 
 EVERY = 20  # monitor.exchange_every's default: the windows a straggler is judged on

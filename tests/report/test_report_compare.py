@@ -2,7 +2,7 @@
 placement.attach (one process, policy none), once with 2 ms steps and once with 4 ms steps, in
 directories of their own and appended to one log; and the parts of a step adding up to it.
 
-The file is also the worker: `python tests/test_report_compare.py LOG_DIR STEP_MS STEPS`.
+The file is also the worker: `python tests/report/test_report_compare.py LOG_DIR STEP_MS STEPS`.
 """
 from __future__ import annotations
 

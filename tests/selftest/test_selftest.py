@@ -14,7 +14,7 @@ from placement.selftest import checks as C
 from placement.selftest.job import _main_cpus, _threads, residence_evidence
 from placement.selftest.runner import SelftestResult, evaluate, job_command, table
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow

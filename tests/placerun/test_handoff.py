@@ -20,6 +20,10 @@ from placement.plan.cores import share_cores
 from placement.plan.model import Plan
 from placement.plan.node import plan_for_node
 from placement.topology import discover
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: its helpers, when this file runs as a rank's script
+
 from placerun_helpers import run_self_under_placerun, write_facts
 
 STEPS = 12

@@ -64,7 +64,7 @@ def test_allowed_subset_shown(tmp_path, capsys):
 
 
 def test_nccl_topo_file_flag(tmp_path, capsys):
-    xml = Path(__file__).resolve().parents[2] / "shared" / "topologies" / "azure-ndv4-topo.xml"
+    xml = Path(__file__).resolve().parents[3] / "shared" / "topologies" / "azure-ndv4-topo.xml"
     if not xml.exists():
         pytest.skip(f"{xml} is absent")
     from sysfs_builder import cloud_vm_flat, make_machine_tree

@@ -26,7 +26,7 @@ from placement.monitor.comm.nccl import (MAX_POLL_S, MIN_POLL_S, FrCadence, Ledg
 from placement.monitor.comm.flight_recorder import DumpSource, RingReader, RingSetting, dump_sources, entries_from, ring_setting
 from placement.monitor.warn import WarnOnce
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _port() -> int:

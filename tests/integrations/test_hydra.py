@@ -26,7 +26,7 @@ from placement.plan.model import JobSpec
 from placement.topology import discover
 from sysfs_builder import make_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CONFIGS = REPO / "configs"
 APP = REPO / "examples" / "hydra_app"
 

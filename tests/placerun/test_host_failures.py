@@ -120,7 +120,7 @@ def _kill_and_replace(bed, tmp_path, name, env):
 
 def test_a_killed_host_restarts_the_job_as_torchrun_does_and_logs_continue(hostbed, tmp_path):
     bed = hostbed(2)
-    # workers' own store per attempt, as tests/test_placerun_elastic.py says why (pytorch/pytorch#135712)
+    # workers' own store per attempt, as tests/placerun/test_placerun_elastic.py says why (pytorch/pytorch#135712)
     env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
     torchrun_codes, _ = _kill_and_replace(bed, tmp_path, "torchrun", env)
     bed.close()

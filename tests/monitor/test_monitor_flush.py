@@ -1,7 +1,7 @@
 """Records are not lost when training ends badly: SIGTERM (the previous handler still runs
 afterwards) and an uncaught exception flush every measured step.
 
-The file is also the training program: `python tests/test_monitor_flush.py MODE LOG_DIR`.
+The file is also the training program: `python tests/monitor/test_monitor_flush.py MODE LOG_DIR`.
 """
 import json
 import os

@@ -2,7 +2,7 @@
 DataLoader on rank 1, or rank 1's clock 50 ms ahead (the monitor's test-only clock offset,
 as NTP skew between two hosts), and what rank 0's `straggler` events say about it.
 
-The file is also the worker: `python tests/test_straggler_gloo.py SCENARIO LOG_DIR` with
+The file is also the worker: `python tests/monitor/stragglers/test_straggler_gloo.py SCENARIO LOG_DIR` with
 RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 """
 from __future__ import annotations
@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 
 from placement.monitor.stragglers.figures import Thresholds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: its helpers, when this file runs as a rank's script
+
 from placerun_helpers import exit_without_gloo_teardown, free_port
 
 STEPS = 90

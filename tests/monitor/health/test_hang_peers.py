@@ -9,7 +9,7 @@ crossrank/exchange.py):
   monitor thread cannot post). Rank 0 names it from its exchange rows that stopped arriving
   (how "rows stopped"), with the last step of its last row.
 
-The file is also the worker: `python tests/test_exchange_stall.py SCENARIO LOG_DIR` with
+The file is also the worker: `python tests/monitor/health/test_hang_peers.py SCENARIO LOG_DIR` with
 RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 """
 from __future__ import annotations
@@ -23,6 +23,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: its helpers, when this file runs as a rank's script
 
 from placerun_helpers import exit_without_gloo_teardown, free_port
 
@@ -313,3 +316,35 @@ def _keep(reports: list, verdicts) -> None:
     """What rank 0's exchange judged (its WindowJudgements), as the fields the tests read."""
     for verdict in verdicts:
         reports.append({"missing": verdict.missing, "ranks_judged": verdict.ranks_judged})
+
+
+# ---- rank 0's reading of hangs outside any collective (health/peers.py PeerWatch.hang_events) ----
+def _post(rank, inside, phase="stalled"):
+    return {"phase": phase, "rank": rank, "last_step": 40, "in_collective": inside,
+            "main": {"state": "S", "wchan": "futex_do_wait", "stack": []}}
+
+
+def test_every_rank_pausing_together_is_one_job_event_and_a_rank_others_wait_for_is_named():
+    from placement.monitor.health.peers import PeerWatch
+
+    now = [0.0]
+    own = [None]
+    w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, own=lambda: own[0], clock=lambda: now[0])
+    assert w.hang_events([_post(1, False)], 3) == []  # held: hung, or a shared pause?
+    own[0] = _post(0, False)
+    out = w.hang_events([_post(2, False)], 3)
+    assert len(out) == 1 and out[0]["scope"] == "job" and "not a hung rank" in out[0]["message"], out
+    own[0] = None
+    out = w.hang_events([_post(1, False, "resumed"), _post(2, False, "resumed")], 3)
+    assert [f["phase"] for f in out] == ["resumed"] and out[0]["scope"] == "job", out
+
+    # A hang: rank 1 outside, its peers inside a collective waiting for it: rank 1 named at once.
+    w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, own=lambda: _post(0, True), clock=lambda: now[0])
+    out = w.hang_events([_post(1, False), _post(2, True)], 3)
+    named = [f for f in out if f.get("rank") == 1]
+    assert len(named) == 1 and named[0]["in_collective"] is False and "scope" not in named[0], out
+    # Alone outside with nobody waiting (no collective per step): named after HOLD_POLLS polls.
+    w = PeerWatch(None, lambda: 7.0, lambda f: None, 1.0, clock=lambda: now[0])
+    assert w.hang_events([_post(1, False)], 3) == []
+    now[0] += 3.5
+    assert [f["rank"] for f in w.hang_events([], 3)] == [1]

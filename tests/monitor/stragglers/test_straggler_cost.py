@@ -4,7 +4,7 @@ by EXTRA_MS (they wait for it in the all_reduce) and fixing rank 1 would give ex
 Rank 0's `straggler` events must say so, from the second window (monitor defaults: named once it
 costs in 2 windows in a row), and `placement report` must give the job's time lost to it.
 
-The file is also the worker: `python tests/test_straggler_cost.py LOG_DIR` with
+The file is also the worker: `python tests/monitor/stragglers/test_straggler_cost.py LOG_DIR` with
 RANK/WORLD_SIZE/MASTER_* in the environment runs one rank.
 """
 from __future__ import annotations
@@ -15,6 +15,10 @@ import sys
 import time
 
 import pytest
+
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/: its helpers, when this file runs as a rank's script
 
 from placerun_helpers import close_and_exit, run_gloo_ranks
 

@@ -8,7 +8,7 @@ runs on each host as on a cluster node: `--nnodes N --rdzv-backend c10d --rdzv-e
 - each host plans for its own machine (--dry-run names the host; another machine tree, another plan);
 - a job across hosts: the banner and `start` events name each host, rank 0's `straggler` events
   name the slow rank's host and node rank, `placement report` over every host's logs shows hosts.
-The host failures are in tests/test_host_failures.py.
+The host failures are in tests/placerun/test_host_failures.py.
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ import yaml
 from placement.config import load_config
 from placement.launcher import parse_placerun_args
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAUNCH = REPO / "launch"
 SHELL_SCRIPTS = sorted(p for p in LAUNCH.iterdir() if p.suffix in (".sh", ".sbatch"))
 VENV_BIN = str(Path(sys.executable).parent)

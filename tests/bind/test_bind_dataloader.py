@@ -16,7 +16,7 @@ import torch.utils.data.dataloader as dl
 
 from placement.bind.dataloader import count_workers_against
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CPUS = sorted(os.sched_getaffinity(0))
 WARNING = "suggested max number of worker"
 needs_two = pytest.mark.skipif(len(CPUS) < 2, reason="needs 2 CPUs: one for the narrowed thread, a share of 2")
