@@ -84,7 +84,8 @@ class RecordBuilder:
         self._on_built = on_built  # called with the built steps' times (the hang watch's median)
         self._pending: list[RawStep] = []  # raw steps handed over, not yet built into records
         self.first_pending = first_step  # step number of the first pending step
-        self._span = (first_step - 1, -math.inf, span_floor_s * 1e9)  # last span step, its end (ns), the floor (ns)
+        # the last span step; the last full span's step and end (ns); the floor between full spans (ns)
+        self._span = (first_step - 1, first_step - 1, -math.inf, span_floor_s * 1e9)
         self.last_end_ns = 0  # perf_counter_ns at the end of the last step built
         self._clock = (0, 0.0, 0.0)  # the anchor pair, and the wall time of the last built step's end
         self.start()
@@ -107,13 +108,16 @@ class RecordBuilder:
 
     def add(self, step: int, kept: list[tuple], span_due: bool, windowed: bool) -> list[RawStep]:
         """A hand-over's steps (through `step`), pending from now; `span_due`: a span reading is
-        due at `step`, taken unless the last one is less than the floor ago (`windowed`: an
-        observer judges windows; its rules read the span's figures per window)."""
+        due at `step`, taken unless the last full one is less than the floor ago. While an
+        observer judges windows (`windowed`: its rules read the span's figures per window) a
+        span is taken at each, full only at the floor: the others leave out the involuntary
+        switches, which no rule reads and whose status files are the costliest reads."""
         raw = raw_steps(kept)
-        last_span, span_ns, floor_ns = self._span
-        if span_due and (windowed or raw[-1].end_ns - span_ns >= floor_ns):
-            raw[-1].span = self._sampler.read_span(step - last_span)
-            self._span = (step, raw[-1].end_ns, floor_ns)
+        last_span, last_full, full_ns, floor_ns = self._span
+        full = raw[-1].end_ns - full_ns >= floor_ns
+        if span_due and (windowed or full):
+            raw[-1].span = self._sampler.read_span(step - last_span, step - last_full if full else None)
+            self._span = (step, step, raw[-1].end_ns, floor_ns) if full else (step, last_full, full_ns, floor_ns)
             self._sampler.refresh()
         self._pending.extend(raw)
         return raw

@@ -13,7 +13,10 @@ Sampling tiers
       judges windows, at least 4 x monitor.handover_min_s apart) and appear in that
       step's record as per-step means over the `span_steps` steps since the previous reading
       (None on the steps between; `dataloader` and `other` are absent from `roles` there).
-      cpus/mhz of the hot roles on the steps between are the last reading's.
+      cpus/mhz of the hot roles on the steps between are the last reading's. While a tuner
+      judges windows, a reading is taken at each window's end, and nivcsw only at those at
+      least 4 x monitor.handover_min_s apart (its status file is the costliest read; no rule
+      reads it): there nivcsw is the per-step mean since the reading before that had it.
 """
 from __future__ import annotations
 

@@ -78,10 +78,13 @@ class WindowStats:
     def step_totals(self, attr: str) -> tuple[Optional[float], ...]:
         """Per step, the sum over roles of a per-step counter ("minflt" or "migrations");
         None for a step where no role had the figure."""
+        columns = [getattr(r, attr) for r in self.roles.values()]
+        if not columns:
+            return (None,) * self.n
         out: list[Optional[float]] = []
-        for i in range(self.n):
-            vals = [getattr(r, attr)[i] for r in self.roles.values() if getattr(r, attr)[i] is not None]
-            out.append(sum(vals) if vals else None)
+        for vals in zip(*columns):
+            known = [v for v in vals if v is not None]
+            out.append(sum(known) if known else None)
         return tuple(out)
 
 
@@ -94,13 +97,6 @@ def _share(part: Optional[float], whole: float) -> Optional[float]:
 def _median(values: Sequence[Optional[float]]) -> Optional[float]:
     known = [v for v in values if v is not None]
     return statistics.median(known) if known else None
-
-
-def _span_ms(records: Sequence[StepRecord], i: int, span_steps: int) -> float:
-    """Mean step time over the steps a sample covers: roles sampled every N steps carry
-    per-step means over those N steps (RoleSample.span_steps)."""
-    covered = records[max(0, i - max(1, span_steps) + 1): i + 1]
-    return sum(r.step_ms for r in covered) / len(covered)
 
 
 _ROLES = {r: r for r in ThreadRole}  # a ThreadRole finds itself; its name finds it too (a str Enum)
@@ -117,19 +113,37 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
             role = _ROLES.get(key)  # keys are ThreadRoles; anything else (a name this version lacks) is ignored
             if role is not None and role not in role_names:
                 role_names.append(role)
+    # Roles sampled every N steps carry per-step means over those N steps (RoleSample.span_steps):
+    # their shares are of the mean step time over the steps a sample covers (running sums: the
+    # tuner summarises every window on the monitor thread).
+    sums = [0.0]
+    for ms in steps:
+        sums.append(sums[-1] + ms)
     roles: dict[ThreadRole, RoleWindow] = {}
     for role in role_names:
         samples = [rec.roles.get(role) for rec in records]
         cpus: set[int] = set()
-        for s in samples:
-            if s is not None:
-                cpus.update(s.cpus)
-        spans = [_span_ms(records, i, s.span_steps) if s else 0.0 for i, s in enumerate(samples)]
+        threads = 0
+        cpu_shares, runq_shares, mhz = [], [], []
+        for i, s in enumerate(samples):
+            if s is None:
+                continue
+            cpus.update(s.cpus)
+            threads = max(threads, s.threads)
+            first = max(0, i - max(1, s.span_steps) + 1)
+            span_ms = (sums[i + 1] - sums[first]) / (i + 1 - first)
+            if span_ms > 0:
+                if s.cpu_ms is not None:
+                    cpu_shares.append(100.0 * s.cpu_ms / span_ms)
+                if s.runq_ms is not None:
+                    runq_shares.append(100.0 * s.runq_ms / span_ms)
+            if s.mhz is not None:
+                mhz.append(s.mhz)
         roles[role] = RoleWindow(
-            threads=max((s.threads for s in samples if s is not None), default=0),
-            cpu_share_pct=_median([_share(s.cpu_ms, ms) if s else None for s, ms in zip(samples, spans)]),
-            runq_share_pct=_median([_share(s.runq_ms, ms) if s else None for s, ms in zip(samples, spans)]),
-            mhz=_median([s.mhz if s else None for s in samples]),
+            threads=threads,
+            cpu_share_pct=statistics.median(cpu_shares) if cpu_shares else None,
+            runq_share_pct=statistics.median(runq_shares) if runq_shares else None,
+            mhz=statistics.median(mhz) if mhz else None,
             cpus=frozenset(cpus),
             minflt=tuple(s.minflt if s else None for s in samples),
             migrations=tuple(s.migrations if s else None for s in samples),

@@ -87,6 +87,7 @@ class RoleSampler:
         self._proc = proc
         self.freq = CoreFreq(self._fail, root)
         self.main = MainThreadProbe(self._fail, proc)
+        self._switches_prev: dict[int, Optional[int]] = {}  # tid -> its involuntary switches at the last full span
         self.rebase()
         self._last_cpus: dict[ThreadRole, list[int]] = {}
         if self._main_span_prev[2] is not None:
@@ -107,6 +108,7 @@ class RoleSampler:
         self._main_prev: MainRead = self.main.step_read()
         self._main_prev.parse(self._fail)
         self._main_span_prev = self.main.span_read()
+        self._switches_prev[self.main.tid] = self._main_span_prev[1]
 
     def _fail(self, what: str, e: BaseException) -> None:
         if what == "cpufreq" and isinstance(e, FileNotFoundError):  # VMs and some kernels have no cpufreq
@@ -153,6 +155,7 @@ class RoleSampler:
             probe.close()
         self._hot_prev.pop(tid, None)
         self._span_prev.pop(tid, None)
+        self._switches_prev.pop(tid, None)
 
     # ---- probe steps, on the training thread: raw reads only ------------------------
     def read_hot(self) -> tuple[HotRead, ...]:
@@ -197,31 +200,44 @@ class RoleSampler:
         return {MAIN: RoleSample(threads=1, mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
 
     # ---- every span ------------------------------------------------------------------
-    def read_span(self, span_steps: int) -> dict[ThreadRole, RoleSample]:
-        """Read every thread in full: per-step means over the last `span_steps` steps.
-        For main and the every-step roles only the span figures are set (merge them with
-        `merge_span`); dataloader and other get whole samples."""
+    def read_span(self, span_steps: int, switch_steps: Optional[int]) -> dict[ThreadRole, RoleSample]:
+        """Read every thread: per-step means over the last `span_steps` steps. For main and the
+        every-step roles only the span figures are set (merge them with `merge_span`);
+        dataloader and other get whole samples. The involuntary switches (the status file,
+        the costliest read) only with `switch_steps` (not None), the steps since the last
+        reading that had them: a tuner's window takes a span without them between full ones
+        (build.py), and its rules never read them."""
         span = max(1, span_steps)
-        now = self.main.span_read()
+        switches = switch_steps is not None
+        per_switch = max(1, switch_steps or 1)
+        now = self.main.span_read(switches)
         minflt, nivcsw, cpu = now
-        p_minflt, p_nivcsw, p_cpu = self._main_span_prev
+        p_minflt, _, p_cpu = self._main_span_prev
         self._main_span_prev = now
+        main_nivcsw = None
+        if switches:
+            main_nivcsw = _per_step(_delta(nivcsw, self._switches_prev.get(self.main.tid)), per_switch)
+            self._switches_prev[self.main.tid] = nivcsw
         self._last_cpus[MAIN] = [] if cpu is None else [cpu]
         self._last_mhz[MAIN] = self.freq.mhz(cpu)
         out = {MAIN: RoleSample(threads=1, minflt=_per_step(_delta(minflt, p_minflt), span),
-                                nivcsw=_per_step(_delta(nivcsw, p_nivcsw), span),
+                                nivcsw=main_nivcsw,
                                 migrations=None if cpu is None or p_cpu is None else _per_step(int(cpu != p_cpu), span),
                                 mhz=self._last_mhz[MAIN], cpus=self._last_cpus[MAIN], span_steps=span)}
         per_role: dict[ThreadRole, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
+        switched: dict[ThreadRole, list[Optional[int]]] = {}
         gone = []
         for tid, (role, probe) in self._probes.items():
             try:
-                now = probe.counters(schedstat=role not in EVERY_STEP_ROLES)
+                now = probe.counters(schedstat=role not in EVERY_STEP_ROLES, switches=switches)
             except ThreadGone:
                 gone.append(tid)
                 continue
             per_role.setdefault(role, []).append((now, self._span_prev.get(tid)))
             self._span_prev[tid] = now
+            if switches:
+                switched.setdefault(role, []).append(_delta(now.nivcsw, self._switches_prev.get(tid)))
+                self._switches_prev[tid] = now.nivcsw
         for tid in gone:
             self._drop(tid)
         for role, pairs in per_role.items():
@@ -232,7 +248,7 @@ class RoleSampler:
             paired = [(n, p) for n, p in pairs if p is not None]
             s = out[role] = RoleSample(
                 threads=len(pairs),
-                nivcsw=_per_step(_sum(_delta(n.nivcsw, p.nivcsw) for n, p in paired), span),
+                nivcsw=_per_step(_sum(switched[role]), per_switch) if switches else None,
                 minflt=_per_step(_sum(_delta(n.minflt, p.minflt) for n, p in paired), span),
                 migrations=_per_step(_sum(None if n.cpu is None or p.cpu is None else int(n.cpu != p.cpu)
                                           for n, p in paired), span),

@@ -220,23 +220,40 @@ def _mean(values) -> Optional[float]:
 
 def figures_from_records(rank: int, records: list, first_step: int, last_step: int) -> RankFigures:
     """Means per step of one rank's StepRecords of steps first_step..last_step (the same
-    steps on every rank; records outside them are ignored, steps without one are None)."""
-    records = [r for r in records if first_step <= r.step <= last_step]
-    if not records:
+    steps on every rank; records outside them are ignored, steps without one are None). One
+    pass over the records: every rank makes these for each exchange window on its monitor
+    thread."""
+    step_ms: list = []
+    data_ms: list = []
+    comm_ms: list = []
+    stall_ms: list = []
+    nccl_runq: list = []
+    main_cpu: list = []
+    main_mhz: list = []
+    comm_of = {}
+    for r in records:
+        if not first_step <= r.step <= last_step:
+            continue
+        step_ms.append(r.step_ms)
+        data_ms.append(r.data_ms)
+        comm_ms.append(r.comm_ms)
+        comm_of[r.step] = r.comm_ms if r.comm_count else None
+        stall_ms.append(record_parts(r).cpu_stall_ms)
+        roles = r.roles
+        nccl, main = roles.get("nccl"), roles.get("main")
+        nccl_runq.append(None if nccl is None else nccl.runq_ms)
+        if main is not None:
+            main_cpu.append(main.cpu_ms)
+            main_mhz.append(main.mhz)
+    if not step_ms:
         return RankFigures.empty(rank, first_step, last_step)
-
-    def role(rec, name, attr):
-        s = rec.roles.get(name)
-        return None if s is None else getattr(s, attr)
-
-    comm_of = {r.step: (r.comm_ms if r.comm_count else None) for r in records}
     return RankFigures(
-        rank=rank, steps=len(records), first_step=first_step, last_step=last_step,
-        step_ms=_mean(r.step_ms for r in records) or 0.0,
-        data_ms=_mean(r.data_ms for r in records) or 0.0,
-        comm_ms=_mean(r.comm_ms for r in records),
+        rank=rank, steps=len(step_ms), first_step=first_step, last_step=last_step,
+        step_ms=_mean(step_ms) or 0.0,
+        data_ms=_mean(data_ms) or 0.0,
+        comm_ms=_mean(comm_ms),
         comm_steps=tuple(comm_of.get(s) for s in range(first_step, last_step + 1)),
-        cpu_stall_ms=_mean(record_parts(r).cpu_stall_ms for r in records),
-        nccl_runq_ms=_mean(role(r, "nccl", "runq_ms") for r in records),
-        main_cpu_ms=_mean(role(r, "main", "cpu_ms") for r in records),
-        main_mhz=_mean(role(r, "main", "mhz") for r in records))
+        cpu_stall_ms=_mean(stall_ms),
+        nccl_runq_ms=_mean(nccl_runq),
+        main_cpu_ms=_mean(main_cpu),
+        main_mhz=_mean(main_mhz))
