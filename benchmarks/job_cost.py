@@ -15,7 +15,7 @@ with `placement`, from /proc/<pid>/task/*/schedstat over the steady steps) per s
 of main's CPU; and what the monitor says of itself in the log: the `end` event's
 `placement_cpu_us_per_step` (all of placement's CPU per step) beside the /proc figure.
 
-    python benchmarks/job_cost.py --quick          # 3 rounds of 300 steps
+    python benchmarks/job_cost.py --quick          # 3 rounds of 700 steps
     python benchmarks/job_cost.py                  # 5 rounds of 1,500 steps
     python benchmarks/job_cost.py --arms torchrun,placerun,monitor_off --rounds 7
 """
@@ -86,7 +86,7 @@ def _self_reported(log: Path) -> dict | None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="3 rounds of 300 steps")
+    p.add_argument("--quick", action="store_true", help="3 rounds of 700 steps")
     p.add_argument("--rounds", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--nproc", type=int, default=2)
@@ -98,8 +98,10 @@ def main() -> None:
         print(f"job_cost: unknown arm {bad[0]!r}; choose from {', '.join(ARMS)}", file=sys.stderr)
         sys.exit(2)
     rounds = args.rounds or (3 if args.quick else 5)
-    steps = args.steps or (300 if args.quick else 1500)
-    warmup = max(50, steps // 6)
+    steps = args.steps or (700 if args.quick else 1500)
+    # The steady state starts once the exchange grid is agreed (four windows in, from two
+    # windows after: step ~160 at 20-step windows): what a long job pays, not its start.
+    warmup = max(200, steps // 6)
     results: dict[str, list[dict]] = {a: [] for a in arms}
     with tempfile.TemporaryDirectory(prefix="job_cost-") as tmp:
         for r in range(rounds):

@@ -11,7 +11,8 @@ What
     (records/parts.py), splits the step into its parts, judges it (records/verdict.py) and
     hands the batch to the delivery (sinks/). A hand-over due for a span reading (every
     thread read in full, the thread list refreshed) takes it here, at least `span_floor_s`
-    apart unless an observer judges windows.
+    apart; while an observer judges windows, a light one (the dataloader's and other's time)
+    at each window between.
 
 Clocks
     Step boundaries are perf_counter_ns stamps; their wall time is derived when records are
@@ -109,16 +110,19 @@ class RecordBuilder:
     def add(self, step: int, kept: list[tuple], span_due: bool, windowed: bool) -> list[RawStep]:
         """A hand-over's steps (through `step`), pending from now; `span_due`: a span reading is
         due at `step`, taken unless the last full one is less than the floor ago. While an
-        observer judges windows (`windowed`: its rules read the span's figures per window) a
-        span is taken at each, full only at the floor: the others leave out the involuntary
-        switches, which no rule reads and whose status files are the costliest reads."""
+        observer judges windows (`windowed`: its rules read the dataloader's and other's time
+        per window) a light span is taken at each between the full ones: those roles'
+        schedstat only, no thread list (probes/threads.py read_span)."""
         raw = raw_steps(kept)
         last_span, last_full, full_ns, floor_ns = self._span
         full = raw[-1].end_ns - full_ns >= floor_ns
         if span_due and (windowed or full):
             raw[-1].span = self._sampler.read_span(step - last_span, step - last_full if full else None)
-            self._span = (step, step, raw[-1].end_ns, floor_ns) if full else (step, last_full, full_ns, floor_ns)
-            self._sampler.refresh()
+            if full:
+                self._span = (step, step, raw[-1].end_ns, floor_ns)
+                self._sampler.refresh()
+            else:
+                self._span = (step, last_full, full_ns, floor_ns)
         self._pending.extend(raw)
         return raw
 

@@ -89,10 +89,11 @@ def test_an_observer_that_stopped_judging_windows_lets_the_stride_grow(tmp_path)
     assert _stride_observed(tmp_path, lambda after: None) == MAX_STRIDE
 
 
-def _span_steps(tmp_path, floor_s: float, window_end=NO_OBSERVER, read="nivcsw") -> list[int]:
+def _span_steps(tmp_path, floor_s: float, window_end=NO_OBSERVER, light=False) -> list[int]:
     """Steps 10 ms apart by their own stamps (the hook's `at`), however fast the loop runs: the
-    steps whose record carries main's `read` (span readings only: minflt at every one, nivcsw at
-    full ones)."""
+    steps whose record carries a full span reading (main's involuntary switches), or with
+    `light` any span reading (the `other` role: this process's other threads, the monitor's own
+    among them, are read at every span)."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
                                   "summary_every": 0, "handover_min_s": floor_s})
@@ -106,7 +107,9 @@ def _span_steps(tmp_path, floor_s: float, window_end=NO_OBSERVER, read="nivcsw")
                if '"type":"step"' in line]
     assert [r["step"] for r in records] == list(range(1, STEPS + 1))
     assert all(r["roles"]["main"].get("nivcsw", 0) >= 0 for r in records)
-    return [r["step"] for r in records if read in r["roles"]["main"]]
+    if light:
+        return [r["step"] for r in records if "other" in r["roles"]]
+    return [r["step"] for r in records if "nivcsw" in r["roles"]["main"]]
 
 
 def test_without_a_tuner_span_readings_are_four_floors_of_steps_apart(tmp_path):
@@ -124,15 +127,15 @@ def test_a_floor_of_zero_reads_spans_every_rescan_every_steps(tmp_path):
     assert spans[:10] == list(range(FLUSH, 11 * FLUSH, FLUSH))
 
 
-def test_with_a_tuner_each_window_gets_a_span_and_the_switches_are_read_four_floors_apart(tmp_path):
+def test_with_a_tuner_each_window_gets_a_light_span_and_full_ones_are_four_floors_apart(tmp_path):
     window = 20
     every_window = lambda after: (after // window + 1) * window  # noqa: E731
-    spans = _span_steps(tmp_path, 0.5, every_window, read="minflt")
-    # the rules read the dataloader's and faults' figures per window: a span at each window's end
+    spans = _span_steps(tmp_path, 0.5, every_window, light=True)
+    # the rules read the dataloader's and other's time per window: a span at each window's end
     assert set(range(window, STEPS + 1, window)) <= set(spans), spans[:20]
     (tmp_path / "rank0.jsonl").unlink()
     full = _span_steps(tmp_path, 0.5, every_window)
     floors = SPAN_FLOORS * 0.5e9 / STEP_NS  # 200 steps of 10 ms
     gaps = [b - a for a, b in zip(full, full[1:])]
-    # the status file (involuntary switches) only at full spans, a floor's worth of steps apart
+    # the stat and status files (faults, switches) only at full spans, a floor's worth of steps apart
     assert gaps and min(gaps) >= floors and max(gaps) <= floors + window, full

@@ -132,21 +132,18 @@ class ThreadProbe:
                 raise ThreadGone(self.tid) from None
         return cpu_ns, runq_ns
 
-    def counters(self, schedstat: bool = True, switches: bool = True) -> ThreadCounters:
-        """Every counter, schedstat's and the involuntary switches left None when not asked for
-        (raises ThreadGone): the switches are the status file, which the kernel formats whole
-        (~60 lines) for one number, the costliest read of a thread. The calling thread's own
-        (the monitor thread reads itself at each span) from getrusage and sched_getcpu: the
-        same task fields as its stat and status files, one system call for two."""
+    def counters(self, schedstat: bool = True) -> ThreadCounters:
+        """Every counter, schedstat's left None when not asked for (raises ThreadGone). The
+        calling thread's own (the monitor thread reads itself at each span) from getrusage and
+        sched_getcpu: the same task fields as its stat and status files, one system call for two."""
         cpu_ns, runq_ns = self.schedstat() if schedstat else (None, None)
         if self._clock is not None and self.tid == threading.get_native_id():
             ru = resource.getrusage(resource.RUSAGE_THREAD)
-            return ThreadCounters(cpu_ns, runq_ns, ru.ru_minflt, ru.ru_nivcsw if switches else None,
+            return ThreadCounters(cpu_ns, runq_ns, ru.ru_minflt, ru.ru_nivcsw,
                                   current_cpu() if current_cpu is not None else None)
         stat = self._read("stat", _procfs.stat_at)
         minflt, cpu = (stat.minflt, stat.last_cpu) if stat is not None else (None, None)
-        nivcsw = self._read("status", _procfs.nonvoluntary_switches_at) if switches else None
-        return ThreadCounters(cpu_ns, runq_ns, minflt, nivcsw, cpu)
+        return ThreadCounters(cpu_ns, runq_ns, minflt, self._read("status", _procfs.nonvoluntary_switches_at), cpu)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -205,12 +202,12 @@ class MainThreadProbe:
             cpu_ns = runq_ns = None
         return MainRead(cpu_ns, runq_ns)
 
-    def span_read(self, switches: bool = True) -> tuple[Optional[int], Optional[int], Optional[int]]:
-        """(minor faults, involuntary context switches (None unless `switches`), CPU it is on now)."""
+    def span_read(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """(minor faults, involuntary context switches, CPU it is on now)."""
         if threading.get_ident() == self._ident:
             ru = resource.getrusage(resource.RUSAGE_THREAD)
-            return ru.ru_minflt, ru.ru_nivcsw if switches else None, current_cpu() if current_cpu is not None else None
-        c = self._files.counters(schedstat=False, switches=switches)
+            return ru.ru_minflt, ru.ru_nivcsw, current_cpu() if current_cpu is not None else None
+        c = self._files.counters(schedstat=False)
         return c.minflt, c.nivcsw, c.cpu
 
     def close(self) -> None:

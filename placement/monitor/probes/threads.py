@@ -9,7 +9,9 @@ What
     - every span (monitor.rescan_every steps or more: step_monitor.py SPAN_FLOORS; on the
       monitor thread): everything else, as
       per-step means over the span: the hot roles' faults, involuntary switches, migrations,
-      CPUs and MHz; all figures of `dataloader` and `other`.
+      CPUs and MHz; all figures of `dataloader` and `other`. While a tuner judges windows, a
+      light span at each window between: `dataloader`'s and `other`'s on-CPU and runqueue
+      time alone (their schedstat), what its rules read per window.
     Which threads exist, and their roles, is looked at every span (ThreadScan): the binder's
     rescan (Binder.current_threads), or scan_threads without a binder, whenever a cheap look
     says the threads or children changed.
@@ -79,6 +81,14 @@ def _per_step(total: Optional[float], span: int, scale: float = 1.0) -> Optional
     return None if total is None else round(total * scale / span, 3)
 
 
+def _times_ms(pairs: list[tuple[tuple, Optional[tuple]]], span: int) -> tuple[Optional[float], Optional[float]]:
+    """Per-step on-CPU and runqueue ms of a role's threads from (now, before) schedstat pairs
+    ((on-CPU ns, runqueue ns) each; before None for a thread first read now)."""
+    paired = [(n, p) for n, p in pairs if p is not None]
+    return (_per_step(_sum(_delta(n[0], p[0]) for n, p in paired), span, 1e-6),
+            _per_step(_sum(_delta(n[1], p[1]) for n, p in paired), span, 1e-6))
+
+
 class RoleSampler:
     def __init__(self, list_threads: Callable[[], list[ThreadInfo]], warn: WarnOnce,
                  root: str = "/", proc: str = "/proc"):
@@ -87,7 +97,6 @@ class RoleSampler:
         self._proc = proc
         self.freq = CoreFreq(self._fail, root)
         self.main = MainThreadProbe(self._fail, proc)
-        self._switches_prev: dict[int, Optional[int]] = {}  # tid -> its involuntary switches at the last full span
         self.rebase()
         self._last_cpus: dict[ThreadRole, list[int]] = {}
         if self._main_span_prev[2] is not None:
@@ -98,7 +107,8 @@ class RoleSampler:
         self._hot_lock = threading.Lock()
         self._gone: set[int] = set()  # hot threads read_hot found gone; dropped at the next refresh
         self._hot_prev: dict[int, HotRead] = {}  # tid -> its last read
-        self._span_prev: dict[int, ThreadCounters] = {}
+        self._span_prev: dict[int, tuple] = {}  # tid -> (on-CPU ns, runqueue ns) at the last span (dataloader, other)
+        self._full_prev: dict[int, ThreadCounters] = {}  # tid -> its counters at the last full span
         self._last_mhz: dict[ThreadRole, Optional[float]] = {}
         self.refresh()
 
@@ -108,7 +118,6 @@ class RoleSampler:
         self._main_prev: MainRead = self.main.step_read()
         self._main_prev.parse(self._fail)
         self._main_span_prev = self.main.span_read()
-        self._switches_prev[self.main.tid] = self._main_span_prev[1]
 
     def _fail(self, what: str, e: BaseException) -> None:
         if what == "cpufreq" and isinstance(e, FileNotFoundError):  # VMs and some kernels have no cpufreq
@@ -155,7 +164,7 @@ class RoleSampler:
             probe.close()
         self._hot_prev.pop(tid, None)
         self._span_prev.pop(tid, None)
-        self._switches_prev.pop(tid, None)
+        self._full_prev.pop(tid, None)
 
     # ---- probe steps, on the training thread: raw reads only ------------------------
     def read_hot(self) -> tuple[HotRead, ...]:
@@ -200,44 +209,45 @@ class RoleSampler:
         return {MAIN: RoleSample(threads=1, mhz=self._last_mhz.get(MAIN), cpus=self._last_cpus.get(MAIN, []))}
 
     # ---- every span ------------------------------------------------------------------
-    def read_span(self, span_steps: int, switch_steps: Optional[int]) -> dict[ThreadRole, RoleSample]:
-        """Read every thread: per-step means over the last `span_steps` steps. For main and the
-        every-step roles only the span figures are set (merge them with `merge_span`);
-        dataloader and other get whole samples. The involuntary switches (the status file,
-        the costliest read) only with `switch_steps` (not None), the steps since the last
-        reading that had them: a tuner's window takes a span without them between full ones
-        (build.py), and its rules never read them."""
+    def read_span(self, span_steps: int, full_steps: Optional[int]) -> dict[ThreadRole, RoleSample]:
+        """Read the rank's threads: per-step means. A full span (`full_steps`: the steps since
+        the last full one) reads every thread in full; for main and the every-step roles only
+        the span figures are set (merge them with `merge_span`), dataloader and other get whole
+        samples: their on-CPU and runqueue time over the last `span_steps` steps (since the last
+        span of either kind), every other figure over `full_steps`. A light span (None) reads
+        only the dataloader's and other's schedstat: a tuner's window takes one between full
+        spans (build.py), as its rules read those roles' time per window; the faults, switches,
+        CPUs and migrations (the stat and status files, most of the reads' cost) wait for the
+        next full span."""
         span = max(1, span_steps)
-        switches = switch_steps is not None
-        per_switch = max(1, switch_steps or 1)
-        now = self.main.span_read(switches)
+        if full_steps is None:
+            return self._light_span(span)
+        per_full = max(1, full_steps)
+        now = self.main.span_read()
         minflt, nivcsw, cpu = now
-        p_minflt, _, p_cpu = self._main_span_prev
+        p_minflt, p_nivcsw, p_cpu = self._main_span_prev
         self._main_span_prev = now
-        main_nivcsw = None
-        if switches:
-            main_nivcsw = _per_step(_delta(nivcsw, self._switches_prev.get(self.main.tid)), per_switch)
-            self._switches_prev[self.main.tid] = nivcsw
         self._last_cpus[MAIN] = [] if cpu is None else [cpu]
         self._last_mhz[MAIN] = self.freq.mhz(cpu)
-        out = {MAIN: RoleSample(threads=1, minflt=_per_step(_delta(minflt, p_minflt), span),
-                                nivcsw=main_nivcsw,
-                                migrations=None if cpu is None or p_cpu is None else _per_step(int(cpu != p_cpu), span),
+        out = {MAIN: RoleSample(threads=1, minflt=_per_step(_delta(minflt, p_minflt), per_full),
+                                nivcsw=_per_step(_delta(nivcsw, p_nivcsw), per_full),
+                                migrations=None if cpu is None or p_cpu is None else _per_step(int(cpu != p_cpu), per_full),
                                 mhz=self._last_mhz[MAIN], cpus=self._last_cpus[MAIN], span_steps=span)}
         per_role: dict[ThreadRole, list[tuple[ThreadCounters, Optional[ThreadCounters]]]] = {}
-        switched: dict[ThreadRole, list[Optional[int]]] = {}
+        timed: dict[ThreadRole, list[tuple[tuple, Optional[tuple]]]] = {}
         gone = []
         for tid, (role, probe) in self._probes.items():
             try:
-                now = probe.counters(schedstat=role not in EVERY_STEP_ROLES, switches=switches)
+                now = probe.counters(schedstat=role not in EVERY_STEP_ROLES)
             except ThreadGone:
                 gone.append(tid)
                 continue
-            per_role.setdefault(role, []).append((now, self._span_prev.get(tid)))
-            self._span_prev[tid] = now
-            if switches:
-                switched.setdefault(role, []).append(_delta(now.nivcsw, self._switches_prev.get(tid)))
-                self._switches_prev[tid] = now.nivcsw
+            per_role.setdefault(role, []).append((now, self._full_prev.get(tid)))
+            self._full_prev[tid] = now
+            if role not in EVERY_STEP_ROLES:
+                times = (now.cpu_ns, now.runq_ns)
+                timed.setdefault(role, []).append((times, self._span_prev.get(tid)))
+                self._span_prev[tid] = times
         for tid in gone:
             self._drop(tid)
         for role, pairs in per_role.items():
@@ -248,14 +258,37 @@ class RoleSampler:
             paired = [(n, p) for n, p in pairs if p is not None]
             s = out[role] = RoleSample(
                 threads=len(pairs),
-                nivcsw=_per_step(_sum(switched[role]), per_switch) if switches else None,
-                minflt=_per_step(_sum(_delta(n.minflt, p.minflt) for n, p in paired), span),
+                nivcsw=_per_step(_sum(_delta(n.nivcsw, p.nivcsw) for n, p in paired), per_full),
+                minflt=_per_step(_sum(_delta(n.minflt, p.minflt) for n, p in paired), per_full),
                 migrations=_per_step(_sum(None if n.cpu is None or p.cpu is None else int(n.cpu != p.cpu)
-                                          for n, p in paired), span),
+                                          for n, p in paired), per_full),
                 mhz=mhz, cpus=cpus, span_steps=span)
-            if role not in EVERY_STEP_ROLES:
-                s.cpu_ms = _per_step(_sum(_delta(n.cpu_ns, p.cpu_ns) for n, p in paired), span, 1e-6)
-                s.runq_ms = _per_step(_sum(_delta(n.runq_ns, p.runq_ns) for n, p in paired), span, 1e-6)
+            if role in timed:
+                s.cpu_ms, s.runq_ms = _times_ms(timed[role], span)
+        return out
+
+    def _light_span(self, span: int) -> dict[ThreadRole, RoleSample]:
+        """The dataloader's and other's on-CPU and runqueue time over the last `span` steps: one
+        schedstat read a thread; their CPUs and MHz as the last full span saw them."""
+        timed: dict[ThreadRole, list[tuple[tuple, Optional[tuple]]]] = {}
+        gone = []
+        for tid, (role, probe) in self._probes.items():
+            if role in EVERY_STEP_ROLES:
+                continue
+            try:
+                times = probe.schedstat()
+            except ThreadGone:
+                gone.append(tid)
+                continue
+            timed.setdefault(role, []).append((times, self._span_prev.get(tid)))
+            self._span_prev[tid] = times
+        for tid in gone:
+            self._drop(tid)
+        out = {}
+        for role, pairs in timed.items():
+            cpu_ms, runq_ms = _times_ms(pairs, span)
+            out[role] = RoleSample(threads=len(pairs), cpu_ms=cpu_ms, runq_ms=runq_ms, mhz=self._last_mhz.get(role),
+                                   cpus=self._last_cpus.get(role, []), span_steps=span)
         return out
 
     def close(self) -> None:
