@@ -53,16 +53,17 @@ class ObserverSink:
         self.observers: list[Callable[[StepRecord], None]] = []
 
     def write(self, batch: Sequence[StepRecord]) -> None:
-        if not self.observers:
-            return
-        for rec in batch:
-            for fn in list(self.observers):
+        # The batch to each observer in turn (observers are independent; each sees every record
+        # in step order), not each record to every observer: a loop per observer, not per record.
+        for fn in list(self.observers):
+            for rec in batch:
                 try:
                     fn(rec)
                 except Exception as e:
                     self.observers.remove(fn)
                     self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
                                                     f"({type(e).__name__}: {first_line(e)}); it is removed")
+                    break
 
     def close(self) -> None:
         pass

@@ -69,6 +69,46 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     late = [r for r in ranks if lateness[r.rank] > limit]
     punctual = [r for r in ranks if lateness[r.rank] <= limit]
     report.transfer_ms = min(comm, default=None)
+    if late:
+        report = _late_ranks(report, late, punctual, per_step, lateness, median_step, limit, th)
+        report.waiting = sorted(p.rank for p in punctual)
+        return report
+    transfer = report.transfer_ms
+    if (transfer is not None and baseline_transfer_ms is not None and comm
+            and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
+        excess = transfer - baseline_transfer_ms
+        starved = _cpu_starved(ranks, excess, th)
+        if starved:
+            # The collective is slow because one rank's threads cannot run (its comm threads
+            # share a busy core): that rank is cpu-slow, the link is not to blame. Two starved
+            # ranks share the excess: fixing one alone would not give it all back.
+            share = excess / len(starved)
+            steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
+            for r, peer_stall in starved:
+                report.stragglers.append(Straggler(
+                    StragglerKind.CPU_SLOW, [r.rank], None,
+                    f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
+                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
+                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
+                    share, _pct(share, median_step), {StepPart.CPU_STALL: round(share, 3), StepPart.DATA: 0.0, StepPart.COMPUTE: 0.0},
+                    **steadiness,
+                    material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
+            report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
+            report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
+            return report
+        report.job_wide = JobWide(
+            StragglerKind.COMM_SLOW, StepPart.COMM, excess, _pct(excess, median_step) or 0.0,
+            f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
+            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow")
+    return report
+
+
+def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list[RankFigures],
+                per_step: dict[int, list[float]], lateness: dict[int, float], median_step: float, limit: float,
+                th: Thresholds) -> StragglerReport:
+    """The late ranks into the report, latest first, each with its kind, cost and why (only
+    when some rank is late: most windows of a healthy job have none, and rank 0 judges every
+    window)."""
     first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
     ranked = rank_steps(per_step)
     own, together = costs_ms(per_step, [r.rank for r in late], ranked)
@@ -114,37 +154,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
                                            **_steadiness(late_at),
                                            material=r.rank in material))
-    if late:
-        report.waiting = sorted(p.rank for p in punctual)
-        report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
-        return report
-    transfer = report.transfer_ms
-    if (transfer is not None and baseline_transfer_ms is not None and comm
-            and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
-        excess = transfer - baseline_transfer_ms
-        starved = _cpu_starved(ranks, excess, th)
-        if starved:
-            # The collective is slow because one rank's threads cannot run (its comm threads
-            # share a busy core): that rank is cpu-slow, the link is not to blame. Two starved
-            # ranks share the excess: fixing one alone would not give it all back.
-            share = excess / len(starved)
-            steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
-            for r, peer_stall in starved:
-                report.stragglers.append(Straggler(
-                    StragglerKind.CPU_SLOW, [r.rank], None,
-                    f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
-                    f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
-                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
-                    share, _pct(share, median_step), {StepPart.CPU_STALL: round(share, 3), StepPart.DATA: 0.0, StepPart.COMPUTE: 0.0},
-                    **steadiness,
-                    material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
-            report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
-            report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
-            return report
-        report.job_wide = JobWide(
-            StragglerKind.COMM_SLOW, StepPart.COMM, excess, _pct(excess, median_step) or 0.0,
-            f"all ranks enter within {max(lateness.values()):.1f} ms but collectives take {transfer:.1f} ms/step "
-            f"vs {baseline_transfer_ms:.1f} ms before and no rank waits for a CPU: the link or network is slow")
+    report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
     return report
 
 
