@@ -132,18 +132,14 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
             threads = max(threads, s.threads)
             first = max(0, i - max(1, s.span_steps) + 1)
             span_ms = (sums[i + 1] - sums[first]) / (i + 1 - first)
-            if span_ms > 0:
-                if s.cpu_ms is not None:
-                    cpu_shares.append(100.0 * s.cpu_ms / span_ms)
-                if s.runq_ms is not None:
-                    runq_shares.append(100.0 * s.runq_ms / span_ms)
-            if s.mhz is not None:
-                mhz.append(s.mhz)
+            cpu_shares.append(_share(s.cpu_ms, span_ms))
+            runq_shares.append(_share(s.runq_ms, span_ms))
+            mhz.append(s.mhz)
         roles[role] = RoleWindow(
             threads=threads,
-            cpu_share_pct=statistics.median(cpu_shares) if cpu_shares else None,
-            runq_share_pct=statistics.median(runq_shares) if runq_shares else None,
-            mhz=statistics.median(mhz) if mhz else None,
+            cpu_share_pct=_median(cpu_shares),
+            runq_share_pct=_median(runq_shares),
+            mhz=_median(mhz),
             cpus=frozenset(cpus),
             minflt=tuple(s.minflt if s else None for s in samples),
             migrations=tuple(s.migrations if s else None for s in samples),

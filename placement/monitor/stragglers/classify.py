@@ -70,9 +70,7 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     punctual = [r for r in ranks if lateness[r.rank] <= limit]
     report.transfer_ms = min(comm, default=None)
     if late:
-        report = _late_ranks(report, late, punctual, per_step, lateness, median_step, limit, th)
-        report.waiting = sorted(p.rank for p in punctual)
-        return report
+        return _late_ranks(report, late, punctual, per_step, lateness, median_step, limit, th)
     transfer = report.transfer_ms
     if (transfer is not None and baseline_transfer_ms is not None and comm
             and transfer > th.comm_slow_factor * baseline_transfer_ms and transfer - baseline_transfer_ms > th.late_ms):
@@ -106,8 +104,8 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
 def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list[RankFigures],
                 per_step: dict[int, list[float]], lateness: dict[int, float], median_step: float, limit: float,
                 th: Thresholds) -> StragglerReport:
-    """The late ranks into the report, latest first, each with its kind, cost and why (only
-    when some rank is late: most windows of a healthy job have none, and rank 0 judges every
+    """The late ranks into the report, latest first, each with its kind, cost and why, and the
+    punctual ones as waiting (only when some rank is late: most windows of a healthy job have none, and rank 0 judges every
     window)."""
     first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
     ranked = rank_steps(per_step)
@@ -154,6 +152,7 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
                                            **_steadiness(late_at),
                                            material=r.rank in material))
+    report.waiting = sorted(p.rank for p in punctual)
     report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
     return report
 

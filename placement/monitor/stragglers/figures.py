@@ -242,9 +242,8 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         roles = r.roles
         nccl, main = roles.get("nccl"), roles.get("main")
         nccl_runq.append(None if nccl is None else nccl.runq_ms)
-        if main is not None:
-            main_cpu.append(main.cpu_ms)
-            main_mhz.append(main.mhz)
+        main_cpu.append(None if main is None else main.cpu_ms)
+        main_mhz.append(None if main is None else main.mhz)
     if not step_ms:
         return RankFigures.empty(rank, first_step, last_step)
     return RankFigures(
