@@ -39,17 +39,17 @@ class Augmented(Dataset):
 
 
 def threads(pid: int) -> dict:
-    """tid -> (name, on-CPU ns, runqueue ns) of every thread of `pid`, from /proc."""
+    """tid -> (name, on-CPU ns, runqueue ns, times put on a CPU) of every thread of `pid`, from /proc."""
     out = {}
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
                 name = f.read().strip()
             with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
-                run, wait = (int(v) for v in f.read().split()[:2])
+                run, wait, slices = (int(v) for v in f.read().split()[:3])
         except OSError:
             continue  # ended meanwhile
-        out[int(tid)] = (name, run, wait)
+        out[int(tid)] = (name, run, wait, slices)
     return out
 
 
@@ -84,10 +84,11 @@ def main():
     after = threads(pid)
     if rank == 0:
         per_thread = []
-        for tid, (name, run, wait) in after.items():
+        for tid, (name, run, wait, slices) in after.items():
             b = before.get(tid)
-            run0, wait0 = (b[1], b[2]) if b is not None else (0, 0)
+            run0, wait0, slices0 = b[1:] if b is not None else (0, 0, 0)
             per_thread.append({"tid": tid, "name": name, "cpu_ns": run - run0, "runq_ns": wait - wait0,
+                               "slices": slices - slices0,
                                "main": tid == pid, "new": b is None})
         steps = args.steps - args.warmup
         with open(args.out, "w") as f:
