@@ -575,5 +575,5 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
         events.event(EventKind.WARNING, source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None
-    monitor.add_observer(tuner.observe, tuner.window_end)
+    monitor.add_observer(tuner.observe_batch, tuner.window_end, batch=True)
     return tuner

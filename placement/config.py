@@ -120,9 +120,10 @@ class MonitorConfig:
     log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
                                        "~10x smaller; `placement report` reads both); 0 = never")
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
-    handover_min_s: float = _key(0.5, "least time between two hand-overs of steps to the monitor thread while no "
-                                      "tuner judges windows: at short steps each builds, writes and exchanges "
-                                      "flush_every x 2^k steps at once (docs/monitor.md); 0 = at every due step")
+    handover_min_s: float = _key(0.5, "least time between two hand-overs of steps to the monitor thread: at short "
+                                      "steps each builds, writes and exchanges flush_every x 2^k steps at once, the "
+                                      "tuner's windows among them, but a window that ran 10% slower is handed over "
+                                      "as it ends (docs/monitor.md); 0 = at every due step")
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")

@@ -5,8 +5,12 @@ What
     watched iterator, watch.py) and comm counters, kept as a tuple (RawStep's fields, build.py);
     no system call. At the next due step (a span reading, a flush, an exchange or the end of
     an observer's window) the steps are handed over to the monitor thread: one call of
-    `hand_over`, a deque append and a wake-up there. At short steps with no observer judging
-    windows the monitor thread sets `stride`: a hand-over every `stride` flushes only.
+    `hand_over`, a deque append and a wake-up there. At short steps the monitor thread sets
+    `stride`: a hand-over every `stride` flushes only (monitor.handover_min_s apart at least).
+    An observer's windows (the tuner's) then come with those hand-overs, several at once, but
+    a window whose steps ran WINDOW_SLOWER slower than the recent ones (SlowerWindows: a
+    co-runner, batches too heavy for the DataLoader, a move that hurt) is handed over as it
+    ends, so that what the tuner answers is answered one window after it began.
 
 Cost
     Right after a training step every code path runs cold (caches and TLB hold the step's
@@ -31,6 +35,10 @@ from placement.monitor.warn import WarnOnce, first_line
 NEVER = 1 << 62  # a due step that never comes
 # The most flush_every strides one hand-over may hold (a power of two; see StepHook.pace).
 MAX_STRIDE = 32
+# At paced hand-overs, an observer's window whose mean step ran this much slower than the
+# median of the RECENT_WINDOWS windows before it is handed over as it ends (SlowerWindows).
+WINDOW_SLOWER = 0.10
+RECENT_WINDOWS = 4
 
 
 class HandOver:
@@ -44,6 +52,15 @@ class HandOver:
         self.span = span  # a span reading is due at last_step
         self.hook_ns = hook_ns  # time spent in the hook so far
         self.hook_steps = hook_steps  # steps the hook timed so far
+
+
+class ReadAt(int):
+    """A wake-up of the monitor thread for a reading of the counters alone, put on this step:
+    an observer's window ended and its steps wait for the next paced hand-over, but its
+    counters are read at its end, so that each window keeps figures of its own (a reading
+    costs tens of microseconds, a hand-over's processing a millisecond)."""
+
+    __slots__ = ()
 
 
 class HandOvers:
@@ -64,11 +81,16 @@ class HandOvers:
         return len(self._items)
 
     def wait(self, timeout: float) -> tuple[bool, Optional[int]]:
-        """(woken, the waking hand-over's last step: None when woken to end) within `timeout`."""
+        """(woken, the waking hand-over's last step: None when woken to end, a ReadAt when
+        woken for a reading alone) within `timeout`."""
         try:
             return True, self._wake.get(timeout=timeout)
         except queue.Empty:
             return False, None
+
+    def ask_read(self, step: int) -> None:
+        """Wake the monitor thread for a reading put on `step` (ReadAt), nothing handed over."""
+        self._wake.put(ReadAt(step))
 
     def wake_to_end(self) -> None:
         self._wake.put(None)
@@ -96,6 +118,33 @@ class HandOvers:
         return len(self._items)
 
 
+class SlowerWindows:
+    """The mean step time of an observer's recent windows, from the hook's own stamps (nothing
+    read): whether the window that just ended ran WINDOW_SLOWER slower than their median. A
+    window of a job that a co-runner, heavy batches or a move that hurt slows down is; a quiet
+    window is not, and waits for the next paced hand-over (the tuner judges it then)."""
+
+    __slots__ = ("_end_ns", "_end_step", "_recent")
+
+    def __init__(self) -> None:
+        self._end_ns: Optional[int] = None  # the stamp of the last window's last step
+        self._end_step = 0
+        self._recent: collections.deque = collections.deque(maxlen=RECENT_WINDOWS)  # ms per step
+
+    def ended(self, step: int, end_ns: int) -> bool:
+        """A window ended with `step` (its end stamp `end_ns`): True when it ran slower."""
+        slower = False
+        if self._end_ns is not None and step > self._end_step:
+            ms = (end_ns - self._end_ns) / 1e6 / (step - self._end_step)
+            recent = self._recent
+            if len(recent) >= 2:
+                ordered = sorted(recent)
+                slower = ms > (1.0 + WINDOW_SLOWER) * ordered[len(ordered) // 2]
+            recent.append(ms)
+        self._end_ns, self._end_step = end_ns, step
+        return slower
+
+
 def next_multiple(step: int, every: int) -> int:
     """The first multiple of `every` after `step`."""
     return (step // every + 1) * every
@@ -106,11 +155,13 @@ class StepHook:
     `hand_over(item)`: the monitor's, called at a due step; `next_exchange(step)`: the next
     exchange step after `step` (NEVER without an exchange); `read_counters`: the sampler's
     (main, hot) reading, at every step when the budget is 0, else None; `gate`: the exit
-    paths' (exitflush.FlushGate: a flush deferred to the step's end runs there)."""
+    paths' (exitflush.FlushGate: a flush deferred to the step's end runs there); `ask_read(step)`:
+    a reading of the counters put on `step`, at the end of a window that waits for the next
+    paced hand-over (None: the hook reads them itself)."""
 
     def __init__(self, comm, step: int, cfg, hand_over: Callable[[HandOver], None],
                  next_exchange: Callable[[int], int], read_counters: Optional[Callable[[], tuple]],
-                 gate, warn: WarnOnce):
+                 gate, warn: WarnOnce, ask_read: Optional[Callable[[int], None]] = None):
         self.step = step  # steps ended (the last step's number)
         self.data_ns = 0  # data wait of the current step, added to by the watched iterator (watch.py)
         self.last_batch = None  # the last batch the watched iterator handed out (the residence watch reads it)
@@ -128,6 +179,9 @@ class StepHook:
         self._due[1] = min(self._due[0], next_multiple(step, cfg.flush_every), next_multiple(step, cfg.exchange_every))
         self._calls = (hand_over, next_exchange, read_counters, gate, warn)
         self._window_ends: list[Callable[[int], Optional[int]]] = []
+        self._handed = step  # the last step of the last hand-over
+        self._slower = SlowerWindows()
+        self._ask_read = ask_read
 
     @property
     def steps_timed(self) -> int:
@@ -173,20 +227,16 @@ class StepHook:
         """`step` is a flush step (every monitor.flush_every)."""
         return step % self._every[0] == 0
 
-    def pace(self, step_ms: Optional[float], windowed: bool, exchange_windows: Optional[int]) -> None:
+    def pace(self, step_ms: Optional[float], exchange_windows: Optional[int]) -> None:
         """Set the hand-overs' stride: the fewest flush_every strides (a power of two, so that
         ranks whose step times differ a little still meet at the larger one's exchange steps)
         that last monitor.handover_min_s at this step time, at most MAX_STRIDE and, with an
         exchange, `exchange_windows` exchange windows. A hand-over's fixed cost (a wake-up, the
-        span reading of every thread, the flush's write, the exchanges' round trips) is then
-        paid a few times a second whatever the step time (benchmarks/monitor_thread.py).
-        While an observer judges windows (`windowed`), 1."""
+        span reading, the builds, the sinks' writes, the flush, the tuner's window judgement,
+        the exchanges' round trips: ~1.5 ms on the monitor thread in a DDP job of 10 ms steps,
+        benchmarks/job_cost.py) is then paid a few times a second whatever the step time. An
+        observer's window that ran slower is still handed over as it ends (SlowerWindows)."""
         if step_ms is None or step_ms <= 0:
-            return
-        if windowed:
-            # An observer judges whole windows (the tuner): each is handed over as it ends, as
-            # its moves are judged, and its rules answer, in steps (benchmarks/contention.py).
-            self.stride = 1
             return
         flush_every = self._every[0]
         floor_s, exchange_every = self._pace_by
@@ -224,7 +274,7 @@ class StepHook:
             self.data_ns = 0
             step = self.step = self.step + 1
             if step >= self._due[1]:
-                self._hand_over(step, hand_over)
+                self._hand_over(step, hand_over, t0)
         except Exception as e:
             warn("on_step", f"monitor step failed ({type(e).__name__}: {first_line(e)}); continuing")
         finally:
@@ -233,16 +283,27 @@ class StepHook:
             if gate.deferred:
                 gate.flush_if_due()
 
-    def _hand_over(self, step: int, hand_over: Callable[[HandOver], None]) -> None:
-        raw, self._raw = self._raw, []
-        flush_every, rescan_every = self._every
+    def _hand_over(self, step: int, hand_over: Callable[[HandOver], None], end_ns: int) -> None:
         due = self._due
+        flush_every, rescan_every = self._every
+        if self._window_ends and self.window_due(step - 1) == step:  # an observer's window ends here
+            slower = self._slower.ended(step, end_ns)
+            # the next paced hand-over, at the stride as it is now (the monitor thread sets it)
+            paced = next_multiple(self._handed, flush_every * self.stride)
+            if self.stride > 1 and step < paced and not slower:
+                due[1] = min(paced, self.window_due(step))  # it comes with the paced hand-over
+                if self._ask_read is not None:
+                    self._ask_read(step)  # its counters read at its end all the same
+                return
+        raw, self._raw = self._raw, []
+        self._handed = step
         span = step >= due[0]
         if span:
             due[0] = step + rescan_every
         item = HandOver(step, raw, span, self.self_ns, self.step - self._zero)
-        if self.stride > 1:  # short steps: spans, exchanges and windows come with the next flush
-            due[1] = next_multiple(step, flush_every * self.stride)
+        if self.stride > 1:  # short steps: spans and exchanges come with the next flush, windows too unless slower
+            paced = next_multiple(step, flush_every * self.stride)
+            due[1] = min(paced, self.window_due(step)) if self._window_ends else paced
         else:
             due[1] = min(due[0], next_multiple(step, flush_every), self._calls[1](step),
                          self.window_due(step) if self._window_ends else NEVER)

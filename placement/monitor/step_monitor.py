@@ -8,8 +8,9 @@ What
       hook.py StepHook           the training thread's side: on_step() measures a step with no
         and HandOvers            system call and hands the steps over at the next due step (a
                                  span reading, a flush, an exchange, an observer's window end);
-                                 at short steps with no observer judging windows, only every
-                                 `stride` flushes (pace(): monitor.handover_min_s of steps at least)
+                                 at short steps only every `stride` flushes (pace():
+                                 monitor.handover_min_s of steps at least), and at the end of an
+                                 observer's window that ran slower (SlowerWindows)
       probes/sampled.py          the hot threads' kernel counters, read on the monitor thread
         SampledReads             every few steps (the budget's cadence) and at each hand-over,
                                  each reading tagged with the last step ended; a reading due
@@ -65,13 +66,12 @@ from placement.monitor.crossrank.duty import MAX_EXCHANGES_DUE, ExchangeDuty
 from placement.monitor.crossrank.exchange import Exchange
 from placement.monitor.crossrank.schedule import ExchangeGrid
 from placement.monitor.health.rank import RankHealth
-from placement.monitor.hook import NEVER, HandOver, HandOvers, StepHook
+from placement.monitor.hook import NEVER, HandOver, HandOvers, ReadAt, StepHook
 from placement.monitor.probes.cost import CostKeeper
 from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import RoleSampler
 from placement.monitor.sinks.base import Delivery
 from placement.monitor.warn import WarnOnce, first_line
-from placement.records.step import StepRecord
 from placement.roles import OWN_THREADS
 
 # Batches waiting for the monitor thread beyond which the training thread builds them
@@ -117,9 +117,10 @@ class StepMonitor:
         self.state = MonitorState.CREATED
         # the training thread's side: steps measured, when the next hand-over is due
         self._gate = exitflush.FlushGate(self._flush_deferred)  # the lock; an exit path's flush, now or at the step's end
-        self.hook = StepHook(comm, first_step - 1, mon, self._hand_over, self._next_exchange,
-                             self._read_counters if mon.budget_pct <= 0 else None, self._gate, warn)
         self.handed = HandOvers()  # the hand-overs the monitor thread has not taken yet
+        self.hook = StepHook(comm, first_step - 1, mon, self._hand_over, self._next_exchange,
+                             self._read_counters if mon.budget_pct <= 0 else None, self._gate, warn,
+                             self._ask_read if mon.budget_pct > 0 else None)
         self._thread: Optional[threading.Thread] = None
         # Where the hot threads' counters are read: by the monitor thread, each reading tagged with
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
@@ -148,13 +149,14 @@ class StepMonitor:
         self.health.start(hook.step, anchor_ns)
         self._start_thread()  # the stall watch runs from step 1 on
 
-    def add_observer(self, observe: Callable[[StepRecord], None],
-                     window_end: Optional[Callable[[int], Optional[int]]] = None) -> None:
-        """Call observe(record) for every step record, in step order. With `window_end` (step
-        -> the last step of the observer's first window ending after that step, or None), the
-        records of each such window are handed over as soon as its steps' comm timing is
-        final, not only at flush steps. Called on the training thread."""
-        self.delivery.add_observer(observe)
+    def add_observer(self, observe: Callable,
+                     window_end: Optional[Callable[[int], Optional[int]]] = None, batch: bool = False) -> None:
+        """Call observe(record) for every step record, in step order (with `batch`:
+        observe(records) a batch at a time, a call per batch). With `window_end` (step -> the
+        last step of the observer's first window ending after that step, or None), the records
+        of each such window are handed over as soon as its steps' comm timing is final, not
+        only at flush steps. Called on the training thread."""
+        self.delivery.add_observer(observe, batch)
         if window_end is not None:
             self.hook.add_window_end(window_end)
 
@@ -196,6 +198,10 @@ class StepMonitor:
                     self._sampled.take(at_most=item.last_step)
                 self._drain(exchange=True)
 
+    def _ask_read(self, step: int) -> None:
+        self._start_thread()
+        self.handed.ask_read(step)
+
     def _next_exchange(self, step: int) -> int:
         crossrank = self.crossrank
         return crossrank.grid.next_after(step) if crossrank.on else NEVER
@@ -234,9 +240,12 @@ class StepMonitor:
             woken, handed = self.handed.wait(wait_s)  # handed: a hand-over's last step (None: close)
             if self.state is not MonitorState.RUNNING:
                 return
+            read_only = handed.__class__ is ReadAt  # an observer's window ended; its steps come later
             if sampled is not None:  # at a hand-over at once: its last step is then read near its end
                 try:
-                    if woken:
+                    if read_only:  # its wake-up was for this reading alone: counted in its cost
+                        sampled.take(at_most=handed, woke_ns=time.thread_time_ns() - c0)
+                    elif woken:
                         sampled.take(at_most=handed)
                     elif sampled.due():
                         # Woken to read. A hand-over due within half a reading's steps reads then:
@@ -253,12 +262,12 @@ class StepMonitor:
                 except Exception as e:
                     self.warn(f"probe:{type(e).__name__}", f"counter reading failed ({type(e).__name__}: "
                                                            f"{first_line(e)}); the figures it misses are spread over the next")
-                if not woken and time.monotonic() < next_watch:
+                if (not woken or read_only) and time.monotonic() < next_watch:
                     continue  # woken only to read
             watched = time.monotonic()
             self.health.watch(hook.step)  # (without the monitor's lock: a hung main thread may hold it)
             self.cost.tick(time.monotonic(), hook.self_ns, hook.step)
-            if woken:
+            if woken and not read_only:
                 with self.holding():
                     self._drain(exchange=True)
             elif self.builder.pending or self.comm.poll_interval_s() != math.inf:  # steps held for their comm figures
@@ -302,7 +311,7 @@ class StepMonitor:
         raw = builder.add(step, item.raw, item.span, windowed)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
-        hook.pace(step_ms, windowed, MAX_EXCHANGES_DUE // 2 if crossrank.on else None)
+        hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None)
         on = exchange and crossrank.exchange is not None
         # every exchange step this hand-over holds (several when it holds several strides)
         exchange_now = crossrank.grid.hand(step, step_ms) and on

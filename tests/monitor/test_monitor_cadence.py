@@ -79,9 +79,55 @@ def _stride_observed(tmp_path, window_end) -> int:
     return stride
 
 
-def test_an_observer_that_judges_windows_gets_each_as_it_ends(tmp_path):
-    # a tuner's rules answer and its moves are judged in steps: no stride while it watches
-    assert _stride_observed(tmp_path, lambda after: (after // 20 + 1) * 20) == 1
+WINDOW = 20
+SLOW_FROM = 1001  # the first step of the first window whose steps run 50% longer
+
+
+def _windowed_hand_overs(tmp_path, flush: int) -> tuple[list[int], list[int], int]:
+    """Steps 10 ms apart by their own stamps, 15 ms from SLOW_FROM on, an observer judging
+    20-step windows, the floor 0.5 s: (the last step of each hand-over processed after the
+    stride was set, the steps observed, the stride set at the quiet steps). The loop waits (bounded) for the monitor
+    thread to set the stride before the quiet windows that are judged."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "flush_every": flush, "rescan_every": flush,
+                                  "summary_every": 0, "handover_min_s": 0.5})
+    mon = h.monitor
+    handed: list[int] = []
+    process = mon._process
+
+    def counted(item, exchange):
+        handed.append(item.last_step)
+        return process(item, exchange)
+
+    mon._process = counted
+    seen: list[int] = []
+    h.add_observer(lambda rec: seen.append(rec.step), lambda after: (after // WINDOW + 1) * WINDOW)
+    at, paced_from = time.perf_counter_ns(), None
+    for i in range(1, STEPS + 1):
+        at += STEP_NS if i < SLOW_FROM else STEP_NS * 3 // 2
+        h.monitor.on_step(at=at)
+        if i == 200:
+            deadline = time.monotonic() + 30
+            while mon.hook.stride == 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            paced_from, stride = len(handed), mon.hook.stride
+    h.close()
+    return handed[paced_from:], seen, stride
+
+
+@pytest.mark.parametrize("flush", [FLUSH, WINDOW])  # a flush step is a window's end, or every one is
+def test_a_tuners_quiet_windows_come_with_the_paced_hand_overs_and_a_slower_one_as_it_ends(tmp_path, flush):
+    handed, seen, stride = _windowed_hand_overs(tmp_path, flush)
+    assert seen == list(range(1, STEPS + 1))  # every window's records, in order
+    # flushes of 10 ms steps: the fewest (a power of two) that hold the 0.5 s floor, 0.8 s
+    assert flush * stride == 80
+    paced = flush * stride
+    quiet = [s for s in handed if 200 + paced < s < SLOW_FROM]
+    # the quiet windows (four of each stride's) come with the paced hand-overs, not one each
+    assert quiet and all(s % paced == 0 for s in quiet), quiet
+    # the first window whose steps ran slower is handed over as it ends, between two paced ones
+    first_slow = SLOW_FROM - 1 + WINDOW
+    assert first_slow % paced and first_slow in handed, handed
 
 
 def test_an_observer_that_stopped_judging_windows_lets_the_stride_grow(tmp_path):
@@ -127,15 +173,18 @@ def test_a_floor_of_zero_reads_spans_every_rescan_every_steps(tmp_path):
     assert spans[:10] == list(range(FLUSH, 11 * FLUSH, FLUSH))
 
 
-def test_with_a_tuner_each_window_gets_a_light_span_and_full_ones_are_four_floors_apart(tmp_path):
+def test_with_a_tuner_each_hand_over_gets_a_light_span_and_full_ones_are_four_floors_apart(tmp_path):
     window = 20
     every_window = lambda after: (after // window + 1) * window  # noqa: E731
     spans = _span_steps(tmp_path, 0.5, every_window, light=True)
-    # the rules read the dataloader's and other's time per window: a span at each window's end
-    assert set(range(window, STEPS + 1, window)) <= set(spans), spans[:20]
+    # the rules read the dataloader's and other's time per window: a span at each hand-over, the
+    # windows' (at most a stride of flushes apart: quiet windows come with the paced ones)
+    gaps = [b - a for a, b in zip(spans, spans[1:])]
+    assert spans[0] <= window and max(gaps) <= FLUSH * MAX_STRIDE, spans[:20]
     (tmp_path / "rank0.jsonl").unlink()
     full = _span_steps(tmp_path, 0.5, every_window)
     floors = SPAN_FLOORS * 0.5e9 / STEP_NS  # 200 steps of 10 ms
     gaps = [b - a for a, b in zip(full, full[1:])]
     # the stat and status files (faults, switches) only at full spans, a floor's worth of steps apart
-    assert gaps and min(gaps) >= floors and max(gaps) <= floors + window, full
+    assert gaps and min(gaps) >= floors and max(gaps) <= floors + FLUSH * MAX_STRIDE, full
+    assert len(spans) > 2 * len(full)

@@ -237,3 +237,30 @@ def test_window_end_follows_the_grid_and_restarts_at_an_action():
     assert run.tuner.window_end(in_force + w - 1) == in_force + 2 * w - 1
     run.tuner.close()
     assert run.tuner.window_end(4 * w) is None
+
+
+def test_a_batch_is_observed_as_its_records_one_at_a_time():
+    """observe_batch (what the monitor calls with each hand-over's records) judges the same
+    windows and takes the same actions as observe() record by record, whatever the batches'
+    cuts: across the window that applies a move (which restarts the grid past records already
+    handed over) too."""
+    def stream(run):
+        out = []
+        for roles, step_ms, n in ((QUIET, 10.0, 3), (HOGGED, 20.0, 1), (QUIET, 10.0, 3)):
+            for _ in range(n):
+                out += window(run.cfg.window, run.step, step_ms=step_ms, jitter=0.02, roles=roles)
+                run.step += run.cfg.window
+        return out
+
+    one, batched = Run(), Run()
+    for r in stream(one):
+        one.tuner.observe(r)
+    records = stream(batched)
+    cuts = [0, 7, 8, 21, 40, 41, 55, len(records)]  # inside windows, at their ends, one record alone
+    for a, b in zip(cuts, cuts[1:]):
+        batched.tuner.observe_batch(records[a:b])
+    assert one.binder.calls and batched.binder.calls == one.binder.calls
+    assert batched.tuner.windows == one.tuner.windows == 7
+    phases = [(e.get("phase"), e.get("in_force_step")) for e in one.events.of("tune")]
+    assert [(e.get("phase"), e.get("in_force_step")) for e in batched.events.of("tune")] == phases
+    assert batched.tuner.window_end(one.step) == one.tuner.window_end(one.step)

@@ -5,6 +5,7 @@ one-line summary, the digests of the log (records/digest.py), TensorBoard. A sin
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable, Protocol, Sequence
 
 from placement.events import EventKind, EventLog
@@ -43,30 +44,36 @@ class JsonlSink:
 
 
 class ObserverSink:
-    """observe(record) for every record, in step order; an observer that raises is removed and
-    said once (the monitor never breaks training for one)."""
+    """The observers (the tuner): each gets every record, in step order, a batch at a time; an
+    observer that raises is removed and said once (the monitor never breaks training for one)."""
 
     name = "observers"
 
     def __init__(self, warn: WarnOnce):
         self.warn = warn
-        self.observers: list[Callable[[StepRecord], None]] = []
+        self._observers: list[tuple[Callable[[Sequence[StepRecord]], None], str]] = []
+
+    def add(self, observe: Callable, batch: bool) -> None:
+        """observe(batch of records), or with `batch` False observe(record) for each."""
+        name = repr(getattr(observe, "__qualname__", observe))
+        self._observers.append((observe if batch else functools.partial(_each, observe), name))
 
     def write(self, batch: Sequence[StepRecord]) -> None:
-        # The batch to each observer in turn (observers are independent; each sees every record
-        # in step order), not each record to every observer: a loop per observer, not per record.
-        for fn in list(self.observers):
-            for rec in batch:
-                try:
-                    fn(rec)
-                except Exception as e:
-                    self.observers.remove(fn)
-                    self.warn(f"observer:{id(fn)}", f"step observer {getattr(fn, '__qualname__', fn)!r} raised "
-                                                    f"({type(e).__name__}: {first_line(e)}); it is removed")
-                    break
+        for entry in list(self._observers):
+            try:
+                entry[0](batch)
+            except Exception as e:
+                self._observers.remove(entry)
+                self.warn(f"observer:{id(entry)}", f"step observer {entry[1]} raised ({type(e).__name__}: "
+                                                   f"{first_line(e)}); it is removed")
 
     def close(self) -> None:
         pass
+
+
+def _each(observe: Callable[[StepRecord], None], batch: Sequence[StepRecord]) -> None:
+    for rec in batch:
+        observe(rec)
 
 
 class ExchangeWindow:
@@ -196,9 +203,10 @@ class Delivery:
         """Hand `sink` every batch from now on: after the others, or before them with `first`."""
         self._sinks.insert(0 if first else len(self._sinks), sink)
 
-    def add_observer(self, observe: Callable[[StepRecord], None]) -> None:
-        """Call observe(record) for every record from now on, in step order."""
-        self._observers.observers.append(observe)
+    def add_observer(self, observe: Callable, batch: bool = False) -> None:
+        """Call observe(record) for every record from now on, in step order (with `batch`:
+        observe(records), a batch at a time)."""
+        self._observers.add(observe, batch)
 
     def write(self, batch: Sequence[StepRecord]) -> None:
         write_to_sinks(self._sinks, batch, self._warn)

@@ -65,9 +65,19 @@ def rank_steps(per_step: dict[int, list[float]]) -> list[tuple[list[tuple[float,
     ranks = list(per_step)
     n = len(per_step[ranks[0]]) if ranks else 0
     out = []
+    # lat[1:] is sorted already: its median is its middle (rank 0 ranks every step of every
+    # window in which a rank is late; statistics.median sorted each again)
+    k = len(ranks) - 1
+    mid, even = k // 2, k % 2 == 0
     for i in range(n):
         lat = sorted(((per_step[r][i], r) for r in ranks), reverse=True)
-        out.append((lat, statistics.median(v for v, _ in lat[1:]) if len(lat) > 1 else lat[0][0]))
+        if not k:
+            base = lat[0][0]
+        elif even:
+            base = (lat[mid][0] + lat[mid + 1][0]) / 2
+        else:
+            base = lat[mid + 1][0]
+        out.append((lat, base))
     return out
 
 
