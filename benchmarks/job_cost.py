@@ -13,7 +13,10 @@ Printed per arm: rank 0's steps/s (median over rounds) and its ratio to torchrun
 monitor_off paired by round; placement's threads' CPU (every thread of rank 0 whose name starts
 with `placement`, from /proc/<pid>/task/*/schedstat over the steady steps) per step and as a share
 of main's CPU; and what the monitor says of itself in the log: the `end` event's
-`placement_cpu_us_per_step` (all of placement's CPU per step) beside the /proc figure.
+`placement_cpu_us_per_step` (all of placement's CPU per step) beside the /proc figure, and its
+threads' part (less the step hook's) over the whole run against /proc over the same steps
+(`*_self_threads_over_proc_whole`: the end event counts the monitor's whole life, start-up and
+warm-up included, which the steady figure leaves out).
 
     python benchmarks/job_cost.py --quick          # 3 rounds of 700 steps
     python benchmarks/job_cost.py                  # 5 rounds of 1,500 steps
@@ -65,6 +68,9 @@ def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
     got["placement_cpu_us_per_step"] = sum(t["cpu_ns"] for t in ours) / 1e3 / n
     got["placement_threads"] = {t["name"]: round(t["cpu_ns"] / 1e3 / n, 1) for t in ours}
     got["self_reported"] = _self_reported(logs / "rank0.jsonl") if arm != "torchrun" else None
+    # The end event's figure covers the monitor's whole life (start-up, warm-up, close): set
+    # beside it the /proc figure over the same steps, each thread's CPU since it started.
+    got["placement_whole_us_per_step"] = sum(t["cpu_total_ns"] for t in ours) / 1e3 / got["steps_total"]
     return got
 
 
@@ -134,6 +140,12 @@ def main() -> None:
                 if g["self_reported"] and g["self_reported"].get("placement_cpu_us_per_step") is not None]
         if said:
             summary[f"{arm}_self_reported_us_per_step"] = round(statistics.median(said), 1)
+            # its threads' part (less the hook's, on main) against /proc over the whole run
+            threads = [g["self_reported"]["placement_cpu_us_per_step"] - (g["self_reported"].get("monitor_us_per_step") or 0.0)
+                       for g in runs if g["self_reported"] and g["self_reported"].get("placement_cpu_us_per_step") is not None]
+            whole = statistics.median(g["placement_whole_us_per_step"] for g in runs)
+            summary[f"{arm}_proc_whole_us_per_step"] = round(whole, 1)
+            summary[f"{arm}_self_threads_over_proc_whole"] = round(statistics.median(threads) / whole, 2) if whole else None
     for arm in ("placerun", "tuner_off", "unbound"):
         if arm in results and "monitor_off" in results:
             summary[f"{arm}_vs_monitor_off"] = ratio(arm, "monitor_off")

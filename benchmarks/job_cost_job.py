@@ -88,11 +88,11 @@ def main():
             b = before.get(tid)
             run0, wait0, slices0 = b[1:] if b is not None else (0, 0, 0)
             per_thread.append({"tid": tid, "name": name, "cpu_ns": run - run0, "runq_ns": wait - wait0,
-                               "slices": slices - slices0,
+                               "slices": slices - slices0, "cpu_total_ns": run,
                                "main": tid == pid, "new": b is None})
         steps = args.steps - args.warmup
         with open(args.out, "w") as f:
-            json.dump({"steps": steps, "seconds": t1 - t0, "steps_per_s": steps / (t1 - t0),
+            json.dump({"steps": steps, "steps_total": args.steps, "seconds": t1 - t0, "steps_per_s": steps / (t1 - t0),
                        "threads": per_thread}, f)
     dist.destroy_process_group()
 
