@@ -41,13 +41,15 @@ def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float
     if len({(r.first_step, r.last_step) for r in ranks}) != 1:
         return None  # not the same steps: nothing to compare step by step
     per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    for i in range(min(len(r.comm_steps) for r in ranks)):
-        comm = [r.comm_steps[i] for r in ranks]
-        if any(c is None for c in comm):
+    columns = [per_step[r.rank] for r in ranks]
+    # a step at a time, over the steps every rank sent (zip stops at the shortest): rank 0 runs
+    # this for every window it judges
+    for comm in zip(*(r.comm_steps for r in ranks)):
+        if None in comm:
             continue
         longest = max(comm)
-        for r, c in zip(ranks, comm):
-            per_step[r.rank].append(longest - c)
+        for column, c in zip(columns, comm):
+            column.append(longest - c)
     if any(len(v) < MIN_COMMON_STEPS for v in per_step.values()):
         return None  # too few steps to tell lateness from one step's noise
     return per_step
@@ -96,10 +98,15 @@ def costs_ms(per_step: dict[int, list[float]], named: list[int],
         top, top_rank = lat[0]
         if top_rank in named_set:
             nxt = lat[1][0] if len(lat) > 1 else base
-            own[top_rank] += max(0.0, top - max(nxt, base))
+            saved = top - (nxt if nxt > base else base)
+            if saved > 0.0:
+                own[top_rank] += saved
             # every named rank at its peers' median: the latest of the others sets the pace
-            latest_other = next((v for v, r in lat if r not in named_set), None)
-            together += 0.0 if latest_other is None else max(0.0, top - latest_other)
+            for v, r in lat:
+                if r not in named_set:
+                    if top > v:
+                        together += top - v
+                    break
     n = len(ranked)
     return {r: c / n for r, c in own.items()}, together / n
 
