@@ -12,7 +12,7 @@ What
     hands the batch to the delivery (sinks/). A hand-over due for a span reading (every
     thread read in full, the thread list refreshed) takes it here, at least `span_floor_s`
     apart; while an observer judges windows, a light one (the dataloader's and other's time)
-    at each window between.
+    at each hand-over between.
 
 Clocks
     Step boundaries are perf_counter_ns stamps; their wall time is derived when records are
@@ -111,7 +111,7 @@ class RecordBuilder:
         """A hand-over's steps (through `step`), pending from now; `span_due`: a span reading is
         due at `step`, taken unless the last full one is less than the floor ago. While an
         observer judges windows (`windowed`: its rules read the dataloader's and other's time
-        per window) a light span is taken at each between the full ones: those roles'
+        per window) a light span is taken at each hand-over between the full ones: those roles'
         schedstat only, no thread list (probes/threads.py read_span)."""
         raw = raw_steps(kept)
         last_span, last_full, full_ns, floor_ns = self._span

@@ -14,7 +14,7 @@ Sampling tiers
       step's record as per-step means over the `span_steps` steps since the previous reading
       (None on the steps between; `dataloader` and `other` are absent from `roles` there).
       cpus/mhz of the hot roles on the steps between are the last reading's. While a tuner
-      judges windows, a light reading at each window's end between those gives `dataloader`
+      judges windows, a light reading at each hand-over between those gives `dataloader`
       and `other` their cpu_ms and runq_ms (over the steps since the last reading of either
       kind; their cpus and mhz the last full one's); the other counters are then per-step
       means since the last full reading.
