@@ -62,7 +62,10 @@ def test_a_move_is_judged_on_whole_windows_after_it_took_force(tmp_path, early):
     handle = placement.attach(policy="none", tune={"enabled": False},
                               monitor={"log_dir": str(tmp_path), "flush_every": FLUSH_EVERY,
                                        "exchange_every": FLUSH_EVERY, "rescan_every": FLUSH_EVERY,
-                                       "summary_every": 0, "budget_pct": 0})
+                                       "summary_every": 0, "budget_pct": 0,
+                                       # every window handed over as it ends (no paced hand-overs:
+                                       # these steps are all slow alike, none "slower")
+                                       "handover_min_s": 0})
     monitor = handle.monitor
     settle_steps_late(handle, LAG_STEPS)  # NCCL's durations come after the step: the last 2 steps wait
     binder = SteppingBinder()
