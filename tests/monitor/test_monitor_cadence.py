@@ -18,6 +18,19 @@ STEP_NS = 10_000_000  # the stamped steps' length (_span_steps)
 NO_OBSERVER = object()
 
 
+def _count_hand_overs(mon) -> list[int]:
+    """The last step of each hand-over the monitor thread processes from now on, as a list."""
+    handed: list[int] = []
+    process = mon._process
+
+    def counted(item, exchange):
+        handed.append(item.last_step)
+        return process(item, exchange)
+
+    mon._process = counted
+    return handed
+
+
 def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], list[int], list[int], int]:
     """A loop of trivial steps (tens of us each, well under any floor here), with an observer
     when `window_end` is given (None included: one that wants no window): the last step of each
@@ -27,14 +40,7 @@ def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], l
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
                                   "summary_every": 0, "handover_min_s": floor_s})
     mon = h.monitor
-    handed: list[int] = []
-    process = mon._process
-
-    def counted(item, exchange):
-        handed.append(item.last_step)
-        return process(item, exchange)
-
-    mon._process = counted
+    handed = _count_hand_overs(mon)
     seen: list[int] = []
     if window_end is not NO_OBSERVER:
         h.add_observer(lambda rec: seen.append(rec.step), window_end)
@@ -92,14 +98,7 @@ def _windowed_hand_overs(tmp_path, flush: int) -> tuple[list[int], list[int], in
                          monitor={"log_dir": str(tmp_path), "flush_every": flush, "rescan_every": flush,
                                   "summary_every": 0, "handover_min_s": 0.5})
     mon = h.monitor
-    handed: list[int] = []
-    process = mon._process
-
-    def counted(item, exchange):
-        handed.append(item.last_step)
-        return process(item, exchange)
-
-    mon._process = counted
+    handed = _count_hand_overs(mon)
     seen: list[int] = []
     h.add_observer(lambda rec: seen.append(rec.step), lambda after: (after // WINDOW + 1) * WINDOW)
     at, paced_from = time.perf_counter_ns(), None
