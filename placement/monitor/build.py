@@ -36,6 +36,7 @@ from placement.monitor.sinks.base import Delivery
 from placement.records.parts import comm_wait_ms, split_step
 from placement.records.step import StepRecord
 from placement.records.verdict import step_verdict
+from placement.roles import OWN_THREADS
 
 
 @dataclasses.dataclass(slots=True)
@@ -89,6 +90,7 @@ class RecordBuilder:
         self._span = (first_step - 1, first_step - 1, -math.inf, span_floor_s * 1e9)
         self.last_end_ns = 0  # perf_counter_ns at the end of the last step built
         self._clock = (0, 0.0, 0.0)  # the anchor pair, and the wall time of the last built step's end
+        self._own_ns = 0  # placement's threads' CPU (OWN_THREADS) at the last build
         self.start()
 
     def start(self) -> int:
@@ -96,6 +98,7 @@ class RecordBuilder:
         anchor_ns, anchor_wall = time.perf_counter_ns(), wall_clock()
         self._clock = (anchor_ns, anchor_wall, anchor_wall)
         self.last_end_ns = anchor_ns
+        self._own_ns = OWN_THREADS.cpu_ns()
         return anchor_ns
 
     @property
@@ -174,6 +177,10 @@ class RecordBuilder:
         tags = self._tags
         runq_pct, comm_pct, data_pct = tags.verdict_pcts
         rank, local_rank, run = tags.rank, tags.local_rank, tags.run()
+        # placement's threads' CPU since the last build, spread over this batch's steps: the
+        # monitor thread processed the last hand-over while these steps ran
+        own_ns, self._own_ns = self._own_ns, OWN_THREADS.cpu_ns()
+        own_ms = max(0, self._own_ns - own_ns) / 1e6 / cut
         # Written out for the monitor thread, which builds every step's record (its cost per
         # record: benchmarks/monitor_thread.py): the steps of one reading share their roles,
         # and main's runqueue wait (the CPU stall) is looked up once for them.
@@ -202,7 +209,7 @@ class RecordBuilder:
             parts = split_step(step_ms, data_ms, c, runq)
             append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, c_step.count, roles,
                               step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
-                              local_rank, c_step.enter_t, probe_steps[i], run, inflight, parts))
+                              local_rank, c_step.enter_t, probe_steps[i], run, inflight, own_ms, parts))
         self.last_end_ns = t_last
         self._clock = (time.perf_counter_ns(), wall_clock(), ends[-1])
         self._on_built(rec.step_ms for rec in batch)

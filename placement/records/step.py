@@ -123,6 +123,11 @@ class StepRecord:
     # (NCCL: PyTorch's GPU-side timing; gloo: call wall time); the comm-overlap view, never a
     # part. A log line without it was written before comm wait: its comm_ms is this figure.
     comm_inflight_ms: Optional[float] = None
+    # The CPU placement's own threads spent in this process (roles.OWN_THREADS: the monitor's,
+    # the binder's watcher, ...), ms per step over the batch of records it was built with (the
+    # threads' clocks read once per batch): what of main's CPU stall placement itself may have
+    # caused. None: not read (a log written before it).
+    placement_cpu_ms: Optional[float] = None
     # Its parts (records/parts.py record_parts), split at the first asking; not written to the log.
     parts: Optional[StepParts] = field(default=None, repr=False, compare=False)
 
@@ -134,7 +139,8 @@ class StepRecord:
                 "roles": {name: s.to_dict() for name, s in self.roles.items()},
                 "verdict": self.verdict, "local_rank": self.local_rank,
                 "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps,
-                **({} if self.run is None else {"run": self.run})}
+                **({} if self.run is None else {"run": self.run}),
+                **({} if self.placement_cpu_ms is None else {"placement_cpu_ms": self.placement_cpu_ms})}
 
     def roles_json(self) -> str:
         """The `roles` object's members as JSON (shared by the steps between two readings of the
@@ -153,7 +159,8 @@ class StepRecord:
                 f'"comm_inflight_ms":{_num(self.comm_inflight_ms)},"comm_count":{self.comm_count},'
                 f'"roles":{{{roles}}},{verdict},'
                 f'"local_rank":{self.local_rank},"comm_enter_t":{_num(self.comm_enter_t)},'
-                f'"probe_steps":{self.probe_steps}' + ("}" if self.run is None else f',"run":"{self.run}"}}'))
+                f'"probe_steps":{self.probe_steps}' + ("" if self.run is None else f',"run":"{self.run}"')
+                + ("}" if self.placement_cpu_ms is None else f',"placement_cpu_ms":{_num(self.placement_cpu_ms)}}}'))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":
@@ -198,7 +205,7 @@ def valid_step(d: dict) -> bool:
     if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
             and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
             and is_number(get("comm_inflight_ms"), optional=True)
-            and is_number(get("comm_enter_t"), optional=True) and is_integer(get("comm_count", 0))
+            and is_number(get("comm_enter_t"), optional=True) and is_number(get("placement_cpu_ms"), optional=True) and is_integer(get("comm_count", 0))
             and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
             and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
         return False

@@ -83,13 +83,14 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             share = excess / len(starved)
             steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
             for r, peer_stall in starved:
+                ours = _ours(r, [p for p in ranks if p.rank != r.rank], r.threads_stall_ms() - (peer_stall or 0.0), th)
                 report.stragglers.append(Straggler(
                     StragglerKind.CPU_SLOW, [r.rank], None,
                     f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
                     f"{baseline_transfer_ms:.1f} ms before; its main/NCCL threads wait {r.threads_stall_ms():.1f} "
-                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers",
+                    f"ms/step in the runqueue vs {_fmt(peer_stall)} on peers{ours or ''}",
                     share, _pct(share, median_step), {StepPart.CPU_STALL: round(share, 3), StepPart.DATA: 0.0, StepPart.COMPUTE: 0.0},
-                    **steadiness,
+                    **steadiness, by_placement=ours is not None,
                     material=(_pct(excess, median_step) or 0.0) >= th.min_cost_pct))
             report.waiting = sorted(r.rank for r in ranks if r.rank not in {s.rank for s, _ in starved})
             report.cost_ms_per_step, report.cost_pct = excess, _pct(excess, median_step)
@@ -124,17 +125,20 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
         nccl_x = None if r.nccl_runq_ms is None else r.nccl_runq_ms - (peer_nccl or 0.0)
         slow_core = (r.main_mhz is not None and peer_mhz is not None and r.main_mhz < th.slow_core_ratio * peer_mhz)
         arrives = f"enters its collectives {lat:.1f} ms/step after rank {first.rank if first else '?'}"
+        ours = None
         if data_x >= th.explain_frac * lat and data_x >= (stall_x or 0.0):
             kind = StragglerKind.DATA_SLOW
             why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(peer_data)} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
+            ours = _ours(r, punctual, stall_x, th)
             why = (f"{arrives}; its main thread waits {r.cpu_stall_ms:.1f} ms/step in the runqueue (CPU stall) "
-                   f"vs {_fmt(peer_stall)} on peers")
+                   f"vs {_fmt(peer_stall)} on peers{ours or ''}")
         elif nccl_x is not None and nccl_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
+            ours = _ours(r, punctual, nccl_x, th)
             why = (f"{arrives}; its NCCL threads wait {r.nccl_runq_ms:.1f} ms/step in the runqueue "
-                   f"vs {_fmt(peer_nccl)} on peers")
+                   f"vs {_fmt(peer_nccl)} on peers{ours or ''}")
         elif slow_core:
             kind = StragglerKind.CPU_SLOW
             why = f"{arrives}; its main thread runs at {r.main_mhz:.0f} MHz vs {peer_mhz:.0f} on peers"
@@ -150,11 +154,26 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
         if kind == StragglerKind.CPU_SLOW and slow_core and not by_cause[StepPart.CPU_STALL]:
             by_cause = {StepPart.CPU_STALL: round(cost, 3), StepPart.DATA: 0.0, StepPart.COMPUTE: 0.0}  # its slower core
         report.stragglers.append(Straggler(kind, [r.rank], round(lat, 3), why, cost, _pct(cost, median_step), by_cause,
-                                           **_steadiness(late_at),
+                                           **_steadiness(late_at), by_placement=ours is not None,
                                            material=r.rank in material))
     report.waiting = sorted(p.rank for p in punctual)
     report.cost_ms_per_step, report.cost_pct = together, _pct(together, median_step)
     return report
+
+
+def _ours(r: RankFigures, peers: list[RankFigures], stall_x: float, th: Thresholds) -> Optional[str]:
+    """Never blame the rank for us: when placement's own threads took more CPU on this rank than
+    on its peers by at least explain_frac of the runqueue wait it is blamed for (`stall_x`, its
+    excess over the peers), the words that say so; None otherwise (or where not measured)."""
+    if r.placement_cpu_ms is None or stall_x <= 0:
+        return None
+    peer = _median([p.placement_cpu_ms for p in peers])
+    own_x = r.placement_cpu_ms - (peer or 0.0)
+    if own_x < th.explain_frac * stall_x:
+        return None
+    return (f"; placement's own threads took {r.placement_cpu_ms:.1f} ms/step of CPU on it vs {_fmt(peer)} on peers, "
+            f"{min(100.0, 100.0 * own_x / stall_x):.0f}% of that wait: placement's cost, not the job's "
+            f"(placement.monitor.budget_pct)")
 
 
 def _steadiness(late_at: list[bool]) -> dict[str, int]:

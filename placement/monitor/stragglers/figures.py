@@ -50,7 +50,7 @@ from placement.records.words import StragglerKind
 
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
 FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
-          "cpu_stall_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz")
+          "cpu_stall_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz", "placement_cpu_ms")
 
 
 @dataclass
@@ -71,6 +71,9 @@ class RankFigures:
     main_cpu_ms: Optional[float]
     main_mhz: Optional[float]
     comm_steps: tuple[Optional[float], ...] = ()
+    # placement's own threads' CPU on the rank (records' placement_cpu_ms): what of its stall
+    # placement itself may have caused (classify.py never blames the rank for it)
+    placement_cpu_ms: Optional[float] = None
 
     @classmethod
     def empty(cls, rank: int, first_step: int = 0, last_step: int = 0) -> "RankFigures":
@@ -155,6 +158,9 @@ class Straggler:
     steps_late: Optional[int] = None
     steps_judged: Optional[int] = None
     steps_before_late: Optional[int] = None
+    # Its CPU stall is placement's own doing: its threads took more CPU on this rank than on its
+    # peers by at least Thresholds.explain_frac of the stall they are blamed for (classify.py).
+    by_placement: bool = False
     # Whether it costs enough to be named (material_ranks; naming.py confirms it over windows).
     material: bool = field(default=True, compare=False)
 
@@ -230,6 +236,7 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
     nccl_runq: list = []
     main_cpu: list = []
     main_mhz: list = []
+    own_cpu: list = []
     comm_of = {}
     for r in records:
         if not first_step <= r.step <= last_step:
@@ -244,6 +251,7 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         nccl_runq.append(None if nccl is None else nccl.runq_ms)
         main_cpu.append(None if main is None else main.cpu_ms)
         main_mhz.append(None if main is None else main.mhz)
+        own_cpu.append(r.placement_cpu_ms)
     if not step_ms:
         return RankFigures.empty(rank, first_step, last_step)
     return RankFigures(
@@ -255,4 +263,5 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         cpu_stall_ms=_mean(stall_ms),
         nccl_runq_ms=_mean(nccl_runq),
         main_cpu_ms=_mean(main_cpu),
-        main_mhz=_mean(main_mhz))
+        main_mhz=_mean(main_mhz),
+        placement_cpu_ms=_mean(own_cpu))

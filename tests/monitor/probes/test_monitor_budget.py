@@ -380,3 +380,52 @@ def test_a_spinning_thread_of_ours_moves_the_budget_within_a_second_or_two(tmp_p
     # the first period starts at the monitor's first watch, before the spin; judged from the second:
     # within three periods of the spin's start, however busy the machine (the steps themselves are ~50 ms)
     assert moved["t"] - started < 3 * CostRate.PERIOD_S + 1.5, moved["t"] - started
+
+
+def _schedstat_ms(tid: int) -> float:
+    with open(f"/proc/self/task/{tid}/schedstat") as f:
+        return int(f.read().split()[0]) / 1e6
+
+
+def test_each_record_carries_placements_own_cpu_as_the_kernel_counts_it(tmp_path):
+    """Never blame the rank for us: a record says what placement's own threads took of the CPU
+    while its steps ran (placement_cpu_ms, per step), beside its CPU stall. A thread of ours
+    that burns CPU from step 60 on (outside the GIL, as a C-level read would): the records'
+    figures add up to what the kernel says it spent, and are ~0 before it started."""
+    import hashlib
+
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 10,
+                                  "handover_min_s": 0})
+    stop, tid = threading.Event(), []
+    blob = b"x" * (1 << 20)
+
+    def burn():
+        tid.append(threading.get_native_id())
+        while not stop.is_set():
+            hashlib.sha256(blob).digest()  # releases the GIL over a buffer this long
+
+    for _ in range(60):
+        _step(0.0005, 0.002)
+        h.step()
+    t = OWN_THREADS.start(burn, "placement_burn")
+    try:
+        for _ in range(200):
+            _step(0.0005, 0.002)
+            h.step()
+        burned_ms = _schedstat_ms(tid[0])  # from /proc, as it stops (the records' last batch counts its end)
+    finally:
+        stop.set()
+        t.join(5)
+        h.close()
+    recs = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
+    steps = {r["step"]: r["placement_cpu_ms"] for r in recs if r["type"] == "step"}
+    assert len(steps) >= 255 and all(v is not None and v >= 0 for v in steps.values())
+    total = sum(steps.values())
+    # all of ours: the burn, and the monitor's own (a small part: its end event's figure)
+    mon_ms = [r for r in recs if r["type"] == "end"][-1]["monitor_thread_us_per_step"] * len(steps) / 1e3
+    assert burned_ms > 50, burned_ms  # it ran
+    assert 0.9 * burned_ms <= total <= 1.1 * burned_ms + 2 * mon_ms + 5, (total, burned_ms, mon_ms)
+    before = [steps[s] for s in range(5, 41)]  # batches of 10 steps: the burn starts at step 61
+    after = [steps[s] for s in range(91, 251)]
+    assert sum(after) / len(after) > 10 * max(sum(before) / len(before), 0.005), (before, after)

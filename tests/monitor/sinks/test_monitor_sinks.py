@@ -92,8 +92,10 @@ def test_a_step_line_is_json_dumps_of_its_dict_for_every_kind_of_figure(tmp_path
               ThreadRole.NCCL: RoleSample(threads=2, cpu_ms=math.nan, runq_ms=0.125, nivcsw=1.5, migrations=0.0,
                                           minflt=None, mhz=2900.5, cpus=[4, 5], span_steps=20)}
     recs = [StepRecord(0, 1, 1.8e9 + 0.123456, 10.5, 0.0, None, 0, shared, verdict=StepVerdict.CPU_BOUND),
-            StepRecord(0, 2, 1.8e9 + 1.5, math.inf, 1.25, 3.5, 4, shared, comm_enter_t=1.8e9, probe_steps=2, run="r1"),
-            StepRecord(1, 3, 1.8e9 + 2.5, 7.0, -math.inf, 0.0, 0, {}, verdict="a-newer-word", local_rank=1),
+            StepRecord(0, 2, 1.8e9 + 1.5, math.inf, 1.25, 3.5, 4, shared, comm_enter_t=1.8e9, probe_steps=2, run="r1",
+                       placement_cpu_ms=0.0625),
+            StepRecord(1, 3, 1.8e9 + 2.5, 7.0, -math.inf, 0.0, 0, {}, verdict="a-newer-word", local_rank=1,
+                       placement_cpu_ms=math.nan),
             StepRecord(1, 4, 1.8e9 + 3.5, 7.0, 0.0, 1.0, 1, {ThreadRole.MAIN: RoleSample(threads=1, cpus=[])},
                        probe_steps=0)]
 

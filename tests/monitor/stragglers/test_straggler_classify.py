@@ -11,12 +11,13 @@ from placement.monitor.crossrank.exchange import exchange_steps
 T = 1_800_000_000.0  # a wall-clock second, as time.time() gives
 
 
-def fig(rank, *, step=20.0, data=0.0, comm=2.0, runq=0.1, nccl_runq=None, mhz=None, steps=20):
+def fig(rank, *, step=20.0, data=0.0, comm=2.0, runq=0.1, nccl_runq=None, mhz=None, steps=20, ours=None):
     """A rank's figures over steps 21..20+steps; `comm` ms in collectives every step: a rank
     that arrives L ms late waits L ms less in them than its peers."""
     return RankFigures(rank=rank, steps=steps, first_step=21, last_step=20 + steps, step_ms=step, data_ms=data,
                        comm_ms=comm, cpu_stall_ms=runq, nccl_runq_ms=nccl_runq,
-                       main_cpu_ms=step - (comm or 0.0) - data, main_mhz=mhz, comm_steps=(comm,) * steps)
+                       main_cpu_ms=step - (comm or 0.0) - data, main_mhz=mhz, comm_steps=(comm,) * steps,
+                       placement_cpu_ms=ours)
 
 
 def test_late_rank_with_runqueue_wait_is_cpu_slow_and_the_waiting_rank_is_not_named():
@@ -30,6 +31,24 @@ def test_late_rank_with_runqueue_wait_is_cpu_slow_and_the_waiting_rank_is_not_na
     s = rep.stragglers[0]
     assert math.isclose(s.lateness_ms, 11.0, rel_tol=1e-6)
     assert "runqueue" in s.why and "rank 0" in s.why
+
+
+def test_a_rank_held_back_by_placements_own_threads_is_not_blamed_for_it():
+    # rank 1 arrives 11 ms late, its main thread 10 ms in the runqueue; placement's own threads
+    # took 6 ms/step of CPU there against 0.05 on rank 0: the why says it is placement's cost
+    figs = [fig(0, comm=13.0, runq=0.2, ours=0.05), fig(1, comm=2.0, runq=10.4, ours=6.0)]
+    s = classify(figs).stragglers[0]
+    assert s.ranks == [1] and s.kind == "cpu-slow" and s.by_placement
+    assert "placement's own threads took 6.0 ms/step" in s.why and "0.1 on peers" in s.why, s.why
+    # the same stall with placement's threads as cheap as on the peers: the rank's own, said as before
+    for ours in (0.06, None):
+        figs = [fig(0, comm=13.0, runq=0.2, ours=0.05), fig(1, comm=2.0, runq=10.4, ours=ours)]
+        s = classify(figs).stragglers[0]
+        assert s.ranks == [1] and not s.by_placement and "placement" not in s.why, s.why
+    # starved, all entering together (slow collectives): the same words
+    figs = [fig(0, comm=14.0, runq=0.2, ours=0.05), fig(1, comm=14.1, runq=9.0, ours=4.0)]
+    s = classify(figs, baseline_transfer_ms=4.0).stragglers[0]
+    assert s.ranks == [1] and s.by_placement and "placement's own threads took 4.0" in s.why, s.why
 
 
 def test_late_rank_that_waits_for_data_is_data_slow():
@@ -98,7 +117,7 @@ def test_ranks_without_collectives_or_alone_name_nobody():
 
 
 def test_figures_travel_as_a_float_row_and_back():
-    f = fig(3, nccl_runq=None, mhz=3100.0, steps=3)
+    f = fig(3, nccl_runq=None, mhz=3100.0, steps=3, ours=0.25)
     f.comm_steps = (2.0, None, 2.5)
     row = f.to_row(slots=5)
     assert len(row) == len(FIELDS) + 5 and math.isnan(row[FIELDS.index("nccl_runq_ms")])
@@ -109,10 +128,11 @@ def test_figures_travel_as_a_float_row_and_back():
 def test_window_figures_from_step_records():
     recs = [StepRecord(rank=1, step=s, t=T + s, step_ms=10.0 + s, data_ms=1.0, comm_ms=2.0, comm_count=1,
                        roles={"main": RoleSample(threads=1, cpu_ms=5.0, runq_ms=float(s), mhz=None)},
-                       comm_enter_t=T + s + 0.004) for s in (1, 2, 3)]
+                       comm_enter_t=T + s + 0.004, placement_cpu_ms=None if s == 3 else 0.1 * s) for s in (1, 2, 3)]
     f = figures_from_records(1, recs, 1, 3)
     assert (f.rank, f.steps, f.first_step, f.last_step) == (1, 3, 1, 3)
     assert f.step_ms == 12.0 and f.cpu_stall_ms == 2.0 and f.nccl_runq_ms is None and f.main_mhz is None
+    assert math.isclose(f.placement_cpu_ms, 0.15)  # the steps that have it
     assert f.comm_steps == (2.0, 2.0, 2.0)
     # the window is the steps asked for: a step without a record is unknown, others are ignored
     f = figures_from_records(1, recs, 2, 5)
