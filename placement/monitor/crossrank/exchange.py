@@ -13,7 +13,7 @@ What
       its next exchange it polls for up to WAIT_S, then judges whoever came), then one
       `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges in flight.
     A row is an 8-byte mark (MARK) then (2 + 11 + exchange_every) float64: n, node rank,
-    stragglers.figures.FIELDS and the per-step collective times (272 bytes at exchange_every =
+    stragglers.figures.FIELDS and the per-step collective times (280 bytes at exchange_every =
     20); rank 0 validates every row (decode_rows). Host names: each rank appends
     "<rank> <node rank> <hostname>" to "hosts" once; rank 0 reads it only when it names a rank
     whose host it does not know yet. Hang posts: a rank whose hang watch fires posts under
@@ -33,11 +33,11 @@ Why this way
 
 Cost (per exchange, W ranks; benchmarks/exchange_scale.py measures it)
     - every rank: 2 messages, ~300 bytes out, one round trip, whatever W;
-    - rank 0: 1 message per poll, one get of W x 272 bytes and the judgement, linear in W, on its
+    - rank 0: 1 message per poll, one get of W x 280 bytes and the judgement, linear in W, on its
       monitor thread. Beyond TRIAGE_ABOVE ranks a vectorised pass finds the candidates and
       classify judges them against an even sample of PEER_SAMPLE punctual ranks; the event names
       the NAMED worst in full and counts the rest by kind ("3,17,200-207");
-    - the store server: 2W small requests, W x 272 bytes held until rank 0 takes them; a row that
+    - the store server: 2W small requests, W x 280 bytes held until rank 0 takes them; a row that
       comes after its exchange was judged makes its keys anew, swept for LATE_SWEEPS exchanges.
 """
 from __future__ import annotations
