@@ -139,7 +139,11 @@ def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
         p = subprocess.run([*launcher(name), "--standalone", "--nproc-per-node", str(nproc), *extra, job,
                             str(steps), out], capture_output=True, text=True, env=env, timeout=600)
         if p.returncode != 0 or not os.path.exists(out):
-            sys.exit(f"framework_callbacks: ddp under {name} failed: {(p.stderr.strip().splitlines() or ['?'])[-1]}")
+            # torchrun's banner is the last stderr line when a worker dies without a word: say
+            # the exit code, whether rank 0 wrote its steps, and the last lines that are not it
+            said = [l for l in p.stderr.strip().splitlines() if l.strip() and not l.rstrip().endswith(("*", "] "))]
+            sys.exit(f"framework_callbacks: ddp under {name} x{nproc} failed: exit {p.returncode}, "
+                     f"steps {'written' if os.path.exists(out) else 'not written'}; " + " | ".join(said[-4:] or ["?"]))
         with open(out) as f:
             return json.load(f)
 
