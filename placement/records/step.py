@@ -205,7 +205,8 @@ def valid_step(d: dict) -> bool:
     if not (is_integer(get("rank")) and is_integer(get("step")) and is_number(get("t")) and is_number(get("step_ms"))
             and ("data_ms" not in d or is_number(d["data_ms"])) and is_number(get("comm_ms"), optional=True)
             and is_number(get("comm_inflight_ms"), optional=True)
-            and is_number(get("comm_enter_t"), optional=True) and is_number(get("placement_cpu_ms"), optional=True) and is_integer(get("comm_count", 0))
+            and is_number(get("comm_enter_t"), optional=True) and is_number(get("placement_cpu_ms"), optional=True)
+            and is_integer(get("comm_count", 0))
             and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
             and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
         return False

@@ -12,7 +12,7 @@ What
     - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (at
       its next exchange it polls for up to WAIT_S, then judges whoever came), then one
       `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges in flight.
-    A row is an 8-byte mark (MARK) then (2 + 11 + exchange_every) float64: n, node rank,
+    A row is an 8-byte mark (MARK) then (2 + 12 + exchange_every) float64: n, node rank,
     stragglers.figures.FIELDS and the per-step collective times (280 bytes at exchange_every =
     20); rank 0 validates every row (decode_rows). Host names: each rank appends
     "<rank> <node rank> <hostname>" to "hosts" once; rank 0 reads it only when it names a rank

@@ -83,7 +83,8 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
             share = excess / len(starved)
             steadiness = _steadiness(_slow_collective_steps(ranks, baseline_transfer_ms, excess))
             for r, peer_stall in starved:
-                ours = _ours(r, [p for p in ranks if p.rank != r.rank], r.threads_stall_ms() - (peer_stall or 0.0), th)
+                peer_own = _median([p.placement_cpu_ms for p in ranks if p.rank != r.rank])
+                ours = _ours(r, peer_own, r.threads_stall_ms() - (peer_stall or 0.0), th)
                 report.stragglers.append(Straggler(
                     StragglerKind.CPU_SLOW, [r.rank], None,
                     f"all ranks enter together but collectives take {transfer:.1f} ms/step vs "
@@ -118,6 +119,7 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
     peer_nccl = _median([p.nccl_runq_ms for p in punctual])
     peer_mhz = _median([p.main_mhz for p in punctual])
     peer_cpu = _median([p.main_cpu_ms for p in punctual])
+    peer_own = _median([p.placement_cpu_ms for p in punctual])
     for r in sorted(late, key=lambda r: -lateness[r.rank]):
         lat = lateness[r.rank]
         data_x = r.data_ms - (peer_data or 0.0)
@@ -131,12 +133,12 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
             why = f"{arrives}; waits {r.data_ms:.1f} ms/step for data vs {_fmt(peer_data)} on peers"
         elif stall_x is not None and stall_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
-            ours = _ours(r, punctual, stall_x, th)
+            ours = _ours(r, peer_own, stall_x, th)
             why = (f"{arrives}; its main thread waits {r.cpu_stall_ms:.1f} ms/step in the runqueue (CPU stall) "
                    f"vs {_fmt(peer_stall)} on peers{ours or ''}")
         elif nccl_x is not None and nccl_x >= th.explain_frac * lat:
             kind = StragglerKind.CPU_SLOW
-            ours = _ours(r, punctual, nccl_x, th)
+            ours = _ours(r, peer_own, nccl_x, th)
             why = (f"{arrives}; its NCCL threads wait {r.nccl_runq_ms:.1f} ms/step in the runqueue "
                    f"vs {_fmt(peer_nccl)} on peers{ours or ''}")
         elif slow_core:
@@ -161,13 +163,13 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
     return report
 
 
-def _ours(r: RankFigures, peers: list[RankFigures], stall_x: float, th: Thresholds) -> Optional[str]:
+def _ours(r: RankFigures, peer: Optional[float], stall_x: float, th: Thresholds) -> Optional[str]:
     """Never blame the rank for us: when placement's own threads took more CPU on this rank than
-    on its peers by at least explain_frac of the runqueue wait it is blamed for (`stall_x`, its
-    excess over the peers), the words that say so; None otherwise (or where not measured)."""
+    on its peers (`peer`: their median) by at least explain_frac of the runqueue wait it is blamed
+    for (`stall_x`, its excess over the peers), the words that say so; None otherwise (or where
+    not measured)."""
     if r.placement_cpu_ms is None or stall_x <= 0:
         return None
-    peer = _median([p.placement_cpu_ms for p in peers])
     own_x = r.placement_cpu_ms - (peer or 0.0)
     if own_x < th.explain_frac * stall_x:
         return None

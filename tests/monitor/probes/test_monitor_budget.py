@@ -11,7 +11,6 @@ import pytest
 
 import placement
 from placement.errors import ConfigError
-from placement.monitor.probes.budget import MAX_PERIOD_S
 from placement.roles import OWN_THREADS
 from placement.monitor.step_monitor import read_at_hand_over
 from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
