@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -126,6 +127,14 @@ DDP_PARTS = {"placerun monitor off": ["placement.monitor.auto=false"],
              "placerun tuner off": ["placement.tune.enabled=false"]}
 
 
+def _banner(line: str) -> bool:
+    """A line of torchrun's OMP_NUM_THREADS banner (torch/distributed/run.py, its warning when it
+    starts more than one process): a `run.py:<n>]` log line that is empty, stars, or the advice."""
+    head, sep, msg = line.partition("] ")
+    msg = (msg if sep else "").strip()
+    return "run.py:" in head and (not msg or set(msg) == {"*"} or msg.startswith("Setting OMP_NUM_THREADS"))
+
+
 def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
     """Rank 0's step times (ms) of the DDP loop launched by `arm` (a launcher with its own
     defaults, or a DDP_PARTS arm)."""
@@ -140,10 +149,12 @@ def run_ddp(arm: str, nproc: int, steps: int) -> list[float]:
                             str(steps), out], capture_output=True, text=True, env=env, timeout=600)
         if p.returncode != 0 or not os.path.exists(out):
             # torchrun's banner is the last stderr line when a worker dies without a word: say
-            # the exit code, whether rank 0 wrote its steps, and the last lines that are not it
-            said = [l for l in p.stderr.strip().splitlines() if l.strip() and not l.rstrip().endswith(("*", "] "))]
+            # the exit code, whether rank 0 wrote its steps, and a worker's own error (else the
+            # last line that is not the banner)
+            said = [l.strip() for l in p.stderr.splitlines() if l.strip() and not _banner(l)]
+            raised = [l for l in said if re.match(r"(\[rank\d+\]: )?\w+(Error|Exception): ", l)]  # a worker's own error
             sys.exit(f"framework_callbacks: ddp under {name} x{nproc} failed: exit {p.returncode}, "
-                     f"steps {'written' if os.path.exists(out) else 'not written'}; " + " | ".join(said[-4:] or ["?"]))
+                     f"steps {'written' if os.path.exists(out) else 'not written'}; " + (raised or said or ["?"])[-1])
         with open(out) as f:
             return json.load(f)
 
