@@ -127,6 +127,9 @@ class MonitorConfig:
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
+    record_min_s: float = _key(0.025, "least time a step record covers: at shorter steps a record holds several "
+                                      "steps (a divisor of exchange_every), its figures per-step means, each "
+                                      "step's time kept (docs/monitor.md); 0 = a record a step")
     exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "
                                       "ranks to exchange at every 2^k-th window only, each exchange carrying the "
                                       "windows since the last (docs/monitor.md); 0 = an exchange a window")
@@ -259,6 +262,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
     _range("monitor.exchange_min_s", m.exchange_min_s, 0.0, 600.0)
+    _range("monitor.record_min_s", m.record_min_s, 0.0, 60.0)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank
     _range("monitor.summary_every", m.summary_every, 0, 1_000_000)
     _range("monitor.digest_every", m.digest_every, 0, 1_000_000)

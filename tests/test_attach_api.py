@@ -11,7 +11,7 @@ import torch
 import placement
 from placement.attach_api import build_config, torch_optimizer
 from placement.errors import ConfigError, PlacementError
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, line_steps
 
 
 def _attach(tmp_path, model=None, opt=None, **kw):
@@ -70,7 +70,7 @@ def test_unwritable_log_dir_fails_at_attach_naming_it(tmp_path):
 def test_optimizer_post_step_hook_makes_one_record_per_step(tmp_path):
     model, opt = _model()
     seen = []
-    h = _attach(tmp_path, model, opt, monitor={"flush_every": 4})
+    h = _attach(tmp_path, model, opt, monitor={"flush_every": 4, "record_min_s": 0})  # a record a step
     h.add_observer(seen.append)
     built_on = set()
     h.add_observer(lambda r: built_on.add(threading.current_thread().name))
@@ -263,9 +263,21 @@ def test_close_restores_torch_distributed_and_a_second_attach_replaces_the_first
     h2.close()  # idempotent
 
 
-def test_step_times_and_wall_stamps_follow_the_clocks(tmp_path):
+def _each_step(lines: list[dict]) -> list[dict]:
+    """Step lines a step each: a line of several (records/step.py) as its steps, each its own
+    time, its end counted back from the line's by the times of the steps after it."""
+    out = []
+    for d in lines:
+        each = d.get("each_ms", [d["step_ms"]])
+        ends = [d["t"] - sum(each[i + 1:]) / 1e3 for i in range(len(each))]
+        out += [{"step": s, "t": t, "step_ms": ms} for s, t, ms in zip(line_steps(d), ends, each)]
+    return out
+
+
+@pytest.mark.parametrize("record_min_s", [0.0, 0.025])  # a record a step; several steps a record (~5 ms steps)
+def test_step_times_and_wall_stamps_follow_the_clocks(tmp_path, record_min_s):
     # Steps are stamped with perf_counter alone; their wall time is derived in the batch.
-    h = _attach(tmp_path, monitor={"flush_every": 7, "rescan_every": 5})
+    h = _attach(tmp_path, monitor={"flush_every": 7, "rescan_every": 5, "record_min_s": record_min_s})
     # Each step() is bracketed by clock reads before and after it: its stamps must fall inside
     # the bracket (no absolute tolerance: a busy machine may preempt the test between reads).
     brackets = []  # (perf before, perf after, wall before, wall after)
@@ -276,7 +288,9 @@ def test_step_times_and_wall_stamps_follow_the_clocks(tmp_path):
         pa, wa = time.perf_counter(), time.time()
         brackets.append((pb, pa, wb, wa))
     h.close()
-    steps = [l for l in _lines(tmp_path) if l["type"] == "step"]
+    lines = [l for l in _lines(tmp_path) if l["type"] == "step"]
+    assert (len(lines) == 23) == (record_min_s == 0)
+    steps = _each_step(lines)
     assert [s["step"] for s in steps] == list(range(1, 24))
     slack_s = 0.001  # the wall offset is sampled once per batch (two clock reads)
     for s, prev, cur in zip(steps[1:], brackets, brackets[1:]):

@@ -33,6 +33,7 @@ from placement.cpuset import format_cpulist
 from placement.events import EventKind
 from placement.metrics.names import STEP_BUCKETS, TunerOutcome
 from placement.records.parts import record_parts
+from placement.records.step import step_times
 from placement.roles import OWN_THREADS
 
 SNAPSHOT_VERSION = 1
@@ -85,16 +86,18 @@ class RankMetrics:
             s = self.seconds
             for rec in batch:
                 parts = record_parts(rec)
-                step_s = max(rec.step_ms, 0.0) / 1e3 if rec.step_ms == rec.step_ms else 0.0
-                self.steps += 1
-                s["step"] += step_s
-                s["data"] += parts.data_ms / 1e3
-                s["comm"] += parts.comm_ms / 1e3
-                s["cpu_stall"] += (parts.cpu_stall_ms or 0.0) / 1e3
-                s["compute"] += parts.compute_ms / 1e3
-                i = bisect.bisect_left(STEP_BUCKETS, step_s)  # the first edge >= the step
-                if i < len(STEP_BUCKETS):
-                    self.buckets[i] += 1
+                n = rec.steps  # a record of n steps: its parts are per-step means (records/step.py)
+                self.steps += n
+                s["data"] += parts.data_ms * n / 1e3
+                s["comm"] += parts.comm_ms * n / 1e3
+                s["cpu_stall"] += (parts.cpu_stall_ms or 0.0) * n / 1e3
+                s["compute"] += parts.compute_ms * n / 1e3
+                for ms in step_times(rec):
+                    step_s = max(ms, 0.0) / 1e3 if ms == ms else 0.0
+                    s["step"] += step_s
+                    i = bisect.bisect_left(STEP_BUCKETS, step_s)  # the first edge >= the step
+                    if i < len(STEP_BUCKETS):
+                        self.buckets[i] += 1
             s["own_cpu"] = OWN_THREADS.cpu_ns() / 1e9
             last = batch[-1]
             self.last_step, self.last_step_t = last.step, last.t

@@ -25,7 +25,7 @@ import bisect
 import dataclasses
 import math
 import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, NamedTuple, Optional
 
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.comm.base import CommStep, CommTiming, comm_step
@@ -34,7 +34,7 @@ from placement.monitor.probes.sampled import SampledReads
 from placement.monitor.probes.threads import MAIN, HotRead, RoleSampler, merge_span
 from placement.monitor.sinks.base import Delivery
 from placement.records.parts import comm_wait_ms, split_step
-from placement.records.step import StepRecord
+from placement.records.step import SPAN_FIELDS, RoleSample, StepRecord, step_times
 from placement.records.verdict import step_verdict
 from placement.roles import OWN_THREADS
 
@@ -72,12 +72,20 @@ class RecordTags:
     verdict_pcts: tuple[float, float, float]
 
 
+class Grouping(NamedTuple):
+    """How steps are grouped into records (RecordBuilder.pace)."""
+
+    every: int  # the exchange window's steps (monitor.exchange_every): a group's size divides it
+    record_min_ms: float  # least time a record covers (monitor.record_min_s; 0: a record a step)
+    window_due: Callable[[int], int]  # the first observer's window end after a step (hook.py window_due)
+
+
 class RecordBuilder:
     """The pending steps of one rank, built into records and delivered."""
 
     def __init__(self, tags: RecordTags, sampler: RoleSampler, sampled: Optional[SampledReads], comm: CommTiming,
                  delivery: Delivery, on_built: Callable[[Iterable[float]], None], first_step: int,
-                 span_floor_s: float):
+                 span_floor_s: float, grouping: "Grouping"):
         self._tags = tags
         self._sampler = sampler
         self._sampled = sampled  # None: the hook read each step's counters itself (budget 0)
@@ -91,6 +99,11 @@ class RecordBuilder:
         self.last_end_ns = 0  # perf_counter_ns at the end of the last step built
         self._clock = (0, 0.0, 0.0)  # the anchor pair, and the wall time of the last built step's end
         self._own_ns = 0  # placement's threads' CPU (OWN_THREADS) at the last build
+        # Steps built, as tuples (see build), whose record's group has steps still to come
+        self._open: list[tuple] = []
+        self._every, self._record_min_ms, self._window_due = grouping
+        self._group = 1  # steps a record holds (pace())
+        self.built_through = first_step - 1  # the last step in a record delivered
         self.start()
 
     def start(self) -> int:
@@ -104,11 +117,6 @@ class RecordBuilder:
     @property
     def pending(self) -> bool:
         return bool(self._pending)
-
-    @property
-    def built_through(self) -> int:
-        """The last step built into a record."""
-        return self.first_pending - 1
 
     def add(self, step: int, kept: list[tuple], span_due: bool, windowed: bool) -> list[RawStep]:
         """A hand-over's steps (through `step`), pending from now; `span_due`: a span reading is
@@ -174,46 +182,79 @@ class RecordBuilder:
         late_comm = dict(zip(pending, comm.resolve_steps([(starts[i], ends[i]) for i in pending],
                                                          [ready[i].comm for i in pending]))) if pending else {}
         roles_of, probe_steps = self._role_samples(ready)
-        tags = self._tags
-        runq_pct, comm_pct, data_pct = tags.verdict_pcts
-        rank, local_rank, run = tags.rank, tags.local_rank, tags.run()
         # placement's threads' CPU since the last build, spread over this batch's steps: the
         # monitor thread processed the last hand-over while these steps ran
         own_ns, self._own_ns = self._own_ns, OWN_THREADS.cpu_ns()
         own_ms = max(0, self._own_ns - own_ns) / 1e6 / cut
-        # Written out for the monitor thread, which builds every step's record (its cost per
-        # record: benchmarks/monitor_thread.py): the steps of one reading share their roles,
-        # and main's runqueue wait (the CPU stall) is looked up once for them.
-        batch = []
-        append = batch.append
-        t_last, shared, runq = self.last_end_ns, None, None
         # Calls that block (gloo) leave main off-CPU while it waits: its schedstat tells the
         # wait from the time in flight (records/parts.py). NCCL's return at enqueue: the
         # GPU-side time is all there is.
         comms = [late_comm.get(i, r.comm) for i, r in enumerate(ready)] if late_comm else [r.comm for r in ready]
         waits = self._comm_waits(ready, comms, roles_of, probe_steps) if comm.timed_calls else None
+        # Each step's figures, as a tuple (a step waits here, in `_open`, until its record's
+        # last step is built too): the records are made per group (_records).
+        steps = self._open
+        append = steps.append
+        t_last = self.last_end_ns
         for i, r in enumerate(ready):
             c_step = comms[i]
             end_ns = r.end_ns
-            step_ms, data_ms, t_last = (end_ns - t_last) / 1e6, r.data_ns / 1e6, end_ns
             roles = roles_of[i]
             if r.span is not None:  # its own copy: the other steps of its reading share theirs
                 roles = {name: dataclasses.replace(s) for name, s in roles.items()}
                 merge_span(roles, r.span)
-            if roles is not shared:
-                shared, main = roles, roles.get(MAIN)
-                runq = None if main is None else main.runq_ms
             inflight = c_step.comm_ms
-            c = inflight if waits is None else waits[i]
-            # split once here and kept on the record: the digest, summary and metrics read them too
-            parts = split_step(step_ms, data_ms, c, runq)
-            append(StepRecord(rank, first_step + i, ends[i], step_ms, data_ms, c, c_step.count, roles,
-                              step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
-                              local_rank, c_step.enter_t, probe_steps[i], run, inflight, own_ms, parts))
+            append((first_step + i, ends[i], (end_ns - t_last) / 1e6, r.data_ns / 1e6,
+                    inflight if waits is None else waits[i], inflight, c_step.count, c_step.enter_t, roles,
+                    probe_steps[i], own_ms))
+            t_last = end_ns
         self.last_end_ns = t_last
         self._clock = (time.perf_counter_ns(), wall_clock(), ends[-1])
-        self._on_built(rec.step_ms for rec in batch)
-        self._delivery.write(batch)
+        batch = self._records(final)
+        if batch:
+            self._on_built(t for rec in batch for t in step_times(rec))
+            self._delivery.write(batch)
+
+    def pace(self, step_ms: Optional[float]) -> None:
+        """The steps a record holds from its next group on (`step_ms`: the median step time
+        handed over): the fewest, a divisor of the exchange window's steps, that cover
+        record_min_s (each record costs the monitor thread the same Python whatever it holds:
+        the build, its line, the tuner's and the exchange's figures and the digest)."""
+        if not step_ms or step_ms <= 0:
+            return
+        every, need = self._every, self._record_min_ms / step_ms
+        self._group = next((d for d in range(1, every + 1) if every % d == 0 and d >= need), every)
+
+    @property
+    def group(self) -> int:
+        """The steps a record holds now (at most: a record ends at an observer's window end too)."""
+        return self._group
+
+    def _records(self, final: bool) -> list[StepRecord]:
+        """The records of the whole groups among the built steps (with `final`, the last part
+        of one too). A group ends at a multiple of `group` (so never across an exchange window:
+        group divides exchange_every) or at an observer's window end, whichever comes first."""
+        steps, g, window_due = self._open, self._group, self._window_due
+        tags = self._tags
+        runq_pct, comm_pct, data_pct = tags.verdict_pcts
+        rank, local_rank, run = tags.rank, tags.local_rank, tags.run()
+        batch = []
+        i, n = 0, len(steps)
+        while i < n:
+            first = steps[i][0]
+            last = min(first + (g - 1 - (first - 1) % g), window_due(first - 1))
+            j = i + (last - first) + 1
+            if j > n:
+                if not final:
+                    break
+                j = n
+            batch.append(_record(steps[i:j], rank, local_rank, run, runq_pct, comm_pct, data_pct) if j - i > 1
+                         else _one(steps[i], rank, local_rank, run, runq_pct, comm_pct, data_pct))
+            i = j
+        del steps[:i]
+        if batch:
+            self.built_through = batch[-1].step
+        return batch
 
     def _comm_waits(self, ready: list[RawStep], comms: list[CommStep], roles_of: list[dict],
                     probe_steps: list[int]) -> list[Optional[float]]:
@@ -254,3 +295,75 @@ class RecordBuilder:
             roles_of.append(sampler.unread())
             probe_steps.append(0)
         return roles_of, probe_steps
+
+
+# ---- a group of built steps into its record ---------------------------------------------
+# A built step, as build() keeps it: (step, t, step_ms, data_ms, comm wait, comm in flight,
+# collectives, comm_enter_t, roles, probe_steps, placement_cpu_ms).
+
+def _one(e: tuple, rank: int, local_rank: int, run: Optional[str], runq_pct: float, comm_pct: float,
+         data_pct: float) -> StepRecord:
+    """The record of one step."""
+    step, t, step_ms, data_ms, c, inflight, count, enter_t, roles, probe_steps, own_ms = e
+    main = roles.get(MAIN)
+    # split once here and kept on the record: the digest, summary and metrics read them too
+    parts = split_step(step_ms, data_ms, c, None if main is None else main.runq_ms)
+    return StepRecord(rank, step, t, step_ms, data_ms, c, count, roles,
+                      step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
+                      local_rank, enter_t, probe_steps, run, inflight, own_ms, parts=parts)
+
+
+def _mean_known(values: list) -> Optional[float]:
+    """The mean, None when any is None (a part not measured at one step is not measured)."""
+    return None if None in values else sum(values) / len(values)
+
+
+def _record(group: list[tuple], rank: int, local_rank: int, run: Optional[str], runq_pct: float, comm_pct: float,
+            data_pct: float) -> StepRecord:
+    """The record of several steps: per-step means, each step's time kept (records/step.py)."""
+    n = len(group)
+    each = tuple([e[2] for e in group])
+    step_ms = sum(each) / n
+    data_ms = sum([e[3] for e in group]) / n
+    c, inflight = _mean_known([e[4] for e in group]), _mean_known([e[5] for e in group])
+    own = [e[10] for e in group]
+    last = group[-1]
+    roles = last[8]
+    if any(e[8] is not roles for e in group):
+        roles = _merge_roles(group)
+    main = roles.get(MAIN)
+    parts = split_step(step_ms, data_ms, c, None if main is None else main.runq_ms)
+    return StepRecord(rank, last[0], last[1], step_ms, data_ms, c, sum([e[6] for e in group]), roles,
+                      step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
+                      local_rank, last[7], max([e[9] for e in group]), run, inflight, _mean_known(own),
+                      n, each, parts=parts)
+
+
+def _merge_roles(group: list[tuple]) -> dict:
+    """The roles of steps of several readings, as per-step means over the group: each role's
+    cpu_ms and runq_ms weighted by the steps that carry it (a role read at a span alone, as
+    the DataLoader's is, keeps that reading's per-step means), the span counters, threads and
+    CPUs the last said."""
+    shared: list[list] = []  # [roles, steps], in order
+    for e in group:
+        if shared and shared[-1][0] is e[8]:
+            shared[-1][1] += 1
+        else:
+            shared.append([e[8], 1])
+    out = {}
+    names = list(dict.fromkeys(name for roles, _ in shared for name in roles))
+    for name in names:
+        samples = [(roles[name], k) for roles, k in shared if name in roles]
+        steps = sum(k for _, k in samples)
+        cpu = [s.cpu_ms for s, _ in samples]
+        runq = [s.runq_ms for s, _ in samples]
+        last = samples[-1][0]
+        merged = RoleSample(last.threads, None if None in cpu else sum(v * k for v, (_, k) in zip(cpu, samples)) / steps,
+                            None if None in runq else sum(v * k for v, (_, k) in zip(runq, samples)) / steps,
+                            cpus=list(last.cpus), span_steps=max(s.span_steps for s, _ in samples))
+        for field in SPAN_FIELDS:
+            said = [getattr(s, field) for s, _ in samples if getattr(s, field) is not None]
+            if said:
+                setattr(merged, field, said[-1])
+        out[name] = merged
+    return out

@@ -60,7 +60,7 @@ from typing import Callable, Optional
 from placement.config import PlacementConfig
 from placement.events import EventKind
 from placement.monitor import exitflush
-from placement.monitor.build import RecordBuilder, RecordTags
+from placement.monitor.build import Grouping, RecordBuilder, RecordTags
 from placement.monitor.comm.base import CommTiming
 from placement.monitor.crossrank.duty import MAX_EXCHANGES_DUE, ExchangeDuty
 from placement.monitor.crossrank.exchange import Exchange
@@ -137,7 +137,10 @@ class StepMonitor:
         self.builder = RecordBuilder(RecordTags(rank, local_rank, lambda: events.run,
                                                 (tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct)),
                                      sampler, self._sampled, comm, self.delivery, self.health.step_times,
-                                     first_step, SPAN_FLOORS * mon.handover_min_s)
+                                     first_step, SPAN_FLOORS * mon.handover_min_s,
+                                     # budget_pct = 0: every figure exact at each step, a record each
+                                     Grouping(mon.exchange_every, mon.record_min_s * 1e3 if mon.budget_pct > 0 else 0.0,
+                                              self.hook.window_due))
 
     def start(self) -> None:
         """Step 1 begins now: called as attach() returns, so that its own set-up (comm hooks,
@@ -311,6 +314,7 @@ class StepMonitor:
         raw = builder.add(step, item.raw, item.span, windowed)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
+        builder.pace(step_ms)
         hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None)
         on = exchange and crossrank.exchange is not None
         # every exchange step this hand-over holds (several when it holds several strides)

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from placement.records.parts import StepParts, record_parts
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, step_times
 from placement.records.summary import RunSummary
 
 HIST_RATIO = 1.01  # each bin 1% wider than the one below: percentiles within 1%
@@ -57,7 +57,26 @@ class StepDigest:
     verdicts: Counter = field(default_factory=Counter)
 
     def add(self, rec: StepRecord) -> None:
-        self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None)
+        n = rec.steps
+        if n == 1:
+            self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None)
+            return
+        # a record of n steps: its parts are per-step means, each step's time its own
+        parts = record_parts(rec)
+        if not self.steps:
+            self.first_step = rec.step - n + 1
+        self.last_step, self.t = rec.step, rec.t
+        self.steps += n
+        self.step_ms += rec.step_ms * n
+        self.data_ms += parts.data_ms * n
+        if rec.comm_ms is not None:
+            self.comm_ms = (self.comm_ms or 0.0) + parts.comm_ms * n
+        if parts.cpu_stall_ms is not None:
+            self.stall_ms = (self.stall_ms or 0.0) + parts.cpu_stall_ms * n
+        self.compute_ms += parts.compute_ms * n
+        for ms in step_times(rec):
+            self.hist[hist_bin(ms)] += 1
+        self.verdicts[rec.verdict] += n
 
     def add_step(self, step: int, t: float, step_ms: float, parts: StepParts, verdict: str, comm_read: bool) -> None:
         """One step, by its figures (add: a StepRecord's; benchmarks/report_scale.py: generated ones)."""

@@ -1,7 +1,15 @@
-"""One per-step, per-rank record of the monitor (JSONL line with "type": "step").
+"""One per-rank record of the monitor's steps (JSONL line with "type": "step").
 
 What
     Figures a probe could not read are None (and warned about once), never guessed.
+
+Steps a record holds
+    A record holds `steps` consecutive steps, `step` the last of them: one while steps are
+    long, several at short ones (monitor.record_min_s: each record costs the monitor thread the
+    same Python whatever it holds, monitor/build.py). Its figures are per-step means over its
+    steps, its verdict judged on them; `each_ms` keeps every step's own time (the step-time
+    percentiles, the tuner's spikes and the hang watch need them), and readers weight a record
+    by its `steps` (step_times, record_steps). A line without `steps` holds one step.
 
 Sampling tiers
     What keeps the monitor inside its cost budget:
@@ -128,6 +136,10 @@ class StepRecord:
     # threads' clocks read once per batch): what of main's CPU stall placement itself may have
     # caused. None: not read (a log written before it).
     placement_cpu_ms: Optional[float] = None
+    # Steps this record holds (step the last): its figures are per-step means over them, and
+    # each_ms their own times in order (None when it holds one: step_ms is that step's).
+    steps: int = 1
+    each_ms: Optional[tuple[float, ...]] = None
     # Its parts (records/parts.py record_parts), split at the first asking; not written to the log.
     parts: Optional[StepParts] = field(default=None, repr=False, compare=False)
 
@@ -140,7 +152,8 @@ class StepRecord:
                 "verdict": self.verdict, "local_rank": self.local_rank,
                 "comm_enter_t": self.comm_enter_t, "probe_steps": self.probe_steps,
                 **({} if self.run is None else {"run": self.run}),
-                **({} if self.placement_cpu_ms is None else {"placement_cpu_ms": self.placement_cpu_ms})}
+                **({} if self.placement_cpu_ms is None else {"placement_cpu_ms": self.placement_cpu_ms}),
+                **({} if self.steps == 1 else {"steps": self.steps, "each_ms": list(self.each_ms or ())})}
 
     def roles_json(self) -> str:
         """The `roles` object's members as JSON (shared by the steps between two readings of the
@@ -160,7 +173,9 @@ class StepRecord:
                 f'"roles":{{{roles}}},{verdict},'
                 f'"local_rank":{self.local_rank},"comm_enter_t":{_num(self.comm_enter_t)},'
                 f'"probe_steps":{self.probe_steps}' + ("" if self.run is None else f',"run":"{self.run}"')
-                + ("}" if self.placement_cpu_ms is None else f',"placement_cpu_ms":{_num(self.placement_cpu_ms)}}}'))
+                + ("" if self.placement_cpu_ms is None else f',"placement_cpu_ms":{_num(self.placement_cpu_ms)}')
+                + ("}" if self.steps == 1 else
+                   f',"steps":{self.steps},"each_ms":[{",".join([_num(v) for v in self.each_ms or ()])}]}}'))
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "StepRecord":
@@ -168,11 +183,32 @@ class StepRecord:
         # A role this version does not know (a newer writer's) is left out: nothing here could read it.
         kw["roles"] = {ThreadRole(r): RoleSample.from_dict(s) for r, s in (d.get("roles") or {}).items()
                        if r in _ROLE_NAMES}
+        if kw.get("each_ms") is not None:
+            kw["each_ms"] = tuple(kw["each_ms"])
         return cls(**kw)
+
+
+def line_steps(d: dict) -> range:
+    """The steps a step line (as json.loads gives it, valid_step) holds."""
+    return range(d["step"] - d.get("steps", 1) + 1, d["step"] + 1)
+
+
+def record_steps(rec: StepRecord) -> range:
+    """The steps a record holds."""
+    return range(rec.step - rec.steps + 1, rec.step + 1)
+
+
+def step_times(rec: StepRecord) -> tuple[float, ...]:
+    """Each step's own time (ms) of a record, in order: one for a record of one step."""
+    each = rec.each_ms
+    return (rec.step_ms,) if each is None else each
 
 
 # ---- reading a step line back (the report) --------------------------------------------------
 _I64 = 1 << 63
+# The most steps a record read back may say it holds (the monitor writes at most
+# monitor.exchange_every's upper bound): a line is bounded input (report/logs.py).
+MAX_RECORD_STEPS = 10_000
 
 
 def is_number(v: Any, optional: bool = False) -> bool:
@@ -210,6 +246,12 @@ def valid_step(d: dict) -> bool:
             and is_integer(get("local_rank", 0)) and is_integer(get("probe_steps", 1))
             and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
         return False
+    steps = get("steps", 1)
+    if steps != 1:  # a record of several steps: each one's time, as many as it says, all numbers
+        each = get("each_ms")
+        if not (is_integer(steps) and 1 < steps <= MAX_RECORD_STEPS and type(each) is list and len(each) == steps
+                and all(is_number(v) for v in each)):
+            return False
     for sample in roles.values():
         if type(sample) is not dict:
             return False

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 from placement.records.parts import record_parts
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, step_times
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> Optional[float]:
@@ -43,19 +43,24 @@ class RunSummary:
 def summarize(rank: int, records: Sequence[StepRecord]) -> Optional[RunSummary]:
     if not records:
         return None
-    steps = sorted(r.step_ms for r in records)
+    # a record may hold several steps (records/step.py): its parts are per-step means, so each
+    # counts `steps` times, and the percentiles are of each step's own time
+    steps = sorted(t for r in records for t in step_times(r))
     total = sum(steps) or 1e-9
-    parts = [record_parts(r) for r in records]
-    known_stall = [p.cpu_stall_ms for p in parts if p.cpu_stall_ms is not None]
+    parts = [(record_parts(r), r.steps) for r in records]
+    known_stall = [p.cpu_stall_ms * n for p, n in parts if p.cpu_stall_ms is not None]
     measured_comm = any(r.comm_ms is not None for r in records)
+    verdicts: Counter = Counter()
+    for r in records:
+        verdicts[r.verdict] += r.steps
     return RunSummary(
-        rank=rank, steps=len(records), first_step=records[0].step, last_step=records[-1].step,
+        rank=rank, steps=len(steps), first_step=records[0].step - records[0].steps + 1, last_step=records[-1].step,
         p50_ms=percentile(steps, 50), p99_ms=percentile(steps, 99),
         stall_pct=100.0 * sum(known_stall) / total if known_stall else None,
-        comm_pct=100.0 * sum(p.comm_ms for p in parts) / total if measured_comm else None,
-        data_pct=100.0 * sum(p.data_ms for p in parts) / total,
-        verdicts=dict(Counter(r.verdict for r in records)),
-        compute_pct=100.0 * sum(p.compute_ms for p in parts) / total)
+        comm_pct=100.0 * sum(p.comm_ms * n for p, n in parts) / total if measured_comm else None,
+        data_pct=100.0 * sum(p.data_ms * n for p, n in parts) / total,
+        verdicts=dict(verdicts),
+        compute_pct=100.0 * sum(p.compute_ms * n for p, n in parts) / total)
 
 
 def _pct(v: Optional[float]) -> str:

@@ -2,11 +2,10 @@
 step records as columns (every view of `placement report`) and, for a run of a few ranks, as
 StepRecords too (the per-rank table and the plot), plus the events in time order.
 
-Columns because `placement report` on a cluster reads a million step records (1,024 ranks x
-1,000 steps): as StepRecord objects with their role dicts that is gigabytes, as columns
-~60 MB. Only what the views use is kept as a column: rank, step, end time, step/data/comm
-ms (data, comm and CPU stall as the parts of the step, records/parts.py), first-collective
-entry time, verdict. StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
+Columns because `placement report` on a cluster reads a million steps (1,024 ranks x 1,000): as StepRecords,
+gigabytes; as columns ~60 MB. A column per figure a view uses, a row per step (a line of several steps, records/step.py,
+a row each): rank, step, end time, step/data/comm/CPU stall ms (records/parts.py), first-collective entry, verdict.
+StepRecords are kept while the logs hold at most RANK_TABLE_MAX ranks.
 
 Lines that are truncated (a killed process) or corrupt (not JSON, or a field the report
 reads of the wrong type: valid_step, valid_event) are skipped and counted, never fatal; one
@@ -307,20 +306,36 @@ class _Columns:
     def append(self, d: dict) -> None:
         """One valid step line (valid_step)."""
         roles = d.get("roles") or {}
+        # data, comm and CPU stall as the parts of the step (records/parts.py), split here once for
+        # every view; NaN where the line did not say
+        parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), role_runq(roles, "main"))
+        dm, cm = d.get("data_ms"), d.get("comm_ms")
+        data, comm = _NAN if dm is None else parts.data_ms, _NAN if cm is None else parts.comm_ms
+        stall, n = _or_nan(parts.cpu_stall_ms), d.get("steps", 1)
+        if "comm_inflight_ms" not in d and cm:
+            self.comm_in_flight += 1
+        if n != 1:
+            return self._append_steps(d, n, data, comm, stall)
         self.rank.append(d["rank"])
         self.step.append(d["step"])
         self.verdict.append(_VERDICT_CODE.get(d.get("verdict"), -1))
         self.t.append(d["t"])
         self.step_ms.append(d["step_ms"])
-        # data, comm and CPU stall as the parts of the step (records/parts.py), split here once for
-        # every view; NaN where the line did not say
-        parts = split_step(d["step_ms"], d.get("data_ms"), d.get("comm_ms"), role_runq(roles, "main"))
-        self.data_ms.append(_NAN if d.get("data_ms") is None else parts.data_ms)
-        self.comm_ms.append(_NAN if d.get("comm_ms") is None else parts.comm_ms)
-        if "comm_inflight_ms" not in d and d.get("comm_ms"):
-            self.comm_in_flight += 1
-        self.stall_ms.append(_or_nan(parts.cpu_stall_ms))
+        self.data_ms.append(data)
+        self.comm_ms.append(comm)
+        self.stall_ms.append(stall)
         self.enter_t.append(_or_nan(d.get("comm_enter_t")))
+
+    def _append_steps(self, d: dict, n: int, data: float, comm: float, stall: float) -> None:
+        """A line of n steps (records/step.py): a row each, its end counted back from the line's `t`."""
+        each, ends = d["each_ms"], [d["t"]] * n
+        for i in range(n - 1, 0, -1):
+            ends[i - 1] = ends[i] - each[i] / 1e3
+        for name, col in (("rank", [d["rank"]] * n), ("step", range(d["step"] - n + 1, d["step"] + 1)), ("t", ends),
+                          ("verdict", [_VERDICT_CODE.get(d.get("verdict"), -1)] * n), ("step_ms", each),
+                          ("data_ms", [data] * n), ("comm_ms", [comm] * n), ("stall_ms", [stall] * n),
+                          ("enter_t", [_NAN] * (n - 1) + [_or_nan(d.get("comm_enter_t"))])):
+            getattr(self, name).extend(col)
 
     def extend(self, other: "_Columns") -> None:
         for name in ("rank", "step", "verdict") + FIGURES:

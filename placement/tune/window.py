@@ -11,7 +11,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, step_times
 from placement.roles import ThreadRole
 
 # A step slower than this many times the window's median step is a spike.
@@ -106,7 +106,9 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
     """Summarise a non-empty list of step records (one window)."""
     if not records:
         raise ValueError("a window needs at least one step record")
-    steps = [r.step_ms for r in records]
+    # A record may hold several steps (records/step.py): the step times are each step's, the
+    # shares each record's (per-step means over its steps).
+    steps = [t for r in records for t in step_times(r)]
     role_names: list[ThreadRole] = []
     for rec in records:
         for key in rec.roles:
@@ -114,11 +116,17 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
             if role is not None and role not in role_names:
                 role_names.append(role)
     # Roles sampled every N steps carry per-step means over those N steps (RoleSample.span_steps):
-    # their shares are of the mean step time over the steps a sample covers (running sums: the
-    # tuner summarises every window on the monitor thread).
+    # their shares are of the mean step time over the steps a sample covers, counted back in
+    # steps from the record's last (running sums: the tuner summarises every window on the
+    # monitor thread).
     sums = [0.0]
     for ms in steps:
         sums.append(sums[-1] + ms)
+    ends = []  # each record's last step, as an index into steps (+1)
+    k = 0
+    for rec in records:
+        k += rec.steps
+        ends.append(k)
     roles: dict[ThreadRole, RoleWindow] = {}
     for role in role_names:
         samples = [rec.roles.get(role) for rec in records]
@@ -130,8 +138,9 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
                 continue
             cpus.update(s.cpus)
             threads = max(threads, s.threads)
-            first = max(0, i - max(1, s.span_steps) + 1)
-            span_ms = (sums[i + 1] - sums[first]) / (i + 1 - first)
+            end = ends[i]
+            first = max(0, end - max(1, s.span_steps, records[i].steps))
+            span_ms = (sums[end] - sums[first]) / (end - first)
             cpu_shares.append(_share(s.cpu_ms, span_ms))
             runq_shares.append(_share(s.runq_ms, span_ms))
             mhz.append(s.mhz)
@@ -145,7 +154,7 @@ def summarize(records: Sequence[StepRecord]) -> WindowStats:
             migrations=tuple(s.migrations if s else None for s in samples),
         )
     return WindowStats(
-        first_step=records[0].step,
+        first_step=records[0].step - records[0].steps + 1,
         last_step=records[-1].step,
         step_ms=tuple(steps),
         data_share_pct=_median([_share(r.data_ms, r.step_ms) for r in records]) or 0.0,

@@ -11,6 +11,7 @@ import placement
 from placement.errors import ConfigError
 from placement.monitor.hook import MAX_STRIDE
 from placement.monitor.step_monitor import SPAN_FLOORS
+from placement.records.step import line_steps, record_steps
 
 FLUSH = 5
 STEPS = 3000
@@ -43,13 +44,13 @@ def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], l
     handed = _count_hand_overs(mon)
     seen: list[int] = []
     if window_end is not NO_OBSERVER:
-        h.add_observer(lambda rec: seen.append(rec.step), window_end)
+        h.add_observer(lambda rec: seen.extend(record_steps(rec)), window_end)
     for _ in range(STEPS):
         h.step()
     stride = mon.hook.stride
     h.close()
-    steps = [json.loads(line)["step"] for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
-             if '"type":"step"' in line]
+    steps = [s for line in (tmp_path / "rank0.jsonl").read_text().splitlines() if '"type":"step"' in line
+             for s in line_steps(json.loads(line))]
     return handed, steps, seen, stride
 
 
@@ -100,7 +101,7 @@ def _windowed_hand_overs(tmp_path, flush: int) -> tuple[list[int], list[int], in
     mon = h.monitor
     handed = _count_hand_overs(mon)
     seen: list[int] = []
-    h.add_observer(lambda rec: seen.append(rec.step), lambda after: (after // WINDOW + 1) * WINDOW)
+    h.add_observer(lambda rec: seen.extend(record_steps(rec)), lambda after: (after // WINDOW + 1) * WINDOW)
     at, paced_from = time.perf_counter_ns(), None
     for i in range(1, STEPS + 1):
         at += STEP_NS if i < SLOW_FROM else STEP_NS * 3 // 2
@@ -138,10 +139,11 @@ def _span_steps(tmp_path, floor_s: float, window_end=NO_OBSERVER, light=False) -
     """Steps 10 ms apart by their own stamps (the hook's `at`), however fast the loop runs: the
     steps whose record carries a full span reading (main's involuntary switches), or with
     `light` any span reading (the `other` role: this process's other threads, the monitor's own
-    among them, are read at every span)."""
+    among them, are read at every span). A record a step (record_min_s 0): the step a span
+    reading was taken at is its record's."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
-                                  "summary_every": 0, "handover_min_s": floor_s})
+                                  "summary_every": 0, "handover_min_s": floor_s, "record_min_s": 0})
     if window_end is not NO_OBSERVER:
         h.add_observer(lambda rec: None, window_end)
     t0 = time.perf_counter_ns()

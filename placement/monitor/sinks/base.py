@@ -101,21 +101,23 @@ class ExchangeWindow:
 
 
 class SummarySink:
-    """One log line every `every` records (monitor.summary_every; 0: none)."""
+    """One log line every `every` steps (monitor.summary_every; 0: none)."""
 
     name = "summary"
 
     def __init__(self, rank: int, every: int):
         self.rank, self.every = rank, every
         self._records: list[StepRecord] = []
+        self._steps = 0  # the steps those records hold
 
     def write(self, batch: Sequence[StepRecord]) -> None:
         if not self.every:
             return
         self._records.extend(batch)
-        if len(self._records) >= self.every:
+        self._steps += sum([r.steps for r in batch])
+        if self._steps >= self.every:
             s = summarize(self.rank, self._records)
-            self._records = []
+            self._records, self._steps = [], 0
             if s is not None:
                 log.info(one_line(s))
 

@@ -220,8 +220,10 @@ def _straggler_dict(s: Straggler) -> dict:
 
 
 def _mean(values) -> Optional[float]:
-    known = [v for v in values if v is not None]
-    return sum(known) / len(known) if known else None
+    """The mean of (value, steps) pairs weighted by steps, those whose value is None left out."""
+    known = [(v, n) for v, n in values if v is not None]
+    steps = sum(n for _, n in known)
+    return sum(v * n for v, n in known) / steps if known else None
 
 
 def figures_from_records(rank: int, records: list, first_step: int, last_step: int) -> RankFigures:
@@ -238,24 +240,30 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
     main_mhz: list = []
     own_cpu: list = []
     comm_of = {}
+    steps = 0
     for r in records:
         if not first_step <= r.step <= last_step:
             continue
-        step_ms.append(r.step_ms)
-        data_ms.append(r.data_ms)
-        comm_ms.append(r.comm_ms)
-        comm_of[r.step] = r.comm_ms if r.comm_count else None
-        stall_ms.append(record_parts(r).cpu_stall_ms)
+        # a record of n steps (records/step.py) counts n times: its figures are per-step means
+        n = r.steps
+        steps += n
+        step_ms.append((r.step_ms, n))
+        data_ms.append((r.data_ms, n))
+        comm_ms.append((r.comm_ms, n))
+        comm = r.comm_ms if r.comm_count else None
+        for s in range(r.step - n + 1, r.step + 1):
+            comm_of[s] = comm
+        stall_ms.append((record_parts(r).cpu_stall_ms, n))
         roles = r.roles
         nccl, main = roles.get("nccl"), roles.get("main")
-        nccl_runq.append(None if nccl is None else nccl.runq_ms)
-        main_cpu.append(None if main is None else main.cpu_ms)
-        main_mhz.append(None if main is None else main.mhz)
-        own_cpu.append(r.placement_cpu_ms)
+        nccl_runq.append((None if nccl is None else nccl.runq_ms, n))
+        main_cpu.append((None if main is None else main.cpu_ms, n))
+        main_mhz.append((None if main is None else main.mhz, n))
+        own_cpu.append((r.placement_cpu_ms, n))
     if not step_ms:
         return RankFigures.empty(rank, first_step, last_step)
     return RankFigures(
-        rank=rank, steps=len(step_ms), first_step=first_step, last_step=last_step,
+        rank=rank, steps=steps, first_step=first_step, last_step=last_step,
         step_ms=_mean(step_ms) or 0.0,
         data_ms=_mean(data_ms) or 0.0,
         comm_ms=_mean(comm_ms),

@@ -5,12 +5,14 @@ import time
 import pytest
 
 import placement
+from placement.records.step import line_steps, record_steps
 
 
 def test_summary_line_every_n_steps(tmp_path, caplog):
     caplog.set_level(logging.INFO, logger="placement")
     h = placement.attach(policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "summary_every": 10, "flush_every": 5})
+                         monitor={"log_dir": str(tmp_path), "summary_every": 10, "flush_every": 5,
+                                  "record_min_s": 0})  # a record a step: a line every 10
     for _ in range(20):
         time.sleep(0.002)
         h.step()
@@ -26,7 +28,7 @@ def test_tensorboard_scalars_per_flushed_batch(tmp_path):
 
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "tensorboard": True, "flush_every": 5,
-                                  "summary_every": 0})
+                                  "summary_every": 0, "record_min_s": 0})  # a record a step
     for _ in range(15):
         time.sleep(0.003)
         h.step()
@@ -63,13 +65,14 @@ def test_a_failing_output_is_said_once_and_the_others_still_get_every_record(tmp
 
     monitor.delivery.add_sink(Broken(), first=True)
     seen = []
-    h.add_observer(lambda rec: seen.append(rec.step))
+    h.add_observer(lambda rec: seen.extend(record_steps(rec)))
     for _ in range(12):
         time.sleep(0.001)
         h.step()
     h.close()
     assert monitor.state is MonitorState.CLOSED and monitor.closed
-    steps = [json.loads(l)["step"] for l in open(tmp_path / "rank0.jsonl") if '"type":"step"' in l.replace(" ", "")]
+    steps = [s for l in open(tmp_path / "rank0.jsonl") if '"type":"step"' in l.replace(" ", "")
+             for s in line_steps(json.loads(l))]
     assert steps == list(range(1, 13)) and seen == list(range(1, 13))
     said = [r.getMessage() for r in caplog.records if "could not go to broken" in r.getMessage()]
     assert len(said) == 1 and "disk gone" in said[0]
