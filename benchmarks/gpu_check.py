@@ -241,7 +241,9 @@ def comm(c: Run) -> dict:
         d = c.logs / f"comm_{name}"
         d.mkdir(parents=True, exist_ok=True)
         job_out = d / "job.json"
-        argv = PLACERUN + ["--standalone", "--nproc-per-node", "1", f"placement.monitor.log_dir={d}", JOB, "comm",
+        # a record a step: each step's comm is compared with the job's own timing of it
+        argv = PLACERUN + ["--standalone", "--nproc-per-node", "1", f"placement.monitor.log_dir={d}",
+                           "placement.monitor.record_min_s=0", JOB, "comm",
                            "--out", str(job_out), "--device", "cpu" if c.cpu else "cuda", "--steps", str(steps)]
         res = c.run(f"comm_{name}", argv, 120, c.env(**extra))
         if res["rc"] != 0 or not job_out.exists():
@@ -382,7 +384,9 @@ def ablation(c: Run) -> dict:
             if steps:  # what placerun's monitor recorded of the job's collectives
                 comm[name].append({"ddp_hook": start.get("ddp_hook"), "comm_timing": start.get("comm_timing"),
                                    "comm_null_pct": round(100 * sum(s.get("comm_ms") is None for s in steps) / len(steps), 1),
-                                   "comm_count": statistics.median(s.get("comm_count", 0) for s in steps),
+                                   # per step (a record of several steps counts all of theirs)
+                                   "comm_count": statistics.median(s.get("comm_count", 0) / s.get("steps", 1)
+                                                                   for s in steps),
                                    "comm_ms_median": statistics.median(s["comm_ms"] for s in steps if s.get("comm_ms") is not None)
                                    if any(s.get("comm_ms") is not None for s in steps) else None})
     out["errors"] = errors

@@ -272,5 +272,7 @@ def run_standin_job(log_dir: str, *, step_ms: float, steps: int, per_step: int =
         handle.close()
         rec.close()
     records = [json.loads(line) for line in open(os.path.join(log_dir, "rank0.jsonl"))]
-    got = {r["step"]: r["comm_ms"] for r in records if r["type"] == "step"}
+    # each step's comm: a record of several steps (records/step.py) says their per-step mean
+    got = {s: r["comm_ms"] for r in records if r["type"] == "step"
+           for s in range(r["step"] - r.get("steps", 1) + 1, r["step"] + 1)}
     return StandInJob(truth, [got.get(i + 1) for i in range(steps)], made[0].stats() if made else {})

@@ -8,8 +8,12 @@ What
     waited comm.settle_max_s. build() then cuts the pending steps at a step with a reading of
     main's counters (a probe step: every step built has its counters), spreads each reading's
     counter deltas over its steps, works out each step's comm wait where calls block
-    (records/parts.py), splits the step into its parts, judges it (records/verdict.py) and
-    hands the batch to the delivery (sinks/). A hand-over due for a span reading (every
+    (records/parts.py), and keeps each step's figures as a tuple until its record's last step
+    is built too. A record holds a group of steps (RecordBuilder.pace: one at long steps, the
+    fewest dividing monitor.exchange_every that cover monitor.record_min_s at short ones,
+    ending at an observer's window end too): its figures per-step means, each step's time kept
+    (records/step.py). Each record is split into its parts, judged (records/verdict.py) and the
+    batch handed to the delivery (sinks/). A hand-over due for a span reading (every
     thread read in full, the thread list refreshed) takes it here, at least `span_floor_s`
     apart; while an observer judges windows, a light one (the dataloader's and other's time)
     at each hand-over between.

@@ -19,8 +19,9 @@ What
                                  too), and the budget that judges it
       exitflush.py FlushGate     the monitor's lock, and whether an exit path may write now
       build.py RecordBuilder     raw steps into records once their comm figures settle, judged
-                                 (records/verdict.py); span readings at least SPAN_FLOORS
-                                 hand-over floors apart while no observer judges windows
+                                 (records/verdict.py), a record per group of steps at short
+                                 steps (pace(): monitor.record_min_s); span readings at least
+                                 SPAN_FLOORS hand-over floors apart while no observer judges windows
       sinks/base.py Delivery     the records to the observers (the tuner) and the sinks, in
                                  order, encoded and written in one batch a flush
       crossrank/duty.py          this rank's windows to rank 0 through the job's c10d store at

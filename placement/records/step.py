@@ -247,9 +247,11 @@ def valid_step(d: dict) -> bool:
             and type(get("verdict", "")) is str and type(roles) is dict and type(get("run", "")) is str):
         return False
     steps = get("steps", 1)
+    if not is_integer(steps):
+        return False
     if steps != 1:  # a record of several steps: each one's time, as many as it says, all numbers
         each = get("each_ms")
-        if not (is_integer(steps) and 1 < steps <= MAX_RECORD_STEPS and type(each) is list and len(each) == steps
+        if not (1 < steps <= MAX_RECORD_STEPS and type(each) is list and len(each) == steps
                 and all(is_number(v) for v in each)):
             return False
     for sample in roles.values():

@@ -50,7 +50,7 @@ def write_plot(log: RunLog, out_path: str) -> None:
     fig, axes = plt.subplots(len(ranks), 1, figsize=(11, 2.6 * len(ranks) + 0.8), sharex=True, squeeze=False)
     for ax, rank in zip(axes[:, 0], ranks):
         recs = records[rank]
-        x = [r.step for r in recs]
+        x = [r.step - (r.steps - 1) / 2 for r in recs]  # a record of several steps: their middle, per-step means
         parts = [record_parts(r) for r in recs]  # disjoint: the stack is the step
         data = [p.data_ms for p in parts]
         comm = [p.comm_ms for p in parts]

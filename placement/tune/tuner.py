@@ -132,7 +132,9 @@ class Tuner:
         those measured before the window (before the action in flight took force) are left out."""
         self._last_step = max(self._last_step, chunk[-1].step)
         start = self._window_start
-        self._records.extend(chunk if chunk[0].step >= start else [r for r in chunk if r.step >= start])
+        # (a record of several steps, records/step.py, counts from its first: one begun before
+        # the window is left out whole)
+        self._records.extend(chunk if _first(chunk[0]) >= start else [r for r in chunk if _first(r) >= start])
         while self._records and self._records[-1].step >= self._window_start + self.cfg.window - 1:
             end = self._window_start + self.cfg.window
             whole = [r for r in self._records if r.step < end]
@@ -265,7 +267,7 @@ class Tuner:
         self._in_flight = InFlight(p, previous, stats, first_step, also_previous)
         self.state = TunerState.IN_FLIGHT
         self._window_start = first_step
-        self._records = [r for r in self._records if r.step >= first_step]
+        self._records = [r for r in self._records if _first(r) >= first_step]
         self._event(EventKind.TUNE, message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
                     change=change, also=also, reason=p.reason, in_force_step=first_step,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
@@ -325,3 +327,8 @@ def _also_changes(before, after) -> list[dict[str, Any]]:
 
 def _moved(before: frozenset[int], after: frozenset[int]) -> str:
     return f"cpus {format_cpulist(before)} -> {format_cpulist(after)}"
+
+
+def _first(rec: StepRecord) -> int:
+    """The first step a record holds."""
+    return rec.step - rec.steps + 1

@@ -200,6 +200,11 @@ def _steps(log):
     return [e for e in log if e["type"] == "step"]
 
 
+def _covered(log) -> int:
+    """The steps the log's step records hold (a record may hold several: records/step.py)."""
+    return sum(e.get("steps", 1) for e in _steps(log))
+
+
 @pytest.mark.slow
 def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path):
     iters = 240
@@ -217,7 +222,7 @@ def test_ray_train_workers_are_bound_monitored_and_a_slow_one_is_named(tmp_path)
         started = [e for e in log if e["type"] == "start" and e.get("source") == "monitor"]
         assert started and started[0]["ddp_hook"] and started[0]["exchange"], started
         # every step written, the monitor closed as the training thread ended (Ray then kills the worker)
-        assert iters - 1 <= len(_steps(log)) <= iters, len(_steps(log))
+        assert iters - 1 <= _covered(log) <= iters, _covered(log)
         assert [e for e in log if e["type"] == "end" and e.get("source") == "monitor"], "closed at the thread's end"
     # 30% of its own step time, measured by the worker over its first steps (a busy host's steps
     # are ~20 times a quiet one's): a fixed delay would be 30% on one host and 2% on the other
@@ -243,7 +248,7 @@ def test_ray_actors_given_the_hook_in_their_own_runtime_env_are_placed_and_the_o
     for w in workers.values():
         log = _log(out, w["planned"]["rank"])
         # every step written when Ray ends the actors gracefully (__ray_terminate__)
-        assert len(_steps(log)) >= 59 and [e for e in log if e["type"] == "end" and e.get("source") == "monitor"]
+        assert _covered(log) >= 59 and [e for e in log if e["type"] == "end" and e.get("source") == "monitor"]
         started = [e["steps"] for e in log if e["type"] == "start" and e.get("source") == "monitor"]
         # the actor that calls placement.attach() itself has that one monitor, the other the automatic one
         assert started == (["attach"] if w["rank"] == 1 else ["auto"]), started

@@ -33,7 +33,8 @@ STEP_MS = 20.0
 
 
 def _steps(log: list[dict]) -> list[int]:
-    return [e["step"] for e in log if e["type"] == "step"]
+    """The steps the log's step records hold (a record may hold several: records/step.py)."""
+    return [n for e in log if e["type"] == "step" for n in range(e["step"] - e.get("steps", 1) + 1, e["step"] + 1)]
 
 
 def _agent_failed(agents):

@@ -268,10 +268,12 @@ def _spin(cpu_s: float) -> None:
 @pytest.mark.parametrize("windowed", [False, True])
 def test_the_budget_counts_all_of_placements_cpu_tuner_or_not(tmp_path, windowed):
     """An observer that spends 300 us of the monitor thread's CPU on each record: the budget
-    counts it, with a tuner's windows or without (k goes up for it), and says it is placement's."""
+    counts it, with a tuner's windows or without (k goes up for it), and says it is placement's.
+    A record a step (record_min_s 0): 300 us a step."""
     burn_us = 300.0
     h = placement.attach(policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20, "budget_pct": 1.0})
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 20, "budget_pct": 1.0,
+                                  "record_min_s": 0})
     h.add_observer(lambda rec: _spin(burn_us / 1e6), (lambda after: (after // 20 + 1) * 20) if windowed else None)
     for _ in range(400):  # ~2 ms steps: 1% is 20 us, far under the observer's 300
         _step(0.0005, 0.0015)

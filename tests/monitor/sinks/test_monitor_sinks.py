@@ -100,7 +100,10 @@ def test_a_step_line_is_json_dumps_of_its_dict_for_every_kind_of_figure(tmp_path
             StepRecord(1, 3, 1.8e9 + 2.5, 7.0, -math.inf, 0.0, 0, {}, verdict="a-newer-word", local_rank=1,
                        placement_cpu_ms=math.nan),
             StepRecord(1, 4, 1.8e9 + 3.5, 7.0, 0.0, 1.0, 1, {ThreadRole.MAIN: RoleSample(threads=1, cpus=[])},
-                       probe_steps=0)]
+                       probe_steps=0),
+            # a record of three steps (records/step.py), one of whose times is not finite
+            StepRecord(1, 7, 1.8e9 + 4.5, 2.5, 0.5, 0.25, 6, shared, steps=3, each_ms=(2.0, 3.5, math.nan),
+                       placement_cpu_ms=0.5)]
 
     def dumped(rec):
         d = rec.to_dict()
