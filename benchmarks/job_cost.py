@@ -8,6 +8,8 @@ Arms (each a launcher command line; the job unchanged):
     monitor_off   placerun placement.monitor.auto=false (binding only)
     tuner_off     placerun placement.tune.enabled=false
     unbound       placerun placement.policy=none (the monitor without binding)
+    record_each   placerun placement.monitor.record_min_s=0 (a record a step, as before records
+                  were paced in time; not in the default arms)
 
 Printed per arm: rank 0's steps/s (median over rounds) and its ratio to torchrun and to
 monitor_off paired by round; placement's threads' CPU (every thread of rank 0 whose name starts
@@ -45,7 +47,9 @@ ARMS = {  # arm -> (launcher, placement overrides)
     "monitor_off": (PLACERUN, ["placement.monitor.auto=false"]),
     "tuner_off": (PLACERUN, ["placement.tune.enabled=false"]),
     "unbound": (PLACERUN, ["placement.policy=none"]),
+    "record_each": (PLACERUN, ["placement.monitor.record_min_s=0"]),
 }
+DEFAULT_ARMS = ("torchrun", "placerun", "monitor_off", "tuner_off", "unbound")
 
 
 def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
@@ -96,7 +100,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int)
     p.add_argument("--steps", type=int)
     p.add_argument("--nproc", type=int, default=2)
-    p.add_argument("--arms", default=",".join(ARMS))
+    p.add_argument("--arms", default=",".join(DEFAULT_ARMS))
     args = p.parse_args()
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]

@@ -127,7 +127,7 @@ class MonitorConfig:
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
-    record_min_s: float = _key(0.025, "least time a step record covers: at shorter steps a record holds several "
+    record_min_s: float = _key(0.1, "least time a step record covers: at shorter steps a record holds several "
                                       "steps (a divisor of exchange_every), its figures per-step means, each "
                                       "step's time kept (docs/monitor.md); 0 = a record a step")
     exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "

@@ -114,7 +114,7 @@ class Tuner:
         try:
             while i < n and self.state is not TunerState.STOPPED:
                 if self._window_start is None:
-                    self._window_start = records[i].step
+                    self._window_start = _first(records[i])
                 # The records through the first one at or past the current window's last step: a
                 # window can end (and an action move the window's start) only at that one.
                 last = self._window_start + self.cfg.window - 1

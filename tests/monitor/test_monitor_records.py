@@ -34,7 +34,7 @@ def _run(tmp_path, window: int, **monitor) -> tuple[list[dict], list[tuple[int, 
 
 
 def test_short_steps_share_a_record_that_never_crosses_a_window_and_keeps_each_steps_time(tmp_path):
-    lines, seen, group = _run(tmp_path, window=7)
+    lines, seen, group = _run(tmp_path, window=7, record_min_s=0.025)
     # 5 ms steps: the fewest steps dividing exchange_every (20) that cover 25 ms
     assert group == 5
     steps = [s for d in lines for s in line_steps(d)]
