@@ -231,7 +231,8 @@ def test_thread_roles_in_the_span_reading(tmp_path):
     time.sleep(0.05)
     try:
         # every due step a hand-over, each with its span (the floors apart are test_monitor_cadence's)
-        h = _attach(tmp_path, monitor={"rescan_every": 5, "handover_min_s": 0.0})
+        # (a record a step: the span's step is its record's)
+        h = _attach(tmp_path, monitor={"rescan_every": 5, "handover_min_s": 0.0, "record_min_s": 0})
         for _ in range(10):
             time.sleep(0.005)
             h.step()
