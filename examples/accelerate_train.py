@@ -6,8 +6,8 @@
 
 An Accelerate user writes the loop, so placement comes in as in any loop of one's own: attach() with
 the model and optimizer accelerate prepared (the DDP model, whose all-reduces it times; the
-AcceleratedOptimizer, whose inner optimizer's steps end the step records: with
-`accelerator.accumulate`, one record per optimizer step, here 2 batches) and `handle.watch` around
+AcceleratedOptimizer, whose inner optimizer's steps end the steps: with
+`accelerator.accumulate`, one step per optimizer step, here 2 batches) and `handle.watch` around
 the prepared dataloader for the data wait. Accelerate reads torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT), which placerun sets as torchrun does.
 Each rank writes <log-dir>/rank<R>.jsonl; under placerun, by default placerun's log (stage 1's

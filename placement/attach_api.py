@@ -309,7 +309,8 @@ class Handle:
     def add_observer(self, fn: Callable, window_end: Optional[Callable] = None) -> None:
         """Call fn(StepRecord) for every step record (in batches, every monitor.flush_every steps;
         with window_end, step -> the last step of fn's first window ending after it, also as
-        soon as such a window's comm timing is final: StepMonitor.add_observer)."""
+        soon as such a window's comm timing is final: StepMonitor.add_observer). At short steps
+        a record holds several steps (rec.steps, records/step.py; monitor.record_min_s=0: one)."""
         if self.monitor is not None:
             self.monitor.add_observer(fn, window_end)
 

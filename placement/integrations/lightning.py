@@ -7,8 +7,8 @@ At fit start (after Lightning set up the process group, wrapped the model in DDP
 optimizers) it calls placement.attach(trainer.strategy.model, the first optimizer): under placerun
 it joins the rank's Session; under Lightning's own launcher, which starts the other processes
 itself, each process plans its share of the node (LOCAL_WORLD_SIZE from trainer.num_devices when
-the launcher did not set it, removed again at close) and binds itself. A step record ends at each
-optimizer step: with accumulate_grad_batches=k, one record per k batches; at each batch's end in
+the launcher did not set it, removed again at close) and binds itself. A step ends at each
+optimizer step: with accumulate_grad_batches=k, one step per k batches; at each batch's end in
 manual optimization without an optimizer (configure_optimizers returned None). The data wait is the
 time the training thread is blocked in DataLoader fetches (Lightning's data fetcher fetches one
 batch ahead, through the DataLoader's iterator: integrations/_steps.py FetchWait), as under

@@ -84,7 +84,10 @@ def _run(tmp_path: Path, scenario: str, on_named=None) -> dict[int, list[dict]]:
 
 
 def _step_t(log: list[dict], step: int) -> float:
-    return next(e["t"] for e in log if e.get("type") == "step" and e["step"] == step)
+    """When `step` ended: a record of several steps (records/step.py) ends at its last; an
+    earlier step of it ended the times of the steps after it before that."""
+    e = next(e for e in log if e.get("type") == "step" and e["step"] - e.get("steps", 1) < step <= e["step"])
+    return e["t"] - sum(e.get("each_ms", [])[len(e.get("each_ms", [])) - (e["step"] - step):]) / 1e3
 
 
 @pytest.mark.slow
