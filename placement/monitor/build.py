@@ -89,7 +89,7 @@ class RecordBuilder:
 
     def __init__(self, tags: RecordTags, sampler: RoleSampler, sampled: Optional[SampledReads], comm: CommTiming,
                  delivery: Delivery, on_built: Callable[[Iterable[float]], None], first_step: int,
-                 span_floor_s: float, grouping: "Grouping"):
+                 span_floor_s: float, grouping: Grouping):
         self._tags = tags
         self._sampler = sampler
         self._sampled = sampled  # None: the hook read each step's counters itself (budget 0)
@@ -163,6 +163,8 @@ class RecordBuilder:
         comm.poll_if_due(final)
         raw = self._pending
         if not raw:
+            if final and self._open:  # the last group's steps, built before, whole or not
+                self._deliver(self._records(final))
             return
         if self._sampled is not None:
             self._sampled.attach(raw, self.first_pending)
@@ -214,7 +216,9 @@ class RecordBuilder:
             t_last = end_ns
         self.last_end_ns = t_last
         self._clock = (time.perf_counter_ns(), wall_clock(), ends[-1])
-        batch = self._records(final)
+        self._deliver(self._records(final))
+
+    def _deliver(self, batch: list[StepRecord]) -> None:
         if batch:
             self._on_built(t for rec in batch for t in step_times(rec))
             self._delivery.write(batch)

@@ -68,3 +68,19 @@ def test_record_min_s_out_of_range_is_refused_with_its_range(value):
 
     with pytest.raises(ConfigError, match=r"monitor.record_min_s=.* is out of range; valid: \[0.0, 60.0\]"):
         placement.attach(policy="none", monitor={"record_min_s": value})
+
+
+def test_the_last_records_steps_are_written_at_close_when_every_step_was_handed_over(tmp_path):
+    """Close right after a hand-over of every step: the last group (steps 41-45 of 20-step
+    records) was built but not whole; close writes it as it is."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "flush_every": 5,
+                                  "handover_min_s": 0, "record_min_s": 0.02})
+    t0 = time.perf_counter_ns()
+    for i in range(1, 46):
+        h.monitor.on_step(at=t0 + i * 1_000_000)  # 1 ms steps: 20 a record
+    h.close()
+    lines = [json.loads(line) for line in (tmp_path / "rank0.jsonl").read_text().splitlines()
+             if '"type":"step"' in line]
+    assert [s for d in lines for s in line_steps(d)] == list(range(1, 46))
+    assert lines[-1]["step"] == 45 and lines[-1].get("steps", 1) <= 5
