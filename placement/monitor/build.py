@@ -250,7 +250,8 @@ class RecordBuilder:
         i, n = 0, len(steps)
         while i < n:
             first = steps[i][0]
-            last = min(first + (g - 1 - (first - 1) % g), window_due(first - 1))
+            # (an observer's window end is after first - 1; max() keeps a wrong one from stalling this)
+            last = max(first, min(first + (g - 1 - (first - 1) % g), window_due(first - 1)))
             j = i + (last - first) + 1
             if j > n:
                 if not final:
