@@ -345,7 +345,7 @@ def _record(group: list[tuple], rank: int, local_rank: int, run: Optional[str], 
     return StepRecord(rank, last[0], last[1], step_ms, data_ms, c, sum([e[6] for e in group]), roles,
                       step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
                       local_rank, last[7], max([e[9] for e in group]), run, inflight, _mean_known(own),
-                      n, each, parts=parts)
+                      n, each, tuple([e[4] if e[6] else None for e in group]), parts=parts)
 
 
 def _merge_roles(group: list[tuple]) -> dict:

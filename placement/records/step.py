@@ -140,6 +140,10 @@ class StepRecord:
     # each_ms their own times in order (None when it holds one: step_ms is that step's).
     steps: int = 1
     each_ms: Optional[tuple[float, ...]] = None
+    # Each step's comm wait (None: no collective, or not measured) of a record of several steps,
+    # as built: the exchange tells a late rank step by step (stragglers/cost.py). Not written to
+    # the log (its comm_ms is their mean).
+    each_comm_ms: Optional[tuple] = field(default=None, repr=False, compare=False)
     # Its parts (records/parts.py record_parts), split at the first asking; not written to the log.
     parts: Optional[StepParts] = field(default=None, repr=False, compare=False)
 

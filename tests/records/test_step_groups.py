@@ -80,6 +80,10 @@ def test_every_reader_gives_for_a_record_of_several_steps_what_it_gives_for_them
 
     fa, fb = figures_from_records(0, singles, 1, 8), figures_from_records(0, groups, 1, 8)
     assert fa.steps == fb.steps == len(EACH) and len(fb.comm_steps) == len(EACH)
+    # as built, a record keeps each step's comm wait: the exchange's steps are each step's own
+    for g in groups:
+        g.each_comm_ms = tuple(0.2 * ms for ms in step_times(g)) if g.steps > 1 else None
+    assert figures_from_records(0, groups, 1, 8).comm_steps == pytest.approx(fa.comm_steps)
     for name in ("step_ms", "data_ms", "comm_ms", "cpu_stall_ms", "main_cpu_ms", "placement_cpu_ms"):
         assert getattr(fa, name) == pytest.approx(getattr(fb, name)), name
 

@@ -250,9 +250,12 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         step_ms.append((r.step_ms, n))
         data_ms.append((r.data_ms, n))
         comm_ms.append((r.comm_ms, n))
-        comm = r.comm_ms if r.comm_count else None
-        for s in range(r.step - n + 1, r.step + 1):
-            comm_of[s] = comm
+        if n == 1:
+            comm_of[r.step] = r.comm_ms if r.comm_count else None
+        else:  # each step's own, as built (a record read back from a log has only their mean)
+            each = r.each_comm_ms or (r.comm_ms if r.comm_count else None,) * n
+            for s, c in zip(range(r.step - n + 1, r.step + 1), each):
+                comm_of[s] = c
         stall_ms.append((record_parts(r).cpu_stall_ms, n))
         roles = r.roles
         nccl, main = roles.get("nccl"), roles.get("main")
