@@ -57,42 +57,28 @@ class StepDigest:
     verdicts: Counter = field(default_factory=Counter)
 
     def add(self, rec: StepRecord) -> None:
-        n = rec.steps
-        if n == 1:
-            self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None)
-            return
-        # a record of n steps: its parts are per-step means, each step's time its own
-        parts = record_parts(rec)
-        if not self.steps:
-            self.first_step = rec.step - n + 1
-        self.last_step, self.t = rec.step, rec.t
-        self.steps += n
-        self.step_ms += rec.step_ms * n
-        self.data_ms += parts.data_ms * n
-        if rec.comm_ms is not None:
-            self.comm_ms = (self.comm_ms or 0.0) + parts.comm_ms * n
-        if parts.cpu_stall_ms is not None:
-            self.stall_ms = (self.stall_ms or 0.0) + parts.cpu_stall_ms * n
-        self.compute_ms += parts.compute_ms * n
-        for ms in step_times(rec):
-            self.hist[hist_bin(ms)] += 1
-        self.verdicts[rec.verdict] += n
+        self.add_step(rec.step, rec.t, rec.step_ms, record_parts(rec), rec.verdict, rec.comm_ms is not None,
+                      rec.steps, step_times(rec))
 
-    def add_step(self, step: int, t: float, step_ms: float, parts: StepParts, verdict: str, comm_read: bool) -> None:
-        """One step, by its figures (add: a StepRecord's; benchmarks/report_scale.py: generated ones)."""
+    def add_step(self, step: int, t: float, step_ms: float, parts: StepParts, verdict: str, comm_read: bool,
+                 steps: int = 1, each: tuple = ()) -> None:
+        """A record's steps by its figures (add: a StepRecord's; benchmarks/report_scale.py:
+        generated ones): `step` the last of `steps`, its figures and parts per-step means,
+        `each` each step's own time (a record of one step: step_ms)."""
         if not self.steps:
-            self.first_step = step
+            self.first_step = step - steps + 1
         self.last_step, self.t = step, t
-        self.steps += 1
-        self.step_ms += step_ms
-        self.data_ms += parts.data_ms
+        self.steps += steps
+        self.step_ms += step_ms * steps
+        self.data_ms += parts.data_ms * steps
         if comm_read:
-            self.comm_ms = (self.comm_ms or 0.0) + parts.comm_ms
+            self.comm_ms = (self.comm_ms or 0.0) + parts.comm_ms * steps
         if parts.cpu_stall_ms is not None:
-            self.stall_ms = (self.stall_ms or 0.0) + parts.cpu_stall_ms
-        self.compute_ms += parts.compute_ms
-        self.hist[hist_bin(step_ms)] += 1
-        self.verdicts[verdict] += 1
+            self.stall_ms = (self.stall_ms or 0.0) + parts.cpu_stall_ms * steps
+        self.compute_ms += parts.compute_ms * steps
+        for ms in each or (step_ms,):
+            self.hist[hist_bin(ms)] += 1
+        self.verdicts[verdict] += steps
 
     @classmethod
     def pooled(cls, digests) -> "StepDigest":

@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional, Sequence
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
 from placement.events import EventKind
-from placement.records.step import StepRecord
+from placement.records.step import StepRecord, record_steps
 from placement.roles import ThreadRole
 from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
 from placement.tune.judge import Backoff, NoiseBand, judge
@@ -114,7 +114,7 @@ class Tuner:
         try:
             while i < n and self.state is not TunerState.STOPPED:
                 if self._window_start is None:
-                    self._window_start = _first(records[i])
+                    self._window_start = record_steps(records[i]).start
                 # The records through the first one at or past the current window's last step: a
                 # window can end (and an action move the window's start) only at that one.
                 last = self._window_start + self.cfg.window - 1
@@ -134,7 +134,8 @@ class Tuner:
         start = self._window_start
         # (a record of several steps, records/step.py, counts from its first: one begun before
         # the window is left out whole)
-        self._records.extend(chunk if _first(chunk[0]) >= start else [r for r in chunk if _first(r) >= start])
+        self._records.extend(chunk if record_steps(chunk[0]).start >= start
+                             else [r for r in chunk if record_steps(r).start >= start])
         while self._records and self._records[-1].step >= self._window_start + self.cfg.window - 1:
             end = self._window_start + self.cfg.window
             whole = [r for r in self._records if r.step < end]
@@ -267,7 +268,7 @@ class Tuner:
         self._in_flight = InFlight(p, previous, stats, first_step, also_previous)
         self.state = TunerState.IN_FLIGHT
         self._window_start = first_step
-        self._records = [r for r in self._records if _first(r) >= first_step]
+        self._records = [r for r in self._records if record_steps(r).start >= first_step]
         self._event(EventKind.TUNE, message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
                     change=change, also=also, reason=p.reason, in_force_step=first_step,
                     evidence=p.evidence, effect=None, threads=len(results) - len(failed),
@@ -328,7 +329,3 @@ def _also_changes(before, after) -> list[dict[str, Any]]:
 def _moved(before: frozenset[int], after: frozenset[int]) -> str:
     return f"cpus {format_cpulist(before)} -> {format_cpulist(after)}"
 
-
-def _first(rec: StepRecord) -> int:
-    """The first step a record holds."""
-    return rec.step - rec.steps + 1
