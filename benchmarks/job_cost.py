@@ -23,6 +23,12 @@ warm-up included, which the steady figure leaves out).
     python benchmarks/job_cost.py --quick          # 3 rounds of 700 steps
     python benchmarks/job_cost.py                  # 5 rounds of 1,500 steps
     python benchmarks/job_cost.py --arms torchrun,placerun,monitor_off --rounds 7
+    python benchmarks/job_cost.py --arms placerun,h1 --arm h1=placement.monitor.handover_min_s=1
+    python benchmarks/job_cost.py --arms placerun,before --tree before=/tmp/old-checkout
+
+--arm NAME=OVERRIDE[,OVERRIDE...] adds a placerun arm with those overrides; --tree NAME=PATH adds
+a placerun arm that imports placement from another checkout (PYTHONPATH), so that two versions
+alternate in one run.
 """
 from __future__ import annotations
 
@@ -52,14 +58,20 @@ ARMS = {  # arm -> (launcher, placement overrides)
 DEFAULT_ARMS = ("torchrun", "placerun", "monitor_off", "tuner_off", "unbound")
 
 
+TREES: dict[str, str] = {}  # arm -> the checkout whose placement it runs (--tree)
+
+
 def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
     out, logs = work / f"{arm}.json", work / f"{arm}-logs"
     launcher, overrides = ARMS[arm]
     if launcher is PLACERUN:
         overrides = overrides + [f"placement.monitor.log_dir={logs}"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEMENT_")}
+    if arm in TREES:
+        env["PYTHONPATH"] = os.pathsep.join([TREES[arm]] + [p for p in [env.get("PYTHONPATH")] if p])
+        launcher = [sys.executable, "-m", "placement.launcher"]
     cmd = launcher + ["--standalone", "--nproc-per-node", str(nproc)] + overrides + \
         [str(JOB), "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEMENT_")}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         sys.exit(f"job_cost: arm {arm} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
@@ -101,7 +113,25 @@ def main() -> None:
     p.add_argument("--steps", type=int)
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--arms", default=",".join(DEFAULT_ARMS))
+    p.add_argument("--arm", action="append", default=[], metavar="NAME=OVERRIDE[,OVERRIDE...]",
+                   help="a placerun arm with these overrides")
+    p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
+                   help="a placerun arm running the placement of another checkout")
     args = p.parse_args()
+    for spec in args.arm + args.tree:
+        name, _, value = spec.partition("=")
+        if not name or not value or name in ARMS:
+            print(f"job_cost: bad arm {spec!r}: NAME=VALUE with a new NAME", file=sys.stderr)
+            sys.exit(2)
+    for spec in args.arm:
+        name, _, value = spec.partition("=")
+        ARMS[name] = (PLACERUN, value.split(","))
+    for spec in args.tree:
+        name, _, path = spec.partition("=")
+        if not (Path(path) / "placement" / "launcher.py").is_file():
+            print(f"job_cost: --tree {spec!r}: {path}/placement/launcher.py is missing", file=sys.stderr)
+            sys.exit(2)
+        ARMS[name], TREES[name] = (PLACERUN, []), str(Path(path).resolve())
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad:

@@ -247,6 +247,11 @@ def children(pid, proc: str = "/proc") -> list[int]:
     return kids
 
 
+def task_children(pid, tid: int, proc: str = "/proc") -> list[int]:
+    """The child processes thread `tid` of `pid` forked (its /proc children file)."""
+    return [int(x) for x in _read_task(pid, tid, "children", CHILDREN_MAX, proc).split()]
+
+
 def pids(proc: str = "/proc") -> list[int]:
     return sorted(int(p) for p in os.listdir(proc) if p.isdigit())
 

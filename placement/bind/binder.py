@@ -48,6 +48,12 @@ SETTLE_S = 3.0
 CHILD_SETTLE_S = 30.0
 # How long main keeps the stage-1 mask waiting for NCCL's threads before it is narrowed anyway.
 MAIN_WAIT_S = 10.0
+# Between full listings a settled rescan looks first (_look: the rank's thread count, its main
+# thread's children and each one's thread count, 2 + children reads) and lists nothing when that
+# is unchanged; the listing (a read of every thread's children file and a directory per child)
+# cost the watcher ~250 us a second on the dev VM. A child forked by another thread, or a thread
+# that replaced one that ended, waits for every LISTING_EVERY-th look (seconds at the watcher's pace).
+LISTING_EVERY = 8
 
 
 @dataclass
@@ -86,6 +92,8 @@ class RoleBinder:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watcher: Optional[threading.Thread] = None
+        self._looked: Optional[tuple] = None  # the look taken before the last listing (_look)
+        self._looks = 0
 
     # ---- public -----------------------------------------------------------
     def role_cpus(self, role: ThreadRole) -> frozenset[int]:
@@ -197,8 +205,25 @@ class RoleBinder:
             keys.update((child, t) for t in _task_ids(child))
         return keys
 
+    def _look(self) -> Optional[tuple]:
+        """(thread count, the main thread's children, each child's thread count), None when
+        unreadable: what a listing would show changed, cheaply (see LISTING_EVERY)."""
+        try:
+            kids = _procfs.task_children(self.pid, self.pid)
+            return _procfs.stat(self.pid).num_threads, tuple((k, _procfs.stat(k).num_threads) for k in kids)
+        except (_procfs.ThreadGone, OSError, ValueError):
+            return None
+
     def _rescan(self, force: bool = False) -> list[BindResult]:
         now = time.monotonic()
+        if not force and self._main_released and not self._main_holds:
+            look, self._looks = self._look(), self._looks + 1
+            if (look is not None and look == self._looked and self._looks % LISTING_EVERY
+                    and not any(self._young(k, now) for k in self._records)):
+                return self._check_drift()
+            self._looked = look
+        else:
+            self._looked = None  # the next settled rescan lists
         keys = self._keys()
         if not force and self._main_released and not self._main_holds and keys == set(self._records) \
                 and not any(self._young(k, now) for k in keys):

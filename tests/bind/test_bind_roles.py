@@ -116,6 +116,37 @@ def test_rescan_is_idempotent_and_binds_only_newcomers(threads, monkeypatch):
     assert binder.rescan() == []
 
 
+def test_a_settled_rescan_lists_threads_only_when_its_look_changed_or_every_listing_every(threads, monkeypatch):
+    """Between listings a rescan looks (thread counts, the main thread's children): nothing
+    listed while that is unchanged; a thread that replaced one that ended (the same count) is
+    bound at the LISTING_EVERY-th look at the latest."""
+    from placement.bind import binder as binder_mod
+
+    monkeypatch.setattr(binder_mod, "SETTLE_S", 0.0)
+    listings = []
+    real = binder_mod._task_ids
+    monkeypatch.setattr(binder_mod, "_task_ids", lambda pid: listings.append(pid) or real(pid))
+    gone = threads("python")
+    binder = RoleBinder(rank_plan(), None)
+    binder.rescan()
+    binder.rescan()  # the first settled look, then a listing
+    listings.clear()
+    for _ in range(3):
+        assert binder.rescan() == []
+    assert listings == []  # looked, listed nothing
+    gone.close()
+    nccl = threads("NCCL Progress 0")  # the same thread count as before
+    bound = []
+    for _ in range(binder_mod.LISTING_EVERY):
+        bound += binder.rescan()
+        if bound:
+            break
+    assert [r.tid for r in bound] == [nccl.tid] and allowed(os.getpid(), nccl.tid) == B
+    more = threads("pt_data_pin")  # one more thread: the next look sees it
+    (r,) = binder.rescan()
+    assert r.tid == more.tid and allowed(os.getpid(), more.tid) == B
+
+
 def test_thread_named_after_its_first_scan_is_rehomed(threads):
     late = threads("python", rename_to="NCCL Service 0")  # seen with the inherited name first
     binder = RoleBinder(rank_plan(), None)

@@ -283,7 +283,11 @@ class Exchange:
     # How long rank 0 waits at its next exchange for ranks that have not sent the previous one
     # (a peer more than a whole exchange window behind). The monitor thread waits, not training.
     WAIT_S = 10.0
+    # Its polls back off from POLL_S to POLL_MAX_S: each is a store round trip (~60 us of the
+    # monitor thread's CPU), and a peer a hand-over behind (monitor.handover_min_s) would
+    # otherwise cost a hundred of them a second.
     POLL_S = 0.01
+    POLL_MAX_S = 0.1
 
     def __init__(self, rank: int, world_size: int, store, warn: WarnOnce, slots: int,
                  thresholds: Thresholds = Thresholds(), node_rank: Optional[int] = None,
@@ -365,8 +369,10 @@ class Exchange:
         t0 = time.perf_counter()
         try:
             n = self.transport.arrived(seq)
+            poll_s = self.POLL_S
             while n < expected and block and time.monotonic() < until:
-                time.sleep(self.POLL_S)
+                time.sleep(min(poll_s, max(0.0, until - time.monotonic())))
+                poll_s = min(self.POLL_MAX_S, 2 * poll_s)
                 t0 = time.perf_counter()  # rank 0's cost: from its last poll, not its wait for peers
                 n = self.transport.arrived(seq)
             if n < expected and not block:
