@@ -39,7 +39,7 @@ Why this way
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 from placement.records.parts import StepPart, record_parts
@@ -211,9 +211,15 @@ def _round(v: Optional[float], digits: int = 3) -> Optional[float]:
     return None if v is None else round(v, digits)
 
 
+# An event's straggler fields, in declaration order: every one but `material` (every straggler an
+# event names is). Read one by one, not through dataclasses.asdict, whose deep copy of each field
+# was most of a straggler event's cost on rank 0's monitor thread.
+_STRAGGLER_KEYS = tuple(f.name for f in fields(Straggler) if f.name != "material")
+
+
 def _straggler_dict(s: Straggler) -> dict:
-    d = asdict(s)
-    del d["material"]  # every straggler an event names is
+    d = {k: getattr(s, k) for k in _STRAGGLER_KEYS}
+    d["ranks"] = list(s.ranks) if isinstance(s.ranks, list) else s.ranks
     d["cost_ms_per_step"], d["cost_pct"] = _round(s.cost_ms_per_step), _round(s.cost_pct, 2)
     d["cost_by_cause"] = {str(c): round(v, 3) for c, v in s.cost_by_cause.items()}
     return d
