@@ -30,7 +30,7 @@ by round as above.
 
 --cadence: the monitor thread's hand-over (records built and written, the thread scan) holds the
 GIL, so a Python-bound step waits for it; arm `monitor` has hand-overs at least
-monitor.handover_min_s (1 s) apart, the default; arm `monitor_no_floor` is the same callback with
+monitor.handover_min_s (0.5 s) apart, the default; arm `monitor_no_floor` is the same callback with
 handover_min_s=0, a hand-over at every due step (every 20 steps at the defaults).
 """
 from __future__ import annotations

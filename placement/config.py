@@ -120,7 +120,7 @@ class MonitorConfig:
     log_rotate_mb: float = _key(256.0, "a rank's log past this size becomes `rank<R>.<N>.jsonl.gz` (compressed aside, "
                                        "~10x smaller; `placement report` reads both); 0 = never")
     flush_every: int = _key(20, "steps between JSONL flushes (always flushed at exit)")
-    handover_min_s: float = _key(1.0, "least time between two hand-overs of steps to the monitor thread: at short "
+    handover_min_s: float = _key(0.5, "least time between two hand-overs of steps to the monitor thread: at short "
                                       "steps each builds, writes and exchanges flush_every x 2^k steps at once, the "
                                       "tuner's windows among them, but a window that ran 10% slower is handed over "
                                       "as it ends (docs/monitor.md); 0 = at every due step")

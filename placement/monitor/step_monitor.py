@@ -80,7 +80,7 @@ from placement.roles import OWN_THREADS
 # lets the monitor thread run only one switch interval (5 ms) per system call it makes.
 MAX_BACKLOG = 4
 # While no observer judges windows, span readings (every thread read in full, the thread list
-# rescanned) are at least this many monitor.handover_min_s apart (4 s at the defaults), whatever
+# rescanned) are at least this many monitor.handover_min_s apart (2 s at the defaults), whatever
 # rescan_every says: at short steps each costs hundreds of us on the monitor thread
 # (benchmarks/monitor_thread.py), and their figures (faults, switches, MHz, DataLoader and
 # `other`) are per-step means over the span anyway.
