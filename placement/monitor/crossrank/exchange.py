@@ -184,6 +184,9 @@ def pack_row(seq: int, node_rank: Optional[float], values: list[float]) -> bytes
     return struct.pack("<Q", MARK) + struct.pack(f"<{len(head) + len(values)}d", *head, *values)
 
 
+# Rows up to which rank 0 handles a window's rows as lists (row_ranks):
+# numpy's per-call overhead is most of the work at a few ranks (benchmarks/exchange_scale.py).
+SMALL_ROWS = 64
 ROWS_READ_MAX = 2  # rows parsed per exchange: at most this many times the job's ranks, + ROWS_READ_SLACK
 ROWS_READ_SLACK = 16
 
@@ -431,8 +434,8 @@ class Exchange:
 
         def name(report: StragglerReport) -> StragglerReport:
             candidates.append(report)
-            steps = got.rows[:, len(HEADER) + FIELDS.index("first_step")]
-            return self.naming.decide(report, int(steps.min()) if len(steps) else got.seq)
+            steps = got.rows[:, len(HEADER) + FIELDS.index("first_step")].tolist()
+            return self.naming.decide(report, int(min(steps)) if steps else got.seq)
 
         figure_rows, node_of = split_rows(got.rows)
         figures, report, nodes = judge_rows(figure_rows, node_of, self.slots,
@@ -592,9 +595,16 @@ def split_rows(rows):
 
 def row_ranks(rows, world_size: int) -> tuple[list[int], list[int], list[int]]:
     """(ranks, the last step of each one's row, the job's ranks with no row) of decoded exchange
-    rows, ranks outside the job dropped (numpy: rank 0 does this for every rank at every exchange)."""
+    rows, ranks outside the job dropped (numpy: rank 0 does this for every rank at every exchange;
+    below SMALL_ROWS rows, lists: numpy's call overhead is most of it there)."""
     import numpy as np
 
+    if len(rows) <= SMALL_ROWS:
+        pairs = [(int(r), int(s)) for r, s in zip(rows[:, len(HEADER) + FIELDS.index("rank")].tolist(),
+                                                  rows[:, len(HEADER) + FIELDS.index("last_step")].tolist())
+                 if 0 <= r < world_size]
+        seen = {r for r, _ in pairs}
+        return [r for r, _ in pairs], [s for _, s in pairs], [r for r in range(world_size) if r not in seen]
     ranks = rows[:, len(HEADER) + FIELDS.index("rank")].astype(int)
     keep = (ranks >= 0) & (ranks < world_size)
     seen = np.zeros(world_size, dtype=bool)

@@ -40,19 +40,13 @@ def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float
     steps were measured on every rank, or the ranks sent different steps."""
     if len({(r.first_step, r.last_step) for r in ranks}) != 1:
         return None  # not the same steps: nothing to compare step by step
-    per_step: dict[int, list[float]] = {r.rank: [] for r in ranks}
-    columns = [per_step[r.rank] for r in ranks]
-    # a step at a time, over the steps every rank sent (zip stops at the shortest): rank 0 runs
-    # this for every window it judges
-    for comm in zip(*(r.comm_steps for r in ranks)):
-        if None in comm:
-            continue
-        longest = max(comm)
-        for column, c in zip(columns, comm):
-            column.append(longest - c)
-    if any(len(v) < MIN_COMMON_STEPS for v in per_step.values()):
+    # the steps every rank sent (zip stops at the shortest) and measured: rank 0 runs this for
+    # every window it judges, so a rank's column at a time
+    steps = [comm for comm in zip(*(r.comm_steps for r in ranks)) if None not in comm]
+    if len(steps) < MIN_COMMON_STEPS:
         return None  # too few steps to tell lateness from one step's noise
-    return per_step
+    longest = [max(comm) for comm in steps]
+    return {r.rank: [top - comm[i] for top, comm in zip(longest, steps)] for i, r in enumerate(ranks)}
 
 
 def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:

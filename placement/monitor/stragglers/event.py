@@ -77,7 +77,7 @@ def judge_rows(rows, node_of: dict[int, Optional[int]], slots: int, baseline_ms:
     f = {name: i for i, name in enumerate(FIELDS)}
     active = rows[rows[:, f["steps"]] > 0]
     if len(active) <= TRIAGE_ABOVE:
-        figures = [RankFigures.from_row(r.tolist()) for r in rows]
+        figures = [RankFigures.from_row(r) for r in rows.tolist()]
         report = compact(name(classify(figures, baseline_ms, th)))
         return figures, report, _named_nodes(report, node_of)
     lat = _lateness(active, slots)

@@ -88,14 +88,14 @@ class RankFigures:
 
     @classmethod
     def from_row(cls, row: list[float]) -> "RankFigures":
-        vals = {f: (None if math.isnan(v) else v) for f, v in zip(FIELDS, row)}
+        # (v == v: False for NaN alone; rank 0 reads W rows a window, at every window)
+        vals = {f: (v if v == v else None) for f, v in zip(FIELDS, row)}
         for f in ("rank", "steps", "first_step", "last_step"):
             vals[f] = int(vals[f] or 0)
         vals["step_ms"] = vals["step_ms"] or 0.0
         vals["data_ms"] = vals["data_ms"] or 0.0
-        comm = [None if math.isnan(v) else v for v in row[len(FIELDS):]]
         span = max(0, vals["last_step"] - vals["first_step"] + 1) if vals["steps"] else 0
-        vals["comm_steps"] = tuple(comm[:span])
+        vals["comm_steps"] = tuple([v if v == v else None for v in row[len(FIELDS):len(FIELDS) + span]])
         return cls(**vals)
 
     def threads_stall_ms(self) -> Optional[float]:

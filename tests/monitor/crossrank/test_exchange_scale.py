@@ -4,10 +4,10 @@ import json
 import random
 
 
-from placement.monitor.crossrank.exchange import decode_rows, encode_row, split_rows
+from placement.monitor.crossrank.exchange import HEADER, SMALL_ROWS, decode_rows, encode_row, row_ranks, split_rows
 from placement.monitor.stragglers.event import NAMED, TRIAGE_ABOVE, WindowJudgement, judge_rows, straggler_event
 from placement.report.cluster import straggler_ranks
-from placement.monitor.stragglers.figures import RankFigures, Thresholds
+from placement.monitor.stragglers.figures import FIELDS, RankFigures, Thresholds
 from placement.monitor.stragglers.classify import classify
 
 T = 1_800_000_000.0
@@ -89,3 +89,28 @@ def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged
     assert sorted(int(f.rank) for f in verdict.figures) == [0, 1, 3]
     assert ex.rows_dropped == 7, ex.rows_dropped
     assert [k for k, _ in said].count("exchange-bad-rows") == 1
+
+
+def test_row_ranks_by_lists_at_a_few_ranks_says_what_numpy_says_at_many():
+    """row_ranks handles up to SMALL_ROWS rows as lists (numpy's call overhead was most of rank
+    0's work per window at a few ranks) and more with numpy: the same ranks, last steps and
+    missing ranks either way, rows of ranks outside the job dropped."""
+    import numpy as np
+
+    world = 2 * SMALL_ROWS
+    present = [r for r in range(world) if r % 3]  # every third rank sent nothing
+    raw = b"".join(encode_row(3, 0, figs(r), SLOTS) for r in present)
+    rows, _ = decode_rows(raw, SLOTS, 3, world)
+    assert len(rows) > SMALL_ROWS
+    big = row_ranks(rows, world)
+    assert big == (present, [30] * len(present), [r for r in range(world) if r not in present])
+    small = rows[:SMALL_ROWS // 2]
+    in_lists = row_ranks(small, world)
+    assert in_lists == (present[:SMALL_ROWS // 2], [30] * (SMALL_ROWS // 2),
+                        [r for r in range(world) if r not in present[:SMALL_ROWS // 2]])
+    # The numpy path over the same rows (padded past SMALL_ROWS with rows of a rank outside the
+    # job, which both drop) agrees.
+    outside = np.repeat(small[:1], SMALL_ROWS, axis=0)
+    outside[:, len(HEADER) + FIELDS.index("rank")] = world + 5
+    assert row_ranks(np.concatenate([small, outside]), world) == in_lists
+    assert row_ranks(np.concatenate([small[:3], outside[:2]]), world) == row_ranks(small[:3], world)
