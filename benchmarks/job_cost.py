@@ -118,20 +118,18 @@ def main() -> None:
     p.add_argument("--tree", action="append", default=[], metavar="NAME=PATH",
                    help="a placerun arm running the placement of another checkout")
     args = p.parse_args()
-    for spec in args.arm + args.tree:
+    for spec, tree in [(a, False) for a in args.arm] + [(t, True) for t in args.tree]:
         name, _, value = spec.partition("=")
         if not name or not value or name in ARMS:
             print(f"job_cost: bad arm {spec!r}: NAME=VALUE with a new NAME", file=sys.stderr)
             sys.exit(2)
-    for spec in args.arm:
-        name, _, value = spec.partition("=")
-        ARMS[name] = (PLACERUN, value.split(","))
-    for spec in args.tree:
-        name, _, path = spec.partition("=")
-        if not (Path(path) / "placement" / "launcher.py").is_file():
-            print(f"job_cost: --tree {spec!r}: {path}/placement/launcher.py is missing", file=sys.stderr)
+        if not tree:
+            ARMS[name] = (PLACERUN, value.split(","))
+        elif not (Path(value) / "placement" / "launcher.py").is_file():
+            print(f"job_cost: --tree {spec!r}: {value}/placement/launcher.py is missing", file=sys.stderr)
             sys.exit(2)
-        ARMS[name], TREES[name] = (PLACERUN, []), str(Path(path).resolve())
+        else:
+            ARMS[name], TREES[name] = (PLACERUN, []), str(Path(value).resolve())
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
     bad = [a for a in arms if a not in ARMS]
     if bad:

@@ -236,20 +236,20 @@ def task_ids(pid, proc: str = "/proc") -> list[int]:
     return sorted(int(t) for t in names if t.isdigit())
 
 
+def task_children(pid, tid: int, proc: str = "/proc") -> list[int]:
+    """The child processes thread `tid` of `pid` forked (its /proc children file)."""
+    return [int(x) for x in _read_task(pid, tid, "children", CHILDREN_MAX, proc).split()]
+
+
 def children(pid, proc: str = "/proc") -> list[int]:
     """Direct child processes, from /proc/<pid>/task/*/children (threads that exit meanwhile skipped)."""
     kids: list[int] = []
     for tid in task_ids(pid, proc):
         try:
-            kids.extend(int(x) for x in _read_task(pid, tid, "children", CHILDREN_MAX, proc).split())
+            kids.extend(task_children(pid, tid, proc))
         except ThreadGone:
             continue
     return kids
-
-
-def task_children(pid, tid: int, proc: str = "/proc") -> list[int]:
-    """The child processes thread `tid` of `pid` forked (its /proc children file)."""
-    return [int(x) for x in _read_task(pid, tid, "children", CHILDREN_MAX, proc).split()]
 
 
 def pids(proc: str = "/proc") -> list[int]:

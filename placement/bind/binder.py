@@ -216,7 +216,8 @@ class RoleBinder:
 
     def _rescan(self, force: bool = False) -> list[BindResult]:
         now = time.monotonic()
-        if not force and self._main_released and not self._main_holds:
+        settled = not force and self._main_released and not self._main_holds
+        if settled:
             look, self._looks = self._look(), self._looks + 1
             if (look is not None and look == self._looked and self._looks % LISTING_EVERY
                     and not any(self._young(k, now) for k in self._records)):
@@ -225,8 +226,7 @@ class RoleBinder:
         else:
             self._looked = None  # the next settled rescan lists
         keys = self._keys()
-        if not force and self._main_released and not self._main_holds and keys == set(self._records) \
-                and not any(self._young(k, now) for k in keys):
+        if settled and keys == set(self._records) and not any(self._young(k, now) for k in keys):
             return self._check_drift()
         # Rebuilt in scan order: the threads read now, then those listed but gone before the
         # read (kept, unread, until a listing no longer shows them); the rest have exited.
