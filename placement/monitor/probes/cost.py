@@ -76,29 +76,14 @@ class CostKeeper:
         self._seen = (hook_ns, hook_steps, own_ns, read_ns)
         if hook_steps - steps0 < 4 or step_ms is None:
             return
+        if not self._judged:
+            self._judged = True
+            return  # (up to the first judgement: the threads' start, no per-step cost)
         steps = hook_steps - steps0
         hook_us = (hook_ns - ns0) / 1e3 / steps
         reads_us = (read_ns - read0) / 1e3 / steps  # the readings and the wake-ups they took
         own_us = max(0, own_ns - own0) / 1e3 / steps
         cost_us = hook_us + own_us
-        if not self._judged:
-            self._judged = True
-            # The first batch's cost is the threads' start, no per-step cost: not judged. Its
-            # readings' own is, and they start at every step: judged alone now, one batch
-            # earlier (at short steps on a VM a reading a step, each with its wake-up, is
-            # several times the budget: ~80 wake-ups before the first whole judgement).
-            if reads_us <= 0:
-                return
-            cost_us = reads_us
-            said = (f"reading them costs {reads_us:.1f} us per step on this machine (their wake-ups included; "
-                    f"the rest of placement's cost is judged from the next batch on)")
-            # (the whole figure of this batch is the threads' start: null, not a step's cost)
-            figures = {"hook_us": None, "thread_us": None, "placement_cpu_us_per_step": None, "placement_cost_pct": None}
-        else:
-            said = (f"placement costs {cost_us:.1f} us per step on this machine ({hook_us:.1f} in the step hook, "
-                    f"{own_us:.1f} on its own threads, {reads_us:.1f} of it reading counters)")
-            figures = {"hook_us": round(hook_us, 1), "thread_us": round(own_us, 1),
-                       "placement_cpu_us_per_step": round(cost_us, 1), "placement_cost_pct": round(cost_us / 10 / step_ms, 3)}
         budget = self.budget
         with self._lock:
             was = budget.every
@@ -107,9 +92,13 @@ class CostKeeper:
                 sampled.pace(budget.every, step_ms)
         if now is not None:
             self._events.event(EventKind.MONITOR, message=(
-                f"kernel counters read every {now} step(s), was {was}: {said}, {cost_us / 10 / step_ms:.2f}% of a "
-                f"{step_ms:.2f} ms step, budget {budget.budget_pct}% (placement.monitor.budget_pct)"),
-                probe_every=now, step=step, reads_us=round(reads_us, 1), **figures,
+                f"kernel counters read every {now} step(s), was {was}: placement costs {cost_us:.1f} us "
+                f"per step on this machine ({hook_us:.1f} in the step hook, {own_us:.1f} on its own threads, "
+                f"{reads_us:.1f} of it reading counters), {cost_us / 10 / step_ms:.2f}% of a {step_ms:.2f} ms "
+                f"step, budget {budget.budget_pct}% (placement.monitor.budget_pct)"),
+                probe_every=now, step=step, hook_us=round(hook_us, 1), thread_us=round(own_us, 1),
+                reads_us=round(reads_us, 1), placement_cpu_us_per_step=round(cost_us, 1),
+                placement_cost_pct=round(cost_us / 10 / step_ms, 3),
                 step_ms=round(step_ms, 3), budget_pct=budget.budget_pct)
         elif budget.over(step_ms):
             self._warn("budget", f"placement costs {budget.judged_us():.1f} us per step (the median of its "

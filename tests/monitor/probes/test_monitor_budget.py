@@ -282,16 +282,13 @@ def test_the_budget_counts_all_of_placements_cpu_tuner_or_not(tmp_path, windowed
     events = [json.loads(l) for l in (tmp_path / "rank0.jsonl").read_text().splitlines()]
     cadence = [e for e in events if e["type"] == "monitor" and "probe_every" in e]
     assert cadence and cadence[0]["probe_every"] > 1, events
-    # (the first batch's judgement, on the readings alone, says so and carries no whole figure)
-    whole = [e for e in cadence if e.get("placement_cpu_us_per_step") is not None]
-    assert all("reading them costs" in e["message"] for e in cadence if e not in whole), cadence
+    assert "on its own threads" in cadence[0]["message"], cadence
     # Counted in the judgement of the batch whose records it observed; at these short steps the
     # windows come with the paced hand-overs, a few times a second, and the per-second judgement
     # may have sent k to its cap (MAX_PERIOD_S of steps) before: no move left to say it with.
-    counted = [e for e in whole if e["hook_us"] + e["thread_us"] > burn_us / 2]
+    counted = [e for e in cadence if e["hook_us"] + e["thread_us"] > burn_us / 2]
     capped = cadence[-1]["probe_every"] * cadence[-1]["step_ms"] >= 0.9 * MAX_PERIOD_S * 1e3
-    assert (counted and "on its own threads" in counted[0]["message"]
-            and counted[0]["placement_cpu_us_per_step"] > burn_us / 2) or capped, cadence
+    assert (counted and counted[0]["placement_cpu_us_per_step"] > burn_us / 2) or capped, cadence
     end = next(e for e in events if e["type"] == "end" and e.get("source") == "monitor")
     # the whole figure over the run: at least the observer's CPU per step, and the share of a ~2 ms step it is
     assert end["placement_cpu_us_per_step"] > 0.9 * burn_us, end
