@@ -12,6 +12,22 @@ worker as `multiprocessing_context.Process(target=torch.utils.data._utils.worker
 method forks inside multiprocessing.popen_fork.Popen._launch(process_obj), so the hook finds
 `process_obj._target` a few frames up. Workers started by spawn or forkserver are not forked from
 main: the binder's rescan finds them by name (`pt_data_worker`).
+
+A fork of the rank is also kept from a CPython < 3.12 deadlock (python/cpython#112275). The child
+takes the interpreter's thread-list lock (HEAD_LOCK) in PyOS_AfterFork_Child ->
+_PyEval_ReInitThreads -> _PyThreadState_DeleteExcept before it re-creates that lock, so a child
+forked while another thread held it waits forever, before any Python runs. Threads take it
+without the GIL when they make a Python thread state: torch's gloo threads do so each time they
+drop the last reference to a tensor Python had let go of, or run a future's Python callback
+(pybind11's gil_scoped_acquire in torch/csrc/PyInterpreter.cpp ConcretePyInterpreterVTable::decref
+and torch/csrc/jit/python/pybind_utils.h PythonFutureWrapper::then, on ProcessGroupGloo::runLoop;
+seen in gdb on torch 2.13). Once a rank's threads share main's core, such a thread can be
+preempted inside the lock by main, which then forks: 2 hangs in ~100 Lightning runs under
+placerun on the dev VM, each child stuck in _PyThreadState_DeleteExcept. guard_forks() makes each
+fork wait, GIL held, for the lock to be free (its holder needs no GIL to let it go). What is left
+is a thread that takes the lock in the microseconds between that wait and fork() itself: on
+main's core that needs main preempted right there; on another core it is the race torchrun's
+ranks run too.
 """
 from __future__ import annotations
 
@@ -27,6 +43,38 @@ _forget_rank: Optional[Callable[[], None]] = None
 _registered = False
 _WORKER_LOOP = ("torch.utils.data._utils.worker", "_worker_loop")
 _FRAMES_UP = 16  # os.fork is called from Popen._launch, a couple of frames above the hook
+_guarded = False
+
+
+def guard_forks() -> bool:
+    """From now on every os.fork() of this process first waits for the interpreter's thread-list
+    lock (see the module doc). Once per process; False where the interpreter needs no guard or
+    has no C API to reach (3.12 re-creates the lock before the child takes it; where a 3.11 or
+    older patch release carries the backport, python/cpython#112336, the guard costs one free
+    lock per fork)."""
+    global _guarded
+    if _guarded:
+        return True
+    if sys.version_info >= (3, 12):
+        return False
+    try:
+        import ctypes
+
+        set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+    except (ImportError, AttributeError):  # no ctypes, or not CPython
+        return False
+    set_async_exc.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
+    set_async_exc.restype = ctypes.c_int
+
+    def wait_for_thread_list_lock() -> None:
+        # Takes HEAD_LOCK, finds no thread with id 0 (a pthread_t is never 0), lets it go; PyDLL
+        # keeps the GIL. Python/pystate.c PyThreadState_SetAsyncExc (3.10, 3.11).
+        set_async_exc(0, None)
+
+    # Before-fork hooks run last-registered first: registered early, this one runs late, next to fork().
+    os.register_at_fork(before=wait_for_thread_list_lock)
+    _guarded = True
+    return True
 
 
 def rehome_forked_children(binder, forget_rank: Optional[Callable[[], None]] = None) -> None:

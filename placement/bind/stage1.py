@@ -19,7 +19,7 @@ from placement.bind.affinity import apply_process_mask
 from placement.bind.binder import RoleBinder
 from placement.bind.dataloader import MODULE as DATALOADER_MODULE, count_workers_against
 from placement.bind.env import apply_env, apply_torch_threads
-from placement.bind.fork import rehome_forked_children
+from placement.bind.fork import guard_forks, rehome_forked_children
 from placement.bind.memory import apply_memory_policy
 from placement.bind.nccl import SET_THREAD_NAME, nccl_communicator_started
 from placement.config import PlacementConfig
@@ -87,6 +87,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
 
 def start_stage2(s) -> None:
     """Bind threads by role now and from then on (new threads, DataLoader workers, NCCL)."""
+    guard_forks()  # the rank's forks, bound or not: its collectives' threads enter Python (bind/fork.py)
     if s.plan.policy == "none" or not s.rank_plan.roles:
         return
     rehome_forked_children(s.binder, forget_rank=_forget_session)
