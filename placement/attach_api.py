@@ -39,6 +39,7 @@ from typing import Any, Callable, Iterable, Optional, Union
 from placement import _procfs
 from placement.bind import session as session_mod
 from placement.bind.affinity import apply_process_mask
+from placement.bind.fork import guard_forks
 from placement.bind.stage1 import run_stage1, start_stage2, warn_rank
 from placement.config import EnvSettings, PlacementConfig, load_config
 from placement.errors import ConfigError, PlacementError, say
@@ -425,6 +426,7 @@ def attach(model=None, optimizer=None, *, config=None, **overrides) -> Handle:
                 events.close()
                 raise
             owns_session = session is not None
+    guard_forks()  # bound or not: its backend threads enter Python (the monitor's future callbacks, torch's frees)
     handle = _start_handle(cfg, session, events, identity, model, owns_session, owns_events,
                            found if owns_session else None, steps="attach", steps_before=steps_before)
     if handle.monitor is not None and optimizer is not None:

@@ -87,7 +87,7 @@ def run_stage1(cfg: PlacementConfig, plan: Plan, events, identity: RankIdentity,
 
 def start_stage2(s) -> None:
     """Bind threads by role now and from then on (new threads, DataLoader workers, NCCL)."""
-    guard_forks()  # the rank's forks, bound or not: its collectives' threads enter Python (bind/fork.py)
+    guard_forks()  # bound or not: backend threads enter Python as the rank forks (bind/fork.py)
     if s.plan.policy == "none" or not s.rank_plan.roles:
         return
     rehome_forked_children(s.binder, forget_rank=_forget_session)

@@ -22,11 +22,11 @@ from placerun_helpers import REPO
 SCRIPT = textwrap.dedent("""
     import ctypes, json, os, sys, threading, time
 
-    guard, forks, bound_s = sys.argv[1] == "guard", int(sys.argv[2]), float(sys.argv[3])
+    mode, forks, bound_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
-    if guard:
-        from placement.bind.fork import guard_forks
-        assert guard_forks()
+    if mode == "attach":  # the rank's own way in: stage 2 guards its forks, bound or not
+        import placement
+        handle = placement.attach(policy="none", tune={"enabled": False}, monitor={"log_dir": sys.argv[4]})
     nogil = ctypes.CDLL(None)
     nogil.PyThreadState_New.restype = ctypes.c_void_p
     nogil.PyThreadState_New.argtypes = [ctypes.c_void_p]
@@ -61,25 +61,28 @@ SCRIPT = textwrap.dedent("""
             break  # one stuck child says it all
     running = False
     print(json.dumps({"forks": done, "stuck": stuck}))
+    if mode == "attach":
+        handle.close()
 """)
 
 
-def _forks(guard: bool, forks: int, bound_s: float) -> dict:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    p = subprocess.run([sys.executable, "-c", SCRIPT, "guard" if guard else "bare", str(forks), str(bound_s)],
+def _forks(mode: str, forks: int, bound_s: float, log_dir) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEMENT_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(forks), str(bound_s), str(log_dir)],
                        env=env, capture_output=True, text=True, timeout=forks * bound_s + 120)
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="CPython 3.12 re-creates the lock before the child takes it")
-def test_a_guarded_fork_never_leaves_its_child_stuck_where_a_bare_one_does():
+def test_a_fork_after_attach_never_leaves_its_child_stuck_where_a_bare_one_does(tmp_path):
     # Without the guard a child sticks within a few forks here (10 of 60 on the dev VM); the
     # bound is short because a stuck child never exits, and a slow one only makes this arm stop.
-    bare = _forks(guard=False, forks=200, bound_s=2.0)
+    bare = _forks("bare", forks=200, bound_s=2.0, log_dir=tmp_path)
     if not bare["stuck"]:
         pytest.skip(f"no child stuck in {bare['forks']} bare forks: this CPython carries the fix "
                     "(python/cpython#112336)")
-    # With it: none in 300 (0 of 1,500 on the dev VM); a generous bound, a child only has to exit.
-    guarded = _forks(guard=True, forks=300, bound_s=20.0)
-    assert guarded == {"forks": 300, "stuck": 0}, f"bare: {bare}, guarded: {guarded}"
+    # After attach(): none in 150 (0 of 1,500 guarded on the dev VM); a generous bound, a child only has to exit.
+    guarded = _forks("attach", forks=150, bound_s=20.0, log_dir=tmp_path / "logs")
+    assert guarded == {"forks": 150, "stuck": 0}, f"bare: {bare}, guarded: {guarded}"
