@@ -14,7 +14,8 @@ Arms (each a launcher command line; the job unchanged):
 Printed per arm: rank 0's steps/s (median over rounds) and its ratio to torchrun and to
 monitor_off paired by round; placement's threads' CPU (every thread of rank 0 whose name starts
 with `placement`, from /proc/<pid>/task/*/schedstat over the steady steps) per step and as a share
-of main's CPU; and what the monitor says of itself in the log: the `end` event's
+of main's CPU; torch's threads' CPU per step (every other thread but main: gloo's run loops, where
+the monitor's future callbacks run); and what the monitor says of itself in the log: the `end` event's
 `placement_cpu_us_per_step` (all of placement's CPU per step) beside the /proc figure, and its
 threads' part (less the step hook's) over the whole run against /proc over the same steps
 (`*_self_threads_over_proc_whole`: the end event counts the monitor's whole life, start-up and
@@ -83,6 +84,14 @@ def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
     got["main_cpu_us_per_step"] = main["cpu_ns"] / 1e3 / n
     got["placement_cpu_us_per_step"] = sum(t["cpu_ns"] for t in ours) / 1e3 / n
     got["placement_threads"] = {t["name"]: round(t["cpu_ns"] / 1e3 / n, 1) for t in ours}
+    # torch's own threads (gloo's run loops, OpenMP's, the pin-memory thread): what the monitor's
+    # future callbacks and hooks add there is placement's cost too, though no thread of ours spends it
+    backend: dict[str, float] = {}
+    for t in threads:
+        if not t["main"] and not t["name"].startswith("placement"):
+            backend[t["name"]] = backend.get(t["name"], 0.0) + t["cpu_ns"] / 1e3 / n
+    got["backend_threads"] = {k: round(v, 1) for k, v in sorted(backend.items())}
+    got["backend_cpu_us_per_step"] = sum(backend.values())
     got["self_reported"] = _self_reported(logs / "rank0.jsonl") if arm != "torchrun" else None
     # The end event's figure covers the monitor's whole life (start-up, warm-up, close): set
     # beside it the /proc figure over the same steps, each thread's CPU since it started.
@@ -151,6 +160,7 @@ def main() -> None:
                 results[arm].append(got)
                 print(f"round {r} {arm:12s} {got['steps_per_s']:7.2f} steps/s  main {got['main_cpu_us_per_step']:7.0f} us/step"
                       f"  placement {got['placement_cpu_us_per_step']:6.1f} us/step {got['placement_threads']}"
+                      f"  torch's {got['backend_threads']}"
                       f"  says {got['self_reported']}", flush=True)
     summary: dict = {"benchmark": "job_cost", "rounds": rounds, "steps": steps - warmup, "nproc": args.nproc}
 
@@ -168,6 +178,7 @@ def main() -> None:
         main_us = statistics.median(g["main_cpu_us_per_step"] for g in runs)
         summary[f"{arm}_placement_cpu_us_per_step"] = round(ours, 1)
         summary[f"{arm}_placement_pct_of_main"] = round(100 * ours / main_us, 3) if main_us else None
+        summary[f"{arm}_backend_cpu_us_per_step"] = round(statistics.median(g["backend_cpu_us_per_step"] for g in runs), 1)
         said = [g["self_reported"].get("placement_cpu_us_per_step") for g in runs
                 if g["self_reported"] and g["self_reported"].get("placement_cpu_us_per_step") is not None]
         if said:

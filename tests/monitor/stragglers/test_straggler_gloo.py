@@ -82,11 +82,13 @@ def test_rank1_clock_50ms_ahead_names_no_straggler(tmp_path):
     r0, r1 = ({s["step"]: s["t"] for s in _steps(logs[r])} for r in (0, 1))
     skew = statistics.median(r1[k] - r0[k] for k in sorted(set(r0) & set(r1)))
     assert skew > SKEW_S / 2, skew  # the offset is in rank 1's wall stamps ...
-    # ... and names nobody for it. Read as lateness, the skew would name a rank ~50 ms late in
-    # every window; real lateness on a busy 2-core box (other processes on both cores) is a few
-    # ms and may name a rank in some windows, never with a skew-sized lateness.
+    # ... and names nobody for it. Read as lateness, the skew would name rank 1 (its stamps are
+    # the later ones) ~50 ms late in every window; real lateness on a busy 2-core box is a few
+    # ms and may name a rank in some windows, rank 1 never with a skew-sized lateness. Rank 0
+    # may be named for a real CPU stall: beside two spinners its main once waited 34 ms/step in
+    # the runqueue and was named cpu-slow 22 ms/step late; the skew only makes rank 0 look early.
     events = [e for e in _stragglers(logs[0]) if e["stragglers"]]
-    named = [s for e in events for s in e["stragglers"]]
+    named = [s for e in events for s in e["stragglers"] if 1 in s["ranks"]]
     assert all((s.get("lateness_ms") or 0.0) < SKEW_S * 1e3 / 2 for s in named), named
 
 
