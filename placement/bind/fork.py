@@ -46,23 +46,21 @@ _FRAMES_UP = 16  # os.fork is called from Popen._launch, a couple of frames abov
 _guarded = False
 
 
-def guard_forks() -> bool:
+def guard_forks() -> None:
     """From now on every os.fork() of this process first waits for the interpreter's thread-list
-    lock (see the module doc). Once per process; False where the interpreter needs no guard or
+    lock (see the module doc). Once per process; nothing where the interpreter needs no guard or
     has no C API to reach (3.12 re-creates the lock before the child takes it; where a 3.11 or
     older patch release carries the backport, python/cpython#112336, the guard costs one free
     lock per fork)."""
     global _guarded
-    if _guarded:
-        return True
-    if sys.version_info >= (3, 12):
-        return False
+    if _guarded or sys.version_info >= (3, 12):
+        return
     try:
         import ctypes
 
         set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
     except (ImportError, AttributeError):  # no ctypes, or not CPython
-        return False
+        return
     set_async_exc.argtypes = (ctypes.c_ulong, ctypes.c_void_p)
     set_async_exc.restype = ctypes.c_int
 
@@ -74,7 +72,6 @@ def guard_forks() -> bool:
     # Before-fork hooks run last-registered first: registered early, this one runs late, next to fork().
     os.register_at_fork(before=wait_for_thread_list_lock)
     _guarded = True
-    return True
 
 
 def rehome_forked_children(binder, forget_rank: Optional[Callable[[], None]] = None) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -68,11 +69,24 @@ SCRIPT = textwrap.dedent("""
 
 def _forks(mode: str, forks: int, bound_s: float, log_dir) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PLACEMENT_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
-    p = subprocess.run([sys.executable, "-c", SCRIPT, mode, str(forks), str(bound_s), str(log_dir)],
-                       env=env, capture_output=True, text=True, timeout=forks * bound_s + 120)
-    assert p.returncode == 0, p.stderr[-2000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    # A session of its own: a stuck child left behind (one the harness did not fork itself) holds
+    # the pipes open, so the whole group goes at the bound and the test fails instead of waiting.
+    p = subprocess.Popen([sys.executable, "-c", SCRIPT, mode, str(forks), str(bound_s), str(log_dir)], env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
+        pytest.fail(f"{mode}: no end within 300 s: {err[-2000:]}")
+    finally:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)  # a stuck child the harness left, if any
+        except ProcessLookupError:
+            pass
+    assert p.returncode == 0, err[-2000:]
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.mark.skipif(sys.version_info >= (3, 12), reason="CPython 3.12 re-creates the lock before the child takes it")
