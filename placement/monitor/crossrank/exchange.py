@@ -431,16 +431,16 @@ class Exchange:
 
     def judge(self, got: Received, sent: Optional[float] = None) -> WindowJudgement:
         candidates: list[StragglerReport] = []
+        ranks, last_steps, missing = row_ranks(got.rows, self.world_size)
 
         def name(report: StragglerReport) -> StragglerReport:
             candidates.append(report)
             steps = got.rows[:, len(HEADER) + FIELDS.index("first_step")].tolist()
-            return self.naming.decide(report, int(min(steps)) if steps else got.seq)
+            return self.naming.decide(report, int(min(steps)) if steps else got.seq, missing)
 
         figure_rows, node_of = split_rows(got.rows)
         figures, report, nodes = judge_rows(figure_rows, node_of, self.slots,
                                             comm_baseline(self.transfer_history, self._th), self._th, name)
-        ranks, last_steps, missing = row_ranks(got.rows, self.world_size)
         if self.liveness is not None:
             self.liveness.rows_seen(got.seq, ranks, last_steps, missing, sent)
         if missing:

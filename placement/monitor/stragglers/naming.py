@@ -12,6 +12,9 @@ What
       start inside a window), or, late at fewer, in persist_windows consecutive windows; then in
       every window after that for as long as it stays material: a rank that is named keeps being
       named only while it costs, and one window's noise names nobody;
+    - a rank whose row did not reach the window (it sent nothing in time) was not judged: its
+      streak and whether it is named stand as they were, neither counted on nor cleared (the
+      rank that is slow is the likeliest to be late with its row);
     - a slowdown every rank shares is reported once per episode (its first confirmed window), as
       the job's with its cause, not as every rank named.
     The cost of what is named is recomputed for the ranks named (a candidate held back is not in
@@ -28,7 +31,7 @@ Why
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Collection, Optional
 
 from placement.monitor.stragglers.cost import costs_ms
 from placement.monitor.stragglers.figures import StragglerReport, Thresholds
@@ -47,14 +50,17 @@ class Naming:
         self._job_streak = 0  # consecutive material job-wide windows
         self.held_back = 0  # candidate windows not named (noise, or not yet confirmed): counted, not lost
 
-    def decide(self, report: StragglerReport, first_step: int) -> StragglerReport:
+    def decide(self, report: StragglerReport, first_step: int, absent: Collection[int] = ()) -> StragglerReport:
         """The report as named for the window starting at `first_step`: candidates confirmed
-        and material, the job-wide slowdown on its first confirmed window, costs of those named."""
+        and material, the job-wide slowdown on its first confirmed window, costs of those named.
+        `absent`: the ranks the window was judged without (no row in time)."""
         th = self._th
         candidates = {r: s for s in report.stragglers if s.material
                       for r in (s.ranks if isinstance(s.ranks, list) else [])}
+        absent = set(absent)
+        unjudged = {r for r in (*self._streak, *self._named) if r in absent and r not in candidates}
         for r in list(self._streak):
-            if r not in candidates:
+            if r not in candidates and r not in unjudged:
                 del self._streak[r], self._since[r], self._steadiness[r]
         for r, s in candidates.items():
             self._streak[r] = self._streak.get(r, 0) + 1
@@ -66,7 +72,7 @@ class Naming:
                 counts = (s.steps_late, s.steps_judged - before)
             self._steadiness[r] = (self._steadiness.get(r, []) + [counts])[-th.confirm_windows:]
         named = {r for r in candidates if r in self._named or self._confirmed(r)}
-        self._named = named
+        self._named = named | (self._named & unjudged)
         kept = [dataclasses.replace(s, since_step=min(self._since[r] for r in s.ranks)) for s in report.stragglers
                 if isinstance(s.ranks, list) and s.ranks and set(s.ranks) <= named]
         self.held_back += len(report.stragglers) - len(kept)

@@ -259,6 +259,31 @@ def test_a_straggler_is_named_from_its_second_costly_window_and_only_while_it_co
     assert rep.names() == [] and naming.held_back >= 3
 
 
+def test_a_window_judged_without_a_ranks_row_neither_confirms_nor_clears_it():
+    from placement.monitor.stragglers.naming import Naming
+
+    # Rank 1 of 3 enters 1 ms late every window; its row misses the exchange of the second
+    # window (judged on ranks 0 and 2: nobody late). It is named at its next window, its second
+    # judged one, as slow since the first; once named, a window without its row leaves it named.
+    def without_1(first):
+        return [f for f in window(first, 1.0, ranks=3) if f.rank != 1]
+
+    th = Thresholds()
+    naming = Naming(th)
+    got = [naming.decide(classify(window(1, 1.0, ranks=3), th=th), 1).names(),
+           naming.decide(classify(without_1(11), th=th), 11, absent=[1]).names()]
+    rep = naming.decide(classify(window(21, 1.0, ranks=3), th=th), 21)
+    assert got == [[], []] and rep.names() == [1] and rep.stragglers[0].since_step == 1
+    assert naming.decide(classify(without_1(31), th=th), 31, absent=[1]).names() == []
+    rep = naming.decide(classify(window(41, 1.0, ranks=3), th=th), 41)
+    assert rep.names() == [1] and rep.stragglers[0].since_step == 1
+    # the same windows with rank 1's row, on time in the second: that window clears its streak
+    naming = Naming(th)
+    naming.decide(classify(window(1, 1.0, ranks=3), th=th), 1)
+    assert naming.decide(classify(window(11, 0.0, ranks=3), th=th), 11).names() == []
+    assert naming.decide(classify(window(21, 1.0, ranks=3), th=th), 21).names() == []
+
+
 def test_a_named_straggler_says_since_when_and_what_it_costs():
     from placement.monitor.stragglers.naming import Naming
 
