@@ -21,7 +21,9 @@ without the GIL when they make a Python thread state: torch's gloo threads do so
 drop the last reference to a tensor Python had let go of, or run a future's Python callback
 (pybind11's gil_scoped_acquire in torch/csrc/PyInterpreter.cpp ConcretePyInterpreterVTable::decref
 and torch/csrc/jit/python/pybind_utils.h PythonFutureWrapper::then, on ProcessGroupGloo::runLoop;
-seen in gdb on torch 2.13). Once a rank's threads share main's core, such a thread can be
+seen in gdb on torch 2.13; the monitor's own callbacks now keep their thread's state,
+monitor/comm/base.py ThreadStates, so on those threads it is taken once). Once a rank's threads
+share main's core, such a thread can be
 preempted inside the lock by main, which then forks: 2 hangs in ~100 Lightning runs under
 placerun on the dev VM, each child stuck in _PyThreadState_DeleteExcept. guard_forks() makes each
 fork wait, GIL held, for the lock to be free (its holder needs no GIL to let it go). What is left

@@ -5,9 +5,23 @@ source) and placement.monitor.comm.nccl (PyTorch's own NCCL records).
 
 comm_enter_t, the wall time this rank entered its first collective of the step, is what
 tells a late rank from the ranks that waited for it (placement.monitor.stragglers.figures).
+
+The callbacks that time a collective's end (an async call's future, the DDP hook's, NCCL's
+completion hook) run on the thread that completed it, a thread Python has never seen (gloo's run
+loop, pt_nccl_runhook), inside pybind11's gil_scoped_acquire (torch/csrc/jit/python/
+pybind_utils.h:174 PythonFutureWrapper::then, :203 add_done_callback; pybind11/functional.h's
+func_wrapper for the completion hook). With no thread state on that thread, it makes one and
+deletes it again when the callback returns (pybind11/gil.h:83 and :117, its count back at 0); so
+does the release of the callback's function, and torch's decref of the tensors the work held
+(~AsyncWork): several a collective, each under the interpreter's thread-list lock, which a fork
+must not find held (bind/fork.py). Each callback keeps its thread's state instead
+(ThreadStates): one PyGILState_Ensure, never released, leaves the count above 0, so every later
+acquire on that thread reuses it (tests/monitor/comm/test_monitor_comm.py: 64 made over 30 DDP
+steps of two buckets before, none after).
 """
 from __future__ import annotations
 
+import ctypes
 import inspect
 import math
 import threading
@@ -61,6 +75,38 @@ def union_ms(intervals: list[tuple[int, int]]) -> float:
             cur_e = e
     total += cur_e - cur_s
     return total / 1e6
+
+
+class ThreadStates:
+    """The threads whose Python thread state a completion callback has kept (module doc): each
+    gets one PyGILState_Ensure, never released, the first time a callback runs on it. On
+    a Python thread (main, when the future was done before `then`) that is a count its thread
+    state's deletion does not read; a thread that exits leaves its state to the interpreter's
+    end (a fork's child deletes it with every other thread's). Without ctypes' pythonapi (not
+    CPython) it keeps nothing."""
+
+    # Threads kept at most: a few per process group (gloo's run loops, NCCL's watchdog). Each kept
+    # state is a thread in faulthandler's dump, which stops at 100 threads newest first, and the
+    # hang report reads main's (the oldest) from it (monitor/health/hang.py).
+    MAX = 32
+
+    def __init__(self):
+        self._kept: set[int] = set()
+        try:
+            self._ensure = ctypes.pythonapi.PyGILState_Ensure
+        except (AttributeError, OSError):
+            self._ensure = None
+
+    def keep(self) -> None:
+        """Keep the calling thread's state (the callback holds the GIL; a set's add is atomic under it)."""
+        ident = threading.get_ident()
+        if ident in self._kept or self._ensure is None or len(self._kept) >= self.MAX:
+            return
+        self._kept.add(ident)
+        self._ensure()
+
+
+THREAD_STATES = ThreadStates()
 
 
 class CollectiveClock:
@@ -225,7 +271,7 @@ class CollectiveWrappers:
             is_async = kwargs.get("async_op", False) if async_at is None or len(args) <= async_at else args[async_at]
             if is_async and work is not None and clock.timed:
                 try:
-                    work.get_future().add_done_callback(lambda _f: clock.done(t0))
+                    work.get_future().add_done_callback(lambda _f: (THREAD_STATES.keep(), clock.done(t0)))
                 except Exception:  # a backend without futures: count the launch only
                     clock.done(t0)
             else:

@@ -55,7 +55,7 @@ from typing import Optional
 
 from placement.config import BUDGET_PCT, CommTimingMode
 from placement.events import EventKind
-from placement.monitor.comm.base import CommStep, CommTiming
+from placement.monitor.comm.base import THREAD_STATES, CommStep, CommTiming
 from placement.monitor.comm.groups import nccl_groups
 from placement.monitor.comm.flight_recorder import (NCCL, DumpSource, RingReader, Settled, dump_sources, entries_from,
                                                 ring_setting, settled_test)
@@ -229,7 +229,8 @@ class NcclHookComm(NcclTiming):
                 warn("nccl-hook", f"cannot register the NCCL completion hook: {first_line(e)}")
 
     def _on_completion(self, info) -> None:
-        # Runs on pt_nccl_runhook holding the GIL: keep it to one append.
+        # Runs on pt_nccl_runhook holding the GIL: keep it to one append (and the thread's state, base.py).
+        THREAD_STATES.keep()
         if self.active:
             self._infos.append(info)
 

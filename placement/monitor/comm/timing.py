@@ -22,6 +22,10 @@ Cost
     docs/benchmarks.md). So it is installed only where nothing else sees the buckets: gloo (wall
     time), NCCL's completion-hook route, a torch whose NCCL flight recorder cannot be read; never
     in a one-rank gloo job under `auto`.
+
+    Its future's callback runs on the thread that completes the all-reduce (gloo's run loop),
+    where it keeps that thread's Python state (base.ThreadStates): without it, each bucket made
+    and deleted a few.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import enum
 from typing import Optional
 
 from placement.config import BUDGET_PCT, CommTimingMode
-from placement.monitor.comm.base import CollectiveClock, CommTiming, OriginalCollectives
+from placement.monitor.comm.base import THREAD_STATES, CollectiveClock, CommTiming, OriginalCollectives
 from placement.monitor.comm.groups import nccl_groups
 from placement.monitor.comm.nccl import choose_nccl_timing
 from placement.monitor.warn import WarnOnce, first_line
@@ -129,6 +133,7 @@ def install_ddp_hook(model, clock: CollectiveClock, original: OriginalCollective
 
         def finished(f):
             clock.done(t0)
+            THREAD_STATES.keep()
             return f.value()[0]
 
         return fut.then(finished)

@@ -1,9 +1,11 @@
 """Communication time behind one interface: gloo by call wall time (Python collectives and
 DDP's bucket all-reduces through a comm hook), NCCL from PyTorch's own timing."""
+import ctypes
 import json
 import logging
 import os
 import socket
+import threading
 import time
 
 import pytest
@@ -87,6 +89,51 @@ def test_ddp_bucket_allreduce_is_timed_and_gradients_are_unchanged(tmp_path, glo
     assert steps[0]["comm_count"] >= 1 and steps[0]["comm_inflight_ms"] > 0
     start = next(l for l in lines if l["type"] == "start")
     assert start["ddp_hook"] is True and start["ddp_buckets"] == "hook"
+
+
+def _next_thread_state_id() -> int:
+    """The id the next Python thread state gets (CPython numbers them in creation order,
+    PyThreadState_GetID): a new thread's, read inside it."""
+    get, get_id = ctypes.pythonapi.PyThreadState_Get, ctypes.pythonapi.PyThreadState_GetID
+    get.restype, get_id.argtypes, get_id.restype = ctypes.c_void_p, [ctypes.c_void_p], ctypes.c_uint64
+    got = []
+    t = threading.Thread(target=lambda: got.append(get_id(get())))
+    t.start()
+    t.join()
+    return got[0]
+
+
+def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp_path, gloo_world_of_one):
+    """Each DDP bucket's future callback, and an async collective's, runs on gloo's run loop under
+    pybind11's GIL acquire, which made a Python thread state and deleted it at each one, as did
+    the release of the callback and of the work's tensors (comm/base.py: 64 made over these 30
+    steps before the callbacks kept their threads'). Only a run loop's first may make one now."""
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)), bucket_cap_mb=0.001)
+    h = placement.attach(model, policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "comm_timing": "wall",
+                                  "record_min_s": 0})
+    x = torch.randn(16, 32)
+    for _ in range(5):
+        model(x).square().mean().backward()
+        h.step()
+    first = _next_thread_state_id()
+    for _ in range(30):
+        model(x).square().mean().backward()
+        h.step()
+    made = _next_thread_state_id() - first - 1
+    group, t = dist.new_group([0]), torch.ones(8)  # a group of its own: run loops no callback has kept
+    first = _next_thread_state_id()
+    for _ in range(30):  # an async collective called from Python: timed by its future's callback
+        dist.all_reduce(t, group=group, async_op=True).wait()
+        h.step()
+    made_async = _next_thread_state_id() - first - 1
+    h.close()
+    steps, _ = _steps(tmp_path)
+    assert len(steps) == 65 and all(s["comm_count"] >= 2 for s in steps[5:35]), steps[-1]  # buckets: 2 a step or more
+    assert all(s["comm_count"] == 1 and s["comm_inflight_ms"] > 0 for s in steps[35:]), steps[-1]
+    assert made <= 4 and made_async <= 2, (made, made_async)
 
 
 def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_path, gloo_world_of_one):
