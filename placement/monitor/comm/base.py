@@ -82,12 +82,15 @@ class ThreadStates:
     gets one PyGILState_Ensure, never released, the first time a callback runs on it. On
     a Python thread (main, when the future was done before `then`) that is a count its thread
     state's deletion does not read; a thread that exits leaves its state to the interpreter's
-    end (a fork's child deletes it with every other thread's). Without ctypes' pythonapi (not
-    CPython) it keeps nothing."""
+    end (a fork's child deletes it with every other thread's): nothing is ever deleted here, so
+    no state another thread could still use is freed. Past MAX threads, kept over the process's
+    life (a job that makes and ends process groups over and over), callbacks make and delete
+    states as before. Without ctypes' pythonapi (not CPython) it keeps nothing."""
 
-    # Threads kept at most: a few per process group (gloo's run loops, NCCL's watchdog). Each kept
-    # state is a thread in faulthandler's dump, which stops at 100 threads newest first, and the
-    # hang report reads main's (the oldest) from it (monitor/health/hang.py).
+    # Threads kept at most over the process's life: a few per process group (gloo's run loops,
+    # NCCL's watchdog). Each kept state is a thread in faulthandler's dump, which stops at 100
+    # threads newest first, and the hang report reads main's (the oldest) from it
+    # (monitor/health/hang.py).
     MAX = 32
 
     def __init__(self):

@@ -5,8 +5,11 @@ import json
 import logging
 import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +20,8 @@ from placement.monitor.comm.timing import make_comm_timing
 from placement.monitor.comm.base import CollectiveClock, CommStep, comm_step, union_ms
 from placement.monitor.comm.nccl import NcclFlightRecorderComm, NcclHookComm
 from placement.monitor.warn import WarnOnce
+
+REPO = Path(__file__).resolve().parents[3]
 
 
 def _port() -> int:
@@ -103,17 +108,31 @@ def _next_thread_state_id() -> int:
     return got[0]
 
 
-def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp_path, gloo_world_of_one):
+def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp_path):
     """Each DDP bucket's future callback, and an async collective's, runs on gloo's run loop under
     pybind11's GIL acquire, which made a Python thread state and deleted it at each one, as did
     the release of the callback and of the work's tensors (comm/base.py: 64 made over these 30
-    steps before the callbacks kept their threads'). Only a run loop's first may make one now."""
+    steps before the callbacks kept their threads'). Only a run loop's first may make one now.
+    In a process of its own: a process keeps at most ThreadStates.MAX threads' states, and this
+    one's earlier tests may have used them up."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
+    p = subprocess.run([sys.executable, __file__, "thread-states", str(tmp_path)], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    made = json.loads((tmp_path / "made.json").read_text())
+    steps, _ = _steps(tmp_path)
+    assert len(steps) == 65 and all(s["comm_count"] >= 2 for s in steps[5:35]), steps[-1]  # buckets: 2 a step or more
+    assert all(s["comm_count"] == 1 and s["comm_inflight_ms"] > 0 for s in steps[35:]), steps[-1]
+    assert made["ddp"] <= 4 and made["async"] <= 2, made
+
+
+def _thread_states_worker(log_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)), bucket_cap_mb=0.001)
     h = placement.attach(model, policy="none", tune={"enabled": False},
-                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "comm_timing": "wall",
-                                  "record_min_s": 0})
+                         monitor={"log_dir": log_dir, "summary_every": 0, "comm_timing": "wall", "record_min_s": 0})
     x = torch.randn(16, 32)
     for _ in range(5):
         model(x).square().mean().backward()
@@ -130,10 +149,9 @@ def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp
         h.step()
     made_async = _next_thread_state_id() - first - 1
     h.close()
-    steps, _ = _steps(tmp_path)
-    assert len(steps) == 65 and all(s["comm_count"] >= 2 for s in steps[5:35]), steps[-1]  # buckets: 2 a step or more
-    assert all(s["comm_count"] == 1 and s["comm_inflight_ms"] > 0 for s in steps[35:]), steps[-1]
-    assert made <= 4 and made_async <= 2, (made, made_async)
+    with open(os.path.join(log_dir, "made.json"), "w") as f:
+        json.dump({"ddp": made, "async": made_async}, f)
+    dist.destroy_process_group()
 
 
 def test_a_one_rank_ddp_job_has_no_comm_hook_and_says_its_comm_time_is_null(tmp_path, gloo_world_of_one):
@@ -320,3 +338,8 @@ def test_nccl_timers_need_no_gpu_to_be_built():
     assert [s.comm_ms for s in hook.resolve_steps([(0.0, 1.0)], [CommStep(None, 1, None)])] == [None]
     hook.close()
     fr.close()
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "thread-states":
+        _thread_states_worker(sys.argv[2])
