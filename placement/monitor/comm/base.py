@@ -9,9 +9,9 @@ tells a late rank from the ranks that waited for it (placement.monitor.straggler
 The callbacks that time a collective's end (an async call's future, the DDP hook's, NCCL's
 completion hook) run on the thread that completed it, a thread Python has never seen (gloo's run
 loop, pt_nccl_runhook), inside pybind11's gil_scoped_acquire (torch/csrc/jit/python/
-pybind_utils.h:174 PythonFutureWrapper::then, :203 add_done_callback; pybind11/functional.h's
-func_wrapper for the completion hook). With no thread state on that thread, it makes one and
-deletes it again when the callback returns (pybind11/gil.h:83 and :117, its count back at 0); so
+pybind_utils.h:174 PythonFutureWrapper::then, :203 add_done_callback; torch/csrc/distributed/
+c10d/PyProcessGroup.hpp:366 PythonOnCompletionHook::operator() for NCCL's completion hook).
+With no thread state on that thread, it makes one and deletes it again when the callback returns (pybind11/gil.h:83 and :117, its count back at 0); so
 does the release of the callback's function, and torch's decref of the tensors the work held
 (~AsyncWork): several a collective, each under the interpreter's thread-list lock, which a fork
 must not find held (bind/fork.py). Each callback keeps its thread's state instead
