@@ -108,6 +108,7 @@ def _next_thread_state_id() -> int:
     return got[0]
 
 
+@pytest.mark.slow  # a process of its own: ~9 s on the dev VM
 def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp_path):
     """Each DDP bucket's future callback, and an async collective's, runs on gloo's run loop under
     pybind11's GIL acquire, which made a Python thread state and deleted it at each one, as did
