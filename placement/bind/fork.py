@@ -23,13 +23,12 @@ drop the last reference to a tensor Python had let go of, or run a future's Pyth
 and torch/csrc/jit/python/pybind_utils.h PythonFutureWrapper::then, on ProcessGroupGloo::runLoop;
 seen in gdb on torch 2.13; the monitor's own callbacks now keep their thread's state,
 monitor/comm/base.py ThreadStates, so on those threads it is taken once). Once a rank's threads
-share main's core, such a thread can be
-preempted inside the lock by main, which then forks: 2 hangs in ~100 Lightning runs under
-placerun on the dev VM, each child stuck in _PyThreadState_DeleteExcept. guard_forks() makes each
-fork wait, GIL held, for the lock to be free (its holder needs no GIL to let it go). What is left
-is a thread that takes the lock in the microseconds between that wait and fork() itself: on
-main's core that needs main preempted right there; on another core it is the race torchrun's
-ranks run too.
+share main's core, such a thread can be preempted inside the lock by main, which then forks:
+2 hangs in ~100 Lightning runs under placerun on the dev VM, each child stuck in
+_PyThreadState_DeleteExcept. guard_forks() makes each fork wait, GIL held, for the lock to be
+free (its holder needs no GIL to let it go). What is left is a thread that takes the lock in the
+microseconds between that wait and fork() itself: on main's core that needs main preempted right
+there; on another core it is the race torchrun's ranks run too.
 """
 from __future__ import annotations
 

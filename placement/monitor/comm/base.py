@@ -13,11 +13,12 @@ pybind_utils.h:174 PythonFutureWrapper::then, :203 add_done_callback; torch/csrc
 c10d/PyProcessGroup.hpp:366 PythonOnCompletionHook::operator() for NCCL's completion hook).
 With no thread state on that thread, it makes one and deletes it again when the callback
 returns (pybind11/gil.h:83 and :117, its count back at 0); so does the release of the callback's
-function, and torch's decref of the tensors the work held (~AsyncWork): several a collective, each under the interpreter's thread-list lock, which a fork
-must not find held (bind/fork.py). Each callback keeps its thread's state instead
-(ThreadStates): one PyGILState_Ensure, never released, leaves the count above 0, so every later
-acquire on that thread reuses it (tests/monitor/comm/test_monitor_comm.py: 64 made over 30 DDP
-steps of two buckets before, none after).
+function, and torch's decref of the tensors the work held (~AsyncWork): several a collective,
+each under the interpreter's thread-list lock, which a fork must not find held (bind/fork.py).
+Each callback keeps its thread's state instead (ThreadStates): one PyGILState_Ensure, never
+released, leaves the count above 0, so every later acquire on that thread reuses it
+(tests/monitor/comm/test_monitor_comm.py: 64 made over 30 DDP steps of two buckets before, none
+after).
 """
 from __future__ import annotations
 

@@ -57,8 +57,7 @@ class Naming:
         th = self._th
         candidates = {r: s for s in report.stragglers if s.material
                       for r in (s.ranks if isinstance(s.ranks, list) else [])}
-        absent = set(absent)
-        unjudged = {r for r in (*self._streak, *self._named) if r in absent and r not in candidates}
+        unjudged = (self._streak.keys() | self._named) & set(absent) - candidates.keys()
         for r in list(self._streak):
             if r not in candidates and r not in unjudged:
                 del self._streak[r], self._since[r], self._steadiness[r]

@@ -5,11 +5,9 @@ import json
 import logging
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,8 +18,6 @@ from placement.monitor.comm.timing import make_comm_timing
 from placement.monitor.comm.base import CollectiveClock, CommStep, comm_step, union_ms
 from placement.monitor.comm.nccl import NcclFlightRecorderComm, NcclHookComm
 from placement.monitor.warn import WarnOnce
-
-REPO = Path(__file__).resolve().parents[3]
 
 
 def _port() -> int:
@@ -116,10 +112,9 @@ def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp
     steps before the callbacks kept their threads'). Only a run loop's first may make one now.
     In a process of its own: a process keeps at most ThreadStates.MAX threads' states, and this
     one's earlier tests may have used them up."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO)] + [p for p in [os.environ.get("PYTHONPATH")] if p]))
-    p = subprocess.run([sys.executable, __file__, "thread-states", str(tmp_path)], env=env, capture_output=True,
-                       text=True, timeout=120)
-    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-3000:]
+    from placerun_helpers import run_gloo_ranks
+
+    run_gloo_ranks(1, [__file__, "thread-states", str(tmp_path)], timeout=120)
     made = json.loads((tmp_path / "made.json").read_text())
     steps, _ = _steps(tmp_path)
     assert len(steps) == 65 and all(s["comm_count"] >= 2 for s in steps[5:35]), steps[-1]  # buckets: 2 a step or more
@@ -128,7 +123,7 @@ def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp
 
 
 def _thread_states_worker(log_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo")
     torch.manual_seed(0)
     model = torch.nn.parallel.DistributedDataParallel(
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)), bucket_cap_mb=0.001)
