@@ -109,7 +109,8 @@ def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp
     """Each DDP bucket's future callback, and an async collective's, runs on gloo's run loop under
     pybind11's GIL acquire, which made a Python thread state and deleted it at each one, as did
     the release of the callback and of the work's tensors (comm/base.py: 64 made over these 30
-    steps before the callbacks kept their threads'). Only a run loop's first may make one now.
+    steps before the callbacks kept their threads'); so does NCCL's completion hook on its thread
+    (stand-ins here). Only a thread's first may make one now.
     In a process of its own: a process keeps at most ThreadStates.MAX threads' states, and this
     one's earlier tests may have used them up."""
     from placerun_helpers import run_gloo_ranks
@@ -119,7 +120,7 @@ def test_the_callbacks_that_time_collectives_keep_their_threads_python_state(tmp
     steps, _ = _steps(tmp_path)
     assert len(steps) == 65 and all(s["comm_count"] >= 2 for s in steps[5:35]), steps[-1]  # buckets: 2 a step or more
     assert all(s["comm_count"] == 1 and s["comm_inflight_ms"] > 0 for s in steps[35:]), steps[-1]
-    assert made["ddp"] <= 4 and made["async"] <= 2, made
+    assert made["ddp"] <= 4 and made["async"] <= 2 and made["nccl_hook"] <= 2, made
 
 
 def _thread_states_worker(log_dir: str) -> None:
@@ -145,8 +146,31 @@ def _thread_states_worker(log_dir: str) -> None:
         h.step()
     made_async = _next_thread_state_id() - first - 1
     h.close()
+    # NCCL's completion hook, stand-ins: a group that takes the hook as ProcessGroupNCCL's
+    # _register_on_completion_hook does, and a thread Python has never seen that calls it under
+    # pybind11's GIL acquire, as pt_nccl_runhook does (PyProcessGroup.hpp:366
+    # PythonOnCompletionHook::operator()): a gloo future's done callback (pybind_utils.h:203)
+    class StandInNcclGroup:
+        hook = None
+
+        def _enable_collectives_timing(self):
+            pass
+
+        def _register_on_completion_hook(self, hook):
+            self.hook = hook
+
+    pg = StandInNcclGroup()
+    nccl_hook = NcclHookComm(WarnOnce(), groups=[pg])
+    group = dist.new_group([0])
+    first = _next_thread_state_id()
+    for _ in range(30):
+        work = dist.all_reduce(t, group=group, async_op=True)
+        work.get_future().add_done_callback(lambda _f: pg.hook(None))
+        work.wait()
+    made_nccl = _next_thread_state_id() - first - 1
+    nccl_hook.close()
     with open(os.path.join(log_dir, "made.json"), "w") as f:
-        json.dump({"ddp": made, "async": made_async}, f)
+        json.dump({"ddp": made, "async": made_async, "nccl_hook": made_nccl}, f)
     dist.destroy_process_group()
 
 
