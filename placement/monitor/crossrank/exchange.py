@@ -189,6 +189,12 @@ def pack_row(seq: int, node_rank: Optional[float], values: list[float]) -> bytes
 SMALL_ROWS = 64
 ROWS_READ_MAX = 2  # rows parsed per exchange: at most this many times the job's ranks, + ROWS_READ_SLACK
 ROWS_READ_SLACK = 16
+# Rank 0's checks of a row (_row_checks): its figures' columns after the header, and the
+# columns that hold whole numbers with the least each may be (seq counts from 1)
+_F_RANK, _F_FIRST, _F_LAST = FIELDS.index("rank"), FIELDS.index("first_step"), FIELDS.index("last_step")
+_F_STEP_MS = FIELDS.index("step_ms")
+_WHOLE_COLS = [len(HEADER) + FIELDS.index(name) for name in ("rank", "steps", "first_step", "last_step")] + [SEQ]
+_WHOLE_LOW = [0.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
@@ -245,28 +251,25 @@ def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = No
 def _row_checks(rows, marks, seqs, world_size: Optional[int]):
     """(rows of the exchange's windows `seqs` well formed, well-formed rows of an earlier
     exchange) masks; `marks`: where MARK is, in the same shape (a row has it first and nowhere
-    else)."""
+    else). A few whole-array passes: numpy's per-call overhead is most of the cost at a few
+    rows, and rank 0 runs this at every exchange."""
     import numpy as np
 
     h = len(HEADER)
-    f = {name: h + i for i, name in enumerate(FIELDS)}
     with np.errstate(invalid="ignore"):
-        def whole(col, low=0.0):
-            v = rows[:, col]
-            return np.isfinite(v) & (v == np.floor(v)) & (v >= low)
-
-        rank = rows[:, f["rank"]]
-        ok = marks[:, 0] & ~marks[:, 1:].any(axis=1)
-        ok &= whole(f["rank"]) & whole(f["steps"]) & whole(f["first_step"]) & whole(f["last_step"]) & whole(SEQ, 1.0)
+        whole = rows[:, _WHOLE_COLS]  # integer counts: finite, whole, at least their floor (NaN fails all)
+        ok = ((whole == np.floor(whole)) & (whole >= _WHOLE_LOW) & (whole < np.inf)).all(axis=1)
+        ok &= marks[:, 0] & ~marks[:, 1:].any(axis=1)
         if world_size is not None:
-            ok &= rank < world_size
+            ok &= rows[:, h + _F_RANK] < world_size
         node = rows[:, NODE]
-        ok &= np.isnan(node) | whole(NODE)
-        ok &= rows[:, f["first_step"]] <= rows[:, f["last_step"]]
-        figures = rows[:, h + FIELDS.index("step_ms"):]
-        ok &= ~np.isinf(figures).any(axis=1) & ~(figures < 0).any(axis=1)
-        current = np.isin(rows[:, SEQ], seqs)
-        return ok & current, ok & ~current & (rows[:, SEQ] < seqs.min())
+        ok &= (node != node) | ((node == np.floor(node)) & (node >= 0) & (node < np.inf))
+        ok &= rows[:, h + _F_FIRST] <= rows[:, h + _F_LAST]
+        figures = rows[:, h + _F_STEP_MS:]
+        ok &= ~((figures < 0) | (figures == np.inf)).any(axis=1)  # NaN: a figure not measured
+        seq = rows[:, SEQ]
+        current = (seq[:, None] == seqs).any(axis=1)
+        return ok & current, ok & ~current & (seq < seqs.min())
 
 
 def _first_of_each_rank(rows, dropped: int):
@@ -275,7 +278,14 @@ def _first_of_each_rank(rows, dropped: int):
 
     if len(rows) <= 1:
         return rows, dropped
-    _, first = np.unique(rows[:, [SEQ, len(HEADER) + FIELDS.index("rank")]], axis=0, return_index=True)
+    seq, rank = rows[:, SEQ], rows[:, len(HEADER) + _F_RANK]
+    top, ranks = seq.max(), rank.max() + 1
+    if (top - seq.min() + 1) * ranks < 2.0 ** 52:
+        # one key per (window, rank), exact in float64 (both whole: _row_checks); np.unique of
+        # rows is a sort of tuples, several times slower at the few rows of most exchanges
+        _, first = np.unique((top - seq) * ranks + rank, return_index=True)
+    else:
+        _, first = np.unique(rows[:, [SEQ, len(HEADER) + _F_RANK]], axis=0, return_index=True)
     if len(first) == len(rows):
         return rows, dropped
     first.sort()

@@ -112,6 +112,8 @@ def _named_nodes(report: StragglerReport, node_of: dict[int, Optional[int]]) -> 
 def compact(report: StragglerReport) -> StragglerReport:
     """The report as an event carries it at any W: the NAMED worst stragglers in full (costliest
     first), the rest counted by kind (`more`), long rank lists in range form."""
+    if not report.stragglers and len(report.waiting) <= LISTED:
+        return report  # nothing to compact: most windows of a healthy job (rank 0 judges every one)
     singles = sorted(report.stragglers, key=lambda s: (-(s.cost_ms_per_step or 0.0), -(s.lateness_ms or 0.0)))
     more: dict[str, dict] = {}
     for s in singles[NAMED:]:

@@ -51,6 +51,7 @@ from placement.records.words import StragglerKind
 # Figures each rank sends, in this order, as one float64 tensor (NaN = unknown).
 FIELDS = ("rank", "steps", "first_step", "last_step", "step_ms", "data_ms", "comm_ms",
           "cpu_stall_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz", "placement_cpu_ms")
+_N_FIELDS = len(FIELDS)
 
 
 @dataclass
@@ -88,15 +89,14 @@ class RankFigures:
 
     @classmethod
     def from_row(cls, row: list[float]) -> "RankFigures":
-        # (v == v: False for NaN alone; rank 0 reads W rows a window, at every window)
-        vals = {f: (v if v == v else None) for f, v in zip(FIELDS, row)}
-        for f in ("rank", "steps", "first_step", "last_step"):
-            vals[f] = int(vals[f] or 0)
-        vals["step_ms"] = vals["step_ms"] or 0.0
-        vals["data_ms"] = vals["data_ms"] or 0.0
-        span = max(0, vals["last_step"] - vals["first_step"] + 1) if vals["steps"] else 0
-        vals["comm_steps"] = tuple([v if v == v else None for v in row[len(FIELDS):len(FIELDS) + span]])
-        return cls(**vals)
+        # (v == v: False for NaN alone; rank 0 reads W rows a window, at every window: by
+        # position, FIELDS' order, a keyword dict cost as much as the rest)
+        (rank, steps, first, last, step_ms, data_ms, comm_ms, stall, nccl, main_cpu, mhz,
+         own) = [v if v == v else None for v in row[:_N_FIELDS]]
+        steps, first, last = int(steps or 0), int(first or 0), int(last or 0)
+        span = max(0, last - first + 1) if steps else 0
+        return cls(int(rank or 0), steps, first, last, step_ms or 0.0, data_ms or 0.0, comm_ms, stall, nccl,
+                   main_cpu, mhz, tuple([v if v == v else None for v in row[_N_FIELDS:_N_FIELDS + span]]), own)
 
     def threads_stall_ms(self) -> Optional[float]:
         """Runqueue wait per step of its main (its CPU stall) and NCCL threads together: the collectives of a

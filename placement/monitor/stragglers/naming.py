@@ -55,6 +55,11 @@ class Naming:
         and material, the job-wide slowdown on its first confirmed window, costs of those named.
         `absent`: the ranks the window was judged without (no row in time)."""
         th = self._th
+        if not report.stragglers and report.job_wide is None and not self._streak and not self._named:
+            # A quiet window with nobody in a streak or named (most windows of a healthy job):
+            # nothing to confirm, clear or cost; the report as classify gave it
+            self._job_streak = 0
+            return report
         candidates = {r: s for s in report.stragglers if s.material
                       for r in (s.ranks if isinstance(s.ranks, list) else [])}
         unjudged = (self._streak.keys() | self._named) & set(absent) - candidates.keys()

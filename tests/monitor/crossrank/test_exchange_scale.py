@@ -51,6 +51,24 @@ def test_4096_ranks_name_the_worst_and_count_the_rest_by_kind():
     assert {k: full.names(k) for k in expected} == expected
 
 
+def test_rows_framed_as_written_keep_the_first_of_each_rank_in_each_window():
+    """The vectorised path (every row of the right length, each of the exchange's windows or an
+    earlier one): an exchange of two windows (steps to 10 and to 20) with a second row of rank 1
+    in the later one, other figures: dropped and counted; a row of an earlier exchange left out
+    silently; the rest kept in the order written."""
+    import dataclasses
+
+    def row(seq, rank, step_ms=100.0):
+        return encode_row(seq, 0, dataclasses.replace(figs(rank), rank=rank, step_ms=step_ms), SLOTS)
+
+    raw = row(10, 0) + row(10, 1) + row(20, 1) + row(20, 0) + row(20, 1, step_ms=999.0) + row(5, 2) + row(10, 2)
+    rows, dropped = decode_rows(raw, SLOTS, 20, world_size=4, windows=2)
+    seq, rank = rows[:, HEADER.index("seq")].tolist(), rows[:, len(HEADER) + FIELDS.index("rank")].tolist()
+    assert list(zip(seq, rank)) == [(10, 0), (10, 1), (20, 1), (20, 0), (10, 2)]
+    assert rows[2, len(HEADER) + FIELDS.index("step_ms")] == 100.0  # the first of rank 1's two rows
+    assert dropped == 1
+
+
 def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged():
     """What comes from the c10d store is input: rank 0 over a real TCPStore, world 4; beside the
     good rows of ranks 1 and 3 come a row whose rank is NaN, one whose rank is infinite, one whose
