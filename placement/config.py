@@ -169,7 +169,10 @@ class MonitorConfig:
 class TuneConfig:
     enabled: bool = _key(True, "the self-tuner: moves threads when the evidence says a better core exists")
     dry_run: bool = _key(False, "log what it would do, change nothing")
-    window: int = _key(20, "steps per evaluation window")
+    window: int = _key(20, "steps per evaluation window, at least (window_min_s)")
+    window_min_s: float = _key(0.5, "least time a window covers: at shorter steps a window is `window` x 2^k steps "
+                                    "(the fewest that last this long at the last window's median step), ending at "
+                                    "the monitor's paced hand-overs; 0 = `window` steps always")
     rules: list[str] = _key(list(TUNE_RULES), "the rules it asks (docs/tuning.md)")
     runq_wait_pct: float = _key(10.0, "hot thread runqueue wait, % of step time, that triggers a move")
     comm_share_pct: float = _key(30.0, "comm share of step above which NCCL threads get their own core")
@@ -289,6 +292,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     for r in t.rules:
         _choices("tune.rules", r, TUNE_RULES)
     _range("tune.window", t.window, 2, 10000)
+    _range("tune.window_min_s", t.window_min_s, 0.0, 60.0)
     for k in ("runq_wait_pct", "comm_share_pct", "data_share_pct"):
         _range(f"tune.{k}", getattr(t, k), 0.0, 100.0)
     _range("tune.min_gain_pct", t.min_gain_pct, 0.0, 100.0)

@@ -127,6 +127,8 @@ class ListEvents:
 
 
 def tune_cfg(**kw: Any) -> TuneConfig:
-    base = dict(window=10, cooldown_windows=1, max_backoff_windows=16, background_nice=0)
+    # window_min_s 0: these runs are counted in windows of `window` steps of a few ms each;
+    # windows paced in time have tests of their own (test_tune_window.py)
+    base = dict(window=10, window_min_s=0.0, cooldown_windows=1, max_backoff_windows=16, background_nice=0)
     base.update(kw)
     return TuneConfig(**base)

@@ -10,8 +10,12 @@ binder apply and record them; it keeps no copy of where a role is.
 Windows are cut by step number, not by counting arrivals: records reach the tuner in
 batches at the monitor's flush steps, held back by the comm timing's lag (NCCL durations
 are known `lag_steps` later), so when a window closes training is already further on.
-A window is the steps [start, start + cfg.window); a record of an earlier step is not
-part of any window. The monitor hands a window over as soon as its comm timing is final
+A window is the steps [start, end]: cfg.window steps, or at short steps a longer window on a
+grid paced in time (paced_window: cfg.window x the fewest power of two k that lasts
+cfg.window_min_s at the last window's median step, the windows ending at multiples of
+k x cfg.window, the first after a change at least cfg.window steps long), so that its judgement
+and the counter reading at its end cost the same share of a short step as of a long one; a
+record of an earlier step is not part of any window. The monitor hands a window over as soon as its comm timing is final
 (window_end), not only at flush steps. An action is applied while training runs: it carries the first
 step it was in force for the whole step (`next_step()` when it was applied), the next
 window starts there, and the records of the steps measured before it (still arriving)
@@ -53,6 +57,22 @@ KEPT_HOLD_WINDOWS = 8
 # Windows skipped at the start: warm-up steps (allocations, worker start, caches) are not
 # evidence, and a step time still falling as warm-up ends would pass for an action's gain.
 WARMUP_WINDOWS = 2
+# The most windows' steps (cfg.window each) a window paced in time holds: at 0.1 ms steps
+# and the defaults, a window of 0.128 s.
+MAX_PACE = 64
+
+
+def paced_window(window: int, min_s: float, step_ms: float) -> int:
+    """The steps of a window paced in time: `window` x the fewest power of two (at most
+    MAX_PACE) that lasts `min_s` at `step_ms`; `window` when min_s is 0 or the step unknown. A
+    power of two, as the monitor's hand-overs are paced (monitor.handover_min_s, hook.py
+    StepHook.pace): with window_min_s no less than it and tune.window = monitor.flush_every,
+    every window ends at a hand-over and takes no wake-up of the monitor thread of its own."""
+    k = 1
+    if min_s > 0 and step_ms > 0:
+        while k < MAX_PACE and k * window * step_ms < min_s * 1e3:
+            k *= 2
+    return window * k
 
 
 class TunerState(enum.Enum):
@@ -91,6 +111,8 @@ class Tuner:
         self.windows = 0  # windows seen
         self._records: list[StepRecord] = []  # of the current window, in step order
         self._window_start: Optional[int] = None  # first step of the current window
+        self._window_last = 0  # its last step (set with _window_start)
+        self._pace = cfg.window  # the steps of a window on the current grid (paced_window)
         self._last_step = 0
         self._in_flight: Optional[InFlight] = None
         self._cooldown = 0
@@ -114,10 +136,10 @@ class Tuner:
         try:
             while i < n and self.state is not TunerState.STOPPED:
                 if self._window_start is None:
-                    self._window_start = record_steps(records[i]).start
+                    self._start_window(record_steps(records[i]).start)
                 # The records through the first one at or past the current window's last step: a
                 # window can end (and an action move the window's start) only at that one.
-                last = self._window_start + self.cfg.window - 1
+                last = self._window_last
                 j = min(bisect.bisect_left(records, last, i, n, key=_step) + 1, n)
                 self._take(records[i:j])
                 i = j
@@ -136,13 +158,25 @@ class Tuner:
         # the window is left out whole)
         self._records.extend(chunk if record_steps(chunk[0]).start >= start
                              else [r for r in chunk if record_steps(r).start >= start])
-        while self._records and self._records[-1].step >= self._window_start + self.cfg.window - 1:
-            end = self._window_start + self.cfg.window
+        while self._records and self._records[-1].step >= self._window_last:
+            end = self._window_last + 1
             whole = [r for r in self._records if r.step < end]
             self._records = [r for r in self._records if r.step >= end]
-            self._window_start = end
-            if whole:
-                self._on_window(summarize(whole))
+            stats = summarize(whole) if whole else None
+            if stats is not None:
+                self._pace = paced_window(self.cfg.window, self.cfg.window_min_s, stats.median_ms)
+            self._start_window(end)
+            if stats is not None:
+                self._on_window(stats)
+
+    def _start_window(self, start: int) -> None:
+        """The window from step `start` on: cfg.window steps, or on the paced grid its first
+        multiple of the pace at least cfg.window steps on (the pace read from the last window)."""
+        window, pace = self.cfg.window, self._pace
+        last = start + window - 1
+        if pace > window:
+            last = -(-last // pace) * pace
+        self._window_start, self._window_last = start, last
 
     def window_end(self, after: int) -> Optional[int]:
         """The last step of this tuner's first window that ends after step `after`, on its
@@ -153,8 +187,10 @@ class Tuner:
         thread: never raises."""
         if self.state is TunerState.STOPPED:
             return None
-        w = self.cfg.window
-        end = (self._window_start or 1) + w - 1
+        w = self._pace
+        # (two attributes set one after the other on the monitor thread: a window end predicted
+        # from a torn pair is caught at the next hand-over, as one an action moves)
+        end = self._window_last if self._window_start is not None else w
         if after >= end:
             end += ((after - end) // w + 1) * w
         return end
@@ -267,7 +303,7 @@ class Tuner:
         first_step = max(self._next_step(), self._last_step + 1)
         self._in_flight = InFlight(p, previous, stats, first_step, also_previous)
         self.state = TunerState.IN_FLIGHT
-        self._window_start = first_step
+        self._start_window(first_step)
         self._records = [r for r in self._records if record_steps(r).start >= first_step]
         self._event(EventKind.TUNE, message=f"{p.rule}: {p.reason}", phase="applied", rule=p.rule, role=p.role.value,
                     change=change, also=also, reason=p.reason, in_force_step=first_step,

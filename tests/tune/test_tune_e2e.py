@@ -260,7 +260,8 @@ def _worker(tmp: Path) -> None:
     from placement.tune.tuner import TunerState
 
     torch.set_num_threads(1)
-    handle = placement.attach(config=[f"monitor.log_dir={tmp}", f"tune.window={WINDOW}",
+    # tune.window_min_s 0: the hogs are let go at the first step of a window of WINDOW steps
+    handle = placement.attach(config=[f"monitor.log_dir={tmp}", f"tune.window={WINDOW}", "tune.window_min_s=0",
                                       f"monitor.flush_every={WINDOW // 2}", "monitor.summary_every=0"])
     train = _train_step()
     times: list[float] = []  # times[i] is the monitor's step i + 1

@@ -264,3 +264,41 @@ def test_a_batch_is_observed_as_its_records_one_at_a_time():
     phases = [(e.get("phase"), e.get("in_force_step")) for e in one.events.of("tune")]
     assert [(e.get("phase"), e.get("in_force_step")) for e in batched.events.of("tune")] == phases
     assert batched.tuner.window_end(one.step) == one.tuner.window_end(one.step)
+
+
+def test_windows_at_short_steps_are_paced_in_time_and_end_at_the_hand_overs_grid():
+    """tune.window_min_s: at 6 ms steps a window of 10 steps lasts 60 ms; paced to 0.2 s it is
+    10 x 4 steps (a power of two, as the monitor's hand-overs are paced), ending at multiples of
+    40 after the first (10 steps, no step time yet); an action's window starts at its in-force
+    step and ends at the grid's next multiple at least `window` steps on; at 30 ms steps the
+    windows are 10 steps again. The tuner's judgement is the same: a hog is moved off and kept."""
+    from placement.tune.tuner import paced_window
+
+    assert [paced_window(10, 0.2, ms) for ms in (6.0, 12.0, 30.0, 0.001)] == [40, 20, 10, 640]  # (640: MAX_PACE)
+    assert paced_window(10, 0.0, 0.1) == 10
+    run = Run(window_min_s=0.2)
+    tuner = run.tuner
+    ends = []
+    for step in range(1, 161):
+        ends.append(tuner.window_end(step - 1))
+        tuner.observe(window(1, step, step_ms=6.0, jitter=0.02, roles=QUIET)[0])
+    assert ends[0] == 10 and tuner.windows == 5  # windows 1-10, 11-40, 41-80, 81-120, 121-160
+    assert set(ends[10:]) == {40, 80, 120, 160}
+    assert tuner.window_end(170) == 200
+    step = 161
+    while not run.binder.calls and step < 400:
+        tuner.observe(window(1, step, step_ms=12.0, jitter=0.02, roles=HOGGED)[0])
+        step += 1
+    assert run.binder.calls and run.binder.calls[0][:2] == (MAIN, frozenset({2}))
+    first = run.events.of("tune", phase="applied")[0]["in_force_step"]
+    assert step - 1 == 200  # the hogged window 161-200 (40 steps: paced at 6 ms) moved main
+    assert tuner.window_end(first - 1) == -(-(first + 9) // 20) * 20  # 12 ms steps: a pace of 20
+    for s in range(step, step + 80):
+        tuner.observe(window(1, s, step_ms=6.0, jitter=0.02, roles=QUIET)[0])
+    kept = run.events.of("tune", phase="kept")
+    assert len(kept) == 1 and kept[0]["judged_steps"][0] == first
+    assert kept[0]["judged_steps"][1] - first + 1 >= 10
+    run2 = Run(window_min_s=0.2)
+    for s in range(1, 101):
+        run2.tuner.observe(window(1, s, step_ms=30.0, jitter=0.02, roles=QUIET)[0])
+    assert run2.tuner.windows == 10  # 30 ms steps: windows of 10 steps
