@@ -104,7 +104,7 @@ LAG_STEPS = 2
 
 
 def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out: str, lag: bool = False,
-          pool: bool = False) -> None:
+          pool: bool = False, window_min_s: float = 0.0) -> None:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
@@ -127,6 +127,7 @@ def child(scenario: str, mode: str, steps: Steps, window: int, log_dir: str, out
             return torch.randn(64, 512), torch.randn(64, 512)
 
     cfg = load_config(MODES[mode] + ["strict=false", f"monitor.log_dir={log_dir}", f"tune.window={window}",
+                                     f"tune.window_min_s={window_min_s}",
                                      f"monitor.rescan_every={window}", "monitor.summary_every=0"]
                       + ([f"monitor.flush_every={2 * window}"] if lag else []))
     handle = placement.attach(config=cfg)
@@ -250,14 +251,14 @@ def children_cpu_seconds() -> float:
 
 
 def run_one(scenario: str, mode: str, steps: Steps, window: int, tmp: str, rep: int, lag: bool = False,
-            pool: bool = False) -> dict:
+            pool: bool = False, window_min_s: float = 0.0) -> dict:
     """One run in a fresh process; also measures how busy the rest of the machine was
     meanwhile (all CPU time minus this run's own processes, hog included), in CPUs."""
     log_dir = os.path.join(tmp, f"{scenario}-{mode}-{rep}")
     out = os.path.join(tmp, f"{scenario}-{mode}-{rep}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", scenario, mode, "--window", str(window),
            "--steps", f"{steps.before},{steps.during},{steps.after}", "--log-dir", log_dir, "--out", out] \
-        + (["--nccl-lag"] if lag else []) + (["--pool"] if pool else [])
+        + (["--nccl-lag"] if lag else []) + (["--pool"] if pool else []) + ["--window-min-s", str(window_min_s)]
     busy0, ours0, t0 = busy_cpu_seconds(), children_cpu_seconds(), time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -324,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="fewer steps: under a minute")
     ap.add_argument("--window", type=int, default=20, help="tune window in steps (placement.tune.window)")
+    ap.add_argument("--window-min-s", type=float, default=0.0,
+                    help="placement.tune.window_min_s (default 0: windows of --window steps, which the phases "
+                         "and recovery are counted in; the product's 0.5 paces them to 0.5 s at short steps)")
     ap.add_argument("--repeat", type=int, help="runs per scenario and mode, interleaved (default 1 with --quick, else 5)")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma list of {', '.join(MODES)}")
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help=f"comma list of {', '.join(SCENARIOS)}")
@@ -342,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.child:
         steps = Steps(*map(int, args.steps.split(",")))
-        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out, args.nccl_lag, args.pool)
+        child(args.child[0], args.child[1], steps, args.window, args.log_dir, args.out, args.nccl_lag, args.pool,
+              args.window_min_s)
         return 0
     modes = args.modes.split(",")
     scenarios = args.scenarios.split(",")
@@ -361,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
         for rep in range(repeat):  # interleaved, so a burst of load elsewhere hits every mode alike
             for scenario in scenarios:
                 for m in modes:
-                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep, args.nccl_lag, args.pool))
+                    runs[(scenario, m)].append(run_one(scenario, m, steps, w, tmp, rep, args.nccl_lag, args.pool,
+                                                                args.window_min_s))
     all_results = {sc: {m: combine_runs(runs[(sc, m)], steps, w) for m in modes} for sc in scenarios}
     for scenario in scenarios:
         print_table(scenario, all_results[scenario], steps, w)

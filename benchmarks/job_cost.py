@@ -73,13 +73,18 @@ def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
         launcher = [sys.executable, "-m", "placement.launcher"]
     cmd = launcher + ["--standalone", "--nproc-per-node", str(nproc)] + overrides + \
         [str(JOB), "--steps", str(steps), "--warmup", str(warmup), "--out", str(out)]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+    # (`python -m` puts the working directory first on sys.path: in this checkout's it would run
+    # this checkout's launcher, whatever PYTHONPATH says)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800, cwd=TREES.get(arm))
     if proc.returncode != 0:
         sys.exit(f"job_cost: arm {arm} exited {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}")
     got = json.loads(out.read_text())
     threads = got.pop("threads")
     main = next(t for t in threads if t["main"])
     ours = [t for t in threads if t["name"].startswith("placement")]
+    if arm != "torchrun" and not ours:  # placement refused its config or failed to start: no figure
+        sys.exit(f"job_cost: arm {arm} ran without any thread of placement's: "
+                 f"{(proc.stderr.strip().splitlines() or ['(no stderr)'])[-1][:300]}")
     n = got["steps"]
     got["main_cpu_us_per_step"] = main["cpu_ns"] / 1e3 / n
     got["placement_cpu_us_per_step"] = sum(t["cpu_ns"] for t in ours) / 1e3 / n
