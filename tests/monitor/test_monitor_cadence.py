@@ -189,3 +189,33 @@ def test_with_a_tuner_each_hand_over_gets_a_light_span_and_full_ones_are_four_fl
     # the stat and status files (faults, switches) only at full spans, a floor's worth of steps apart
     assert gaps and min(gaps) >= floors and max(gaps) <= floors + FLUSH * MAX_STRIDE, full
     assert len(spans) > 2 * len(full)
+
+
+def test_the_tuners_windows_paced_in_time_end_at_the_paced_hand_overs_and_read_nothing_of_their_own(tmp_path):
+    """The real tuner at its defaults (tune.window 20, tune.window_min_s 0.5) over steps 10 ms
+    apart by their stamps: once both are paced from the step time, its windows are 80 steps
+    (20 x 4, what lasts 0.5 s) ending at multiples of 80, where the hand-overs are (flush_every
+    20 x stride 4): no window end between two hand-overs asks the monitor thread for a counter
+    reading of its own (a wake-up each), and the tuner judges a window per 0.8 s, not per 0.2."""
+    h = placement.attach(monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    mon, tuner = h.monitor, h.tuner
+    assert tuner is not None and tuner.cfg.window_min_s == 0.5
+    asked: list[int] = []
+    ask = mon.hook._ask_read  # (the hook's call for a reading at a window end off a hand-over)
+    mon.hook._ask_read = lambda step: (asked.append(step), ask(step))[1]
+    at, paced_at = time.perf_counter_ns(), None
+    for i in range(1, STEPS + 1):
+        at += STEP_NS
+        mon.on_step(at=at)
+        if paced_at is None and i % 20 == 0 and i >= 200:
+            deadline = time.monotonic() + 30  # the monitor thread paces both from the steps handed over
+            while (mon.hook.stride == 1 or tuner.window_end(i) % 80) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            paced_at, windows_at, asked_at = i, tuner.windows, len(asked)
+    last_end = tuner.window_end(STEPS)
+    h.close()
+    assert paced_at is not None and mon.hook.stride == 4
+    assert last_end % 80 == 0
+    assert asked[asked_at:] == []  # every window end from then on was a hand-over
+    paced = tuner.windows - windows_at
+    assert (STEPS - paced_at) // 80 - 2 <= paced <= (STEPS - paced_at) // 80 + 1, (paced, paced_at)
