@@ -32,6 +32,11 @@ much to trust a row. The last line is one JSON object of headline figures.
 
     python benchmarks/contention.py --quick      # < 1 minute
     python benchmarks/contention.py              # 3x the steps, 5 runs of each (about 7 minutes)
+    python benchmarks/contention.py --scenarios hog --modes static,tune --window-min-s 0.5
+
+Its phases and recovery are counted in tune windows of --window steps, so the tuner's windows
+are held at that (tune.window_min_s 0); --window-min-s 0.5 runs the product's default, windows
+paced to 0.5 s (at these ~5 ms steps, 160 steps each: use the longer phases, not --quick).
 """
 from __future__ import annotations
 
