@@ -13,10 +13,10 @@ are known `lag_steps` later), so when a window closes training is already furthe
 A window is the steps [start, end]: cfg.window steps, or at short steps a longer window on a
 grid paced in time (paced_window: cfg.window x the fewest power of two k that lasts
 cfg.window_min_s at the last window's median step, the windows ending at multiples of
-k x cfg.window, the first after a change at least cfg.window steps long), so that its judgement
-and the counter reading at its end cost the same share of a short step as of a long one; a
-record of an earlier step is not part of any window. The monitor hands a window over as soon as its comm timing is final
-(window_end), not only at flush steps. An action is applied while training runs: it carries the first
+k x cfg.window, the first after a change at least cfg.window steps long), so that its
+judgement and the counter reading at its end cost the same share of a short step as of a long
+one; a record of an earlier step is not part of any window. The monitor hands a window over
+as soon as its comm timing is final (window_end), not only at flush steps. An action is applied while training runs: it carries the first
 step it was in force for the whole step (`next_step()` when it was applied), the next
 window starts there, and the records of the steps measured before it (still arriving)
 are dropped. The action is judged on that first whole window after it, against the
@@ -188,8 +188,8 @@ class Tuner:
         if self.state is TunerState.STOPPED:
             return None
         w = self._pace
-        # (two attributes set one after the other on the monitor thread: a window end predicted
-        # from a torn pair is caught at the next hand-over, as one an action moves)
+        # (set one after the other on the monitor thread: a window end predicted from a torn
+        # read is caught at the next hand-over, as one an action moves)
         end = self._window_last if self._window_start is not None else w
         if after >= end:
             end += ((after - end) // w + 1) * w
