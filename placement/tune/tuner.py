@@ -16,10 +16,10 @@ cfg.window_min_s at the last window's median step, the windows ending at multipl
 k x cfg.window, the first after a change at least cfg.window steps long), so that its
 judgement and the counter reading at its end cost the same share of a short step as of a long
 one; a record of an earlier step is not part of any window. The monitor hands a window over
-as soon as its comm timing is final (window_end), not only at flush steps. An action is applied while training runs: it carries the first
-step it was in force for the whole step (`next_step()` when it was applied), the next
-window starts there, and the records of the steps measured before it (still arriving)
-are dropped. The action is judged on that first whole window after it, against the
+as soon as its comm timing is final (window_end), not only at flush steps. An action is
+applied while training runs: it carries the first step it was in force for the whole step
+(`next_step()` when it was applied), the next window starts there, and the records of the
+steps measured before it (still arriving) are dropped. The action is judged on that first whole window after it, against the
 quiet baseline (judge.py), then `cfg.cooldown_windows` windows pass before the next.
 Otherwise the rules are asked in priority order and the first proposed move is applied
 by binder.set_role_cpus: at most one action in flight, never outside the rank's
