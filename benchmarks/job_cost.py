@@ -82,7 +82,7 @@ def run_arm(arm: str, steps: int, warmup: int, nproc: int, work: Path) -> dict:
     threads = got.pop("threads")
     main = next(t for t in threads if t["main"])
     ours = [t for t in threads if t["name"].startswith("placement")]
-    if arm != "torchrun" and not ours:  # placement refused its config or failed to start: no figure
+    if ARMS[arm][0] is not TORCHRUN and not ours:  # placement refused its config or failed to start: no figure
         sys.exit(f"job_cost: arm {arm} ran without any thread of placement's: "
                  f"{(proc.stderr.strip().splitlines() or ['(no stderr)'])[-1][:300]}")
     n = got["steps"]

@@ -31,6 +31,7 @@ from time import perf_counter_ns
 from typing import Callable, Optional
 
 from placement.monitor.warn import WarnOnce, first_line
+from placement.pacing import doubling
 
 NEVER = 1 << 62  # a due step that never comes
 # The most flush_every strides one hand-over may hold (a power of two; see StepHook.pace).
@@ -243,10 +244,7 @@ class StepHook:
         cap = MAX_STRIDE
         if exchange_windows is not None:
             cap = min(cap, max(1, exchange_windows * exchange_every // flush_every))
-        stride = 1
-        while stride * 2 <= cap and stride * flush_every * step_ms < floor_s * 1e3:
-            stride *= 2
-        self.stride = stride
+        self.stride = doubling(flush_every, step_ms, floor_s, cap)
 
     def take_raw(self) -> list[tuple]:
         """The steps not handed over (an exit path, under the monitor's lock)."""

@@ -39,6 +39,7 @@ from typing import Any, Callable, Optional, Sequence
 from placement.config import TuneConfig
 from placement.cpuset import format_cpulist
 from placement.events import EventKind
+from placement.pacing import doubling
 from placement.records.step import StepRecord, record_steps
 from placement.roles import ThreadRole
 from placement.tune.facts import HostFacts, LiveFacts, WindowFacts
@@ -68,11 +69,7 @@ def paced_window(window: int, min_s: float, step_ms: float) -> int:
     power of two, as the monitor's hand-overs are paced (monitor.handover_min_s, hook.py
     StepHook.pace): with window_min_s no less than it and tune.window = monitor.flush_every,
     every window ends at a hand-over and takes no wake-up of the monitor thread of its own."""
-    k = 1
-    if min_s > 0 and step_ms > 0:
-        while k < MAX_PACE and k * window * step_ms < min_s * 1e3:
-            k *= 2
-    return window * k
+    return window * doubling(window, step_ms, min_s, MAX_PACE)
 
 
 class TunerState(enum.Enum):

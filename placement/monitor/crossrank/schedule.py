@@ -32,6 +32,7 @@ from collections import deque
 from typing import Optional
 
 from placement.monitor.crossrank.exchange import MAX_GRID_STRIDE, Exchange, exchange_steps
+from placement.pacing import doubling
 
 # Windows between the exchange at which rank 0 posts the grid and `since`: every rank looks at
 # each exchange, so one window would do for ranks in step; two leave room for one a window ahead.
@@ -100,9 +101,7 @@ class ExchangeGrid:
         found = self.exchange.read_grid()
         step_ms = self.step_ms
         if found is None and self.rank == 0 and step >= SETTLE_AFTER * self.every and step_ms:
-            stride = 1
-            while stride < MAX_GRID_STRIDE and stride * self.every * step_ms < self.min_s * 1e3:
-                stride *= 2
+            stride = doubling(self.every, step_ms, self.min_s, MAX_GRID_STRIDE)
             period = self.every * stride
             since = -(-(step + LEAD * self.every) // period) * period
             self.exchange.post_grid(since, stride)
