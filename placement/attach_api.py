@@ -574,7 +574,9 @@ def _start_tuner(cfg: PlacementConfig, session, events, monitor):
         # The step in progress when a move is applied ran partly before it: the move is in
         # force from the step after (monitor.step counts finished steps). The tuner works from
         # the plan's cores and the binder's role sets: no topology in a worker.
-        tuner = Tuner(session.binder, cfg.tune, events, next_step=lambda: monitor.step + 2)
+        # Its windows paced on the monitor's floor, as the budget stretches it (PacedFloor).
+        tuner = Tuner(session.binder, cfg.tune, events, next_step=lambda: monitor.step + 2,
+                      floor_scale=lambda: monitor.floor_scale)
     except Exception as e:  # the tuner is an extra: training and the static plan go on without it
         events.event(EventKind.WARNING, source="tune", message=f"tuner not started ({type(e).__name__}: {e}); the static plan stays")
         return None

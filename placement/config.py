@@ -124,6 +124,9 @@ class MonitorConfig:
                                       "steps each builds, writes and exchanges flush_every x 2^k steps at once, the "
                                       "tuner's windows among them, but a window that ran 10% slower is handed over "
                                       "as it ends (docs/monitor.md); 0 = at every due step")
+    handover_max_s: float = _key(4.0, "the most the budget stretches that floor to (and tune.window_min_s by as much), "
+                                      "a doubling at a time, while placement costs more than budget_pct with the "
+                                      "counters read as seldom as allowed (docs/monitor.md); <= handover_min_s: never")
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
@@ -264,6 +267,7 @@ def validate(cfg: PlacementConfig) -> PlacementConfig:
     for k in ("flush_every", "rescan_every"):
         _range(f"monitor.{k}", getattr(m, k), 1, 1_000_000)
     _range("monitor.handover_min_s", m.handover_min_s, 0.0, 60.0)
+    _range("monitor.handover_max_s", m.handover_max_s, 0.0, 600.0)
     _range("monitor.exchange_min_s", m.exchange_min_s, 0.0, 600.0)
     _range("monitor.record_min_s", m.record_min_s, 0.0, 60.0)
     _range("monitor.exchange_every", m.exchange_every, 1, 10_000)  # the exchange holds this many steps per rank

@@ -228,10 +228,11 @@ class StepHook:
         """`step` is a flush step (every monitor.flush_every)."""
         return step % self._every[0] == 0
 
-    def pace(self, step_ms: Optional[float], exchange_windows: Optional[int]) -> None:
+    def pace(self, step_ms: Optional[float], exchange_windows: Optional[int], scale: int = 1) -> None:
         """Set the hand-overs' stride: the fewest flush_every strides (a power of two, so that
         ranks whose step times differ a little still meet at the larger one's exchange steps)
-        that last monitor.handover_min_s at this step time, at most MAX_STRIDE and, with an
+        that last monitor.handover_min_s x `scale` (the paced floor the budget sets,
+        probes/budget.py PacedFloor) at this step time, at most MAX_STRIDE and, with an
         exchange, `exchange_windows` exchange windows. A hand-over's fixed cost (a wake-up, the
         span reading, the builds, the sinks' writes, the flush, the tuner's window judgement,
         the exchanges' round trips: ~1.5 ms on the monitor thread in a DDP job of 10 ms steps,
@@ -244,7 +245,7 @@ class StepHook:
         cap = MAX_STRIDE
         if exchange_windows is not None:
             cap = min(cap, max(1, exchange_windows * exchange_every // flush_every))
-        self.stride = doubling(flush_every, step_ms, floor_s, cap)
+        self.stride = doubling(flush_every, step_ms, floor_s * scale, cap)
 
     def take_raw(self) -> list[tuple]:
         """The steps not handed over (an exit path, under the monitor's lock)."""

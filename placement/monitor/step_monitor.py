@@ -127,7 +127,7 @@ class StepMonitor:
         # a step (probes/sampled.py), or with budget_pct = 0 (None here) by the hook itself at every step.
         self._sampled = SampledReads(sampler, lambda: self.hook.step) if mon.budget_pct > 0 else None
         # what placement costs the rank, and the budget that k is chosen by (probes/cost.py)
-        self.cost = CostKeeper(mon.budget_pct, events, warn, self._sampled)
+        self.cost = CostKeeper(mon.budget_pct, events, warn, self._sampled, (mon.handover_min_s, mon.handover_max_s))
         self.delivery = Delivery(mon, events, rank, warn, lambda: self.crossrank.on)
         self.crossrank = ExchangeDuty(exchange, ExchangeGrid(mon.exchange_every, mon.exchange_min_s,
                                                              exchange, rank, first_step - 1),
@@ -173,6 +173,12 @@ class StepMonitor:
     def step(self) -> int:
         """Steps ended so far (the last one's number)."""
         return self.hook.step
+
+    @property
+    def floor_scale(self) -> int:
+        """How many times its floor (monitor.handover_min_s, tune.window_min_s) what is paced in
+        time is apart now: the budget's (probes/budget.py PacedFloor)."""
+        return self.cost.floor.scale
 
     @property
     def budget(self):
@@ -316,7 +322,7 @@ class StepMonitor:
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
         builder.pace(step_ms)
-        hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None)
+        hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None, self.cost.floor.scale)
         on = exchange and crossrank.exchange is not None
         # every exchange step this hand-over holds (several when it holds several strides)
         exchange_now = crossrank.grid.hand(step, step_ms) and on

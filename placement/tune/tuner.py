@@ -91,11 +91,13 @@ class InFlight:
 
 class Tuner:
     def __init__(self, binder, cfg: TuneConfig, events, *, facts: Optional[HostFacts] = None,
-                 next_step: Optional[Callable[[], int]] = None):
+                 next_step: Optional[Callable[[], int]] = None, floor_scale: Callable[[], int] = lambda: 1):
         """`binder`: the RoleBinder of this rank (its `rank_plan`, `role_cpus`, `set_role_cpus`,
         `threads`). `next_step()`: the first step that starts after now on the training thread
         (the monitor's step counter + 2: the step in progress ran partly before any change).
-        Without it, the step after the last record seen (records arrive as steps end)."""
+        Without it, the step after the last record seen (records arrive as steps end).
+        `floor_scale()`: how many times cfg.window_min_s windows last now (the monitor's paced
+        floor, stretched by its budget: monitor/probes/budget.py PacedFloor)."""
         self.cfg = cfg
         self.binder = binder
         self.events = events
@@ -104,6 +106,7 @@ class Tuner:
         self.rules = make_rules(cfg.rules)
         self.facts: HostFacts = facts if facts is not None else LiveFacts(self._own_pids)
         self._next_step = next_step if next_step is not None else self._after_last_record
+        self._floor_scale = floor_scale
         self.state = TunerState.WARMUP if cfg.enabled else TunerState.STOPPED
         self.windows = 0  # windows seen
         self._records: list[StepRecord] = []  # of the current window, in step order
@@ -161,7 +164,8 @@ class Tuner:
             self._records = [r for r in self._records if r.step >= end]
             stats = summarize(whole) if whole else None
             if stats is not None:
-                self._pace = paced_window(self.cfg.window, self.cfg.window_min_s, stats.median_ms)
+                self._pace = paced_window(self.cfg.window, self.cfg.window_min_s * self._floor_scale(),
+                                          stats.median_ms)
             self._start_window(end)
             if stats is not None:
                 self._on_window(stats)

@@ -1,7 +1,10 @@
 """The hand-overs' cadence (monitor.handover_min_s): at short steps the training thread hands its
 steps to the monitor thread only at multiples of flush_every x stride, a power of two the
 monitor thread sets so that a hand-over holds at least handover_min_s of steps; every step is
-still written once, in order. handover_min_s = 0 hands over at every due step."""
+still written once, in order. handover_min_s = 0 hands over at every due step. Over its budget,
+the monitor stretches that floor up to monitor.handover_max_s (the runs of stamped steps here,
+far faster in wall time than their stamps say, set it to 0 where they count hand-overs: their
+cost over wall time is no job's)."""
 import json
 import time
 
@@ -39,7 +42,7 @@ def _run(tmp_path, floor_s: float, window_end=NO_OBSERVER) -> tuple[list[int], l
     the end."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
-                                  "summary_every": 0, "handover_min_s": floor_s})
+                                  "summary_every": 0, "handover_min_s": floor_s, "handover_max_s": 0})
     mon = h.monitor
     handed = _count_hand_overs(mon)
     seen: list[int] = []
@@ -97,7 +100,7 @@ def _windowed_hand_overs(tmp_path, flush: int) -> tuple[list[int], list[int], in
     thread to set the stride before the quiet windows that are judged."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": flush, "rescan_every": flush,
-                                  "summary_every": 0, "handover_min_s": 0.5})
+                                  "summary_every": 0, "handover_min_s": 0.5, "handover_max_s": 0})
     mon = h.monitor
     handed = _count_hand_overs(mon)
     seen: list[int] = []
@@ -143,7 +146,8 @@ def _span_steps(tmp_path, floor_s: float, window_end=NO_OBSERVER, light=False) -
     reading was taken at is its record's."""
     h = placement.attach(policy="none", tune={"enabled": False},
                          monitor={"log_dir": str(tmp_path), "flush_every": FLUSH, "rescan_every": FLUSH,
-                                  "summary_every": 0, "handover_min_s": floor_s, "record_min_s": 0})
+                                  "summary_every": 0, "handover_min_s": floor_s, "record_min_s": 0,
+                                  "handover_max_s": 0})
     if window_end is not NO_OBSERVER:
         h.add_observer(lambda rec: None, window_end)
     t0 = time.perf_counter_ns()
@@ -197,7 +201,7 @@ def test_the_tuners_windows_paced_in_time_end_at_the_paced_hand_overs_and_read_n
     (20 x 4, what lasts 0.5 s) ending at multiples of 80, where the hand-overs are (flush_every
     20 x stride 4): no window end between two hand-overs asks the monitor thread for a counter
     reading of its own (a wake-up each), and the tuner judges a window per 0.8 s, not per 0.2."""
-    h = placement.attach(monitor={"log_dir": str(tmp_path), "summary_every": 0})
+    h = placement.attach(monitor={"log_dir": str(tmp_path), "summary_every": 0, "handover_max_s": 0})
     mon, tuner = h.monitor, h.tuner
     assert tuner is not None and tuner.cfg.window_min_s == 0.5
     asked: list[int] = []
@@ -219,3 +223,40 @@ def test_the_tuners_windows_paced_in_time_end_at_the_paced_hand_overs_and_read_n
     assert asked[asked_at:] == []  # every window end from then on was a hand-over
     paced = tuner.windows - windows_at
     assert (STEPS - paced_at) // 80 - 2 <= paced <= (STEPS - paced_at) // 80 + 1, (paced, paced_at)
+
+
+def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_follow(tmp_path):
+    """Steps of ~4 ms (slept) and a budget placement cannot keep at the floor of 0.5 s
+    (0.01% of the step, 0.4 us): once the readings are at their cap, the floor doubles to
+    monitor.handover_max_s (1 s) within a few of its periods, a `monitor` event says so and
+    what placement took, and the hand-overs after it hold 1 s of steps at least."""
+    h = placement.attach(policy="none", tune={"enabled": False},
+                         monitor={"log_dir": str(tmp_path), "summary_every": 0, "budget_pct": 0.01,
+                                  "handover_min_s": 0.5, "handover_max_s": 1.0})
+    mon = h.monitor
+    handed: list[tuple[int, int]] = []  # (last step, perf_counter_ns at its processing)
+    process = mon._process
+    mon._process = lambda item, exchange: (handed.append((item.last_step, time.perf_counter_ns())),
+                                           process(item, exchange))[1]
+    log = tmp_path / "rank0.jsonl"
+    rose, after = None, 0
+    deadline = time.monotonic() + 60
+    while (rose is None or len([s for s, _ in handed if s > rose["step"]]) < 4) and time.monotonic() < deadline:
+        time.sleep(0.004)
+        h.step()
+        after += 1
+        if rose is None and after % 50 == 0:
+            mon.events.flush()
+            rose = next((e for e in map(json.loads, log.read_text().splitlines())
+                         if e["type"] == "monitor" and "handover_floor_s" in e), None)
+    h.close()
+    assert rose is not None, "the floor never rose"
+    assert rose["handover_floor_s"] == 1.0 and rose["placement_cost_pct"] > 0.01 and rose["budget_pct"] == 0.01
+    assert "hand-overs at least 1 s apart, was 0.5 s" in rose["message"]
+    assert mon.floor_scale == 2
+    # The hook is paced once the monitor thread has seen the rise: from the second hand-over
+    # after it, each is processed a stride of steps that last 1 s (at ~4.4 ms steps 320, where
+    # the floor of 0.5 s gave 160: 0.7 s) after the one before, less the steps' noise.
+    later = [t for s, t in handed if s > rose["step"]][1:]
+    gaps_s = [(b - a) / 1e9 for a, b in zip(later, later[1:])]
+    assert gaps_s and min(gaps_s) >= 0.8, gaps_s

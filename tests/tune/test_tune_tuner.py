@@ -18,13 +18,13 @@ HOGGED = {"main": {"cpu_ms": 0.5, "runq_ms": 0.45, "cpus": [0]}, "nccl": {"cpu_m
 class Run:
     """A tuner on a 4-CPU fake machine, fed window by window."""
 
-    def __init__(self, plan=PLAN, facts=None, binder=None, **cfg):
+    def __init__(self, plan=PLAN, facts=None, binder=None, floor_scale=lambda: 1, **cfg):
         self.cfg = tune_cfg(**cfg)
         self.binder = binder or FakeBinder()
         self.binder.rank_plan = rank_plan(plan, topo=topology(4))
         self.events = ListEvents()
         self.facts = facts or FakeFacts(foreign=[hog(0)])
-        self.tuner = Tuner(self.binder, self.cfg, self.events, facts=self.facts)
+        self.tuner = Tuner(self.binder, self.cfg, self.events, facts=self.facts, floor_scale=floor_scale)
         self.step = 0
 
     def feed(self, windows=1, **kw):
@@ -302,3 +302,28 @@ def test_windows_at_short_steps_are_paced_in_time_and_end_at_the_hand_overs_grid
     for s in range(1, 101):
         run2.tuner.observe(window(1, s, step_ms=30.0, jitter=0.02, roles=QUIET)[0])
     assert run2.tuner.windows == 10  # 30 ms steps: windows of 10 steps
+
+
+def test_windows_follow_the_monitors_paced_floor_as_its_budget_stretches_it():
+    """The monitor's budget stretches its paced floor (monitor/probes/budget.py PacedFloor) and
+    the tuner's windows by as much, so that they still end at its hand-overs: at 6 ms steps and
+    window_min_s 0.2, windows of 40 steps; the floor doubled, the next window is paced to 0.4 s
+    (80 steps), ending on that grid; halved again, 40."""
+    scale = [1]
+    run = Run(window_min_s=0.2, floor_scale=lambda: scale[0])
+    tuner = run.tuner
+
+    def feed(first: int, last: int) -> None:
+        for s in range(first, last + 1):
+            tuner.observe(window(1, s, step_ms=6.0, jitter=0.02, roles=QUIET)[0])
+
+    feed(1, 40)  # windows 1-10, 11-40
+    assert tuner.windows == 2 and tuner.window_end(40) == 80
+    scale[0] = 2
+    feed(41, 80)  # the window 41-80 ends, the next paced at 0.4 s
+    assert tuner.window_end(80) == 160
+    feed(81, 160)
+    assert tuner.windows == 4 and tuner.window_end(160) == 240
+    scale[0] = 1
+    feed(161, 240)
+    assert tuner.windows == 5 and tuner.window_end(240) == 280

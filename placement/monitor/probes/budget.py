@@ -189,3 +189,74 @@ class CostRate:
     def last_pct(self) -> Optional[float]:
         """The share of the last whole period (None before one ended)."""
         return self._last_pct
+
+
+# ---- the paced floor ----------------------------------------------------------------------
+FLOOR_JUDGE_S = 2.0  # the least time a period of the paced floor's judgement covers, at first
+FLOOR_MAX_HOLD_S = 64.0  # doubled at each reversal, up to this
+FLOOR_DOWN_BELOW = 0.4  # half the floor doubles at most what it paces: down only under 0.4 x the budget
+
+
+class PacedFloor:
+    """How many times monitor.handover_min_s the hand-overs (and tune.window_min_s the tuner's
+    windows) are apart at least: `scale`, a power of two from 1 up to `most`
+    (monitor.handover_max_s over handover_min_s). At short steps what placement spends is
+    mostly per hand-over (the builds, the sinks' writes, the tuner's window, a span reading:
+    ~1-2 ms of the monitor thread in a DDP job, benchmarks/job_cost.py); with the readings at
+    their cap (ProbeBudget), the floor is what is left to the budget. It is judged at
+    hand-overs, on a period from one to another of at least `hold_s`: placement's CPU (its
+    threads' and the hook's) over the period's wall time, which then holds the whole cost of
+    the hand-overs in it (the monitor thread builds a hand-over after it comes). Over the
+    budget, the scale doubles; under FLOOR_DOWN_BELOW of it, it halves. A change against the
+    one before doubles `hold_s`, up to FLOOR_MAX_HOLD_S. What it delays is said in the
+    `monitor` event of each change: the log's records, the live metrics, straggler naming and
+    the tuner's moves come up to a floor later."""
+
+    __slots__ = ("budget_pct", "most", "scale", "hold_s", "_period", "_direction")
+
+    def __init__(self, budget_pct: float, most: int):
+        self.budget_pct = budget_pct
+        self.most = max(1, most)
+        self.scale = 1
+        self.hold_s = FLOOR_JUDGE_S
+        self._period: Optional[tuple[float, int]] = None  # (monotonic s, CPU ns) at its start
+        self._direction = 0  # +1: the last change went up, -1: down
+
+    def judge(self, now_s: float, cpu_ns: int, may_rise: bool) -> Optional[tuple[int, float, float]]:
+        """At a hand-over (the first of the run starts the first period): `cpu_ns`,
+        placement's CPU so far; `may_rise`: the readings are at their cap (the floor rises only
+        after them). At the end of a period: (the new scale, placement's share of the period in
+        %, its seconds) when the scale changes, else None."""
+        if self.budget_pct <= 0 or self.most <= 1:
+            return None
+        if self._period is None:
+            self._period = (now_s, cpu_ns)
+            return None
+        t0, c0 = self._period
+        elapsed = now_s - t0
+        if elapsed < self.hold_s:
+            return None
+        self._period = (now_s, cpu_ns)
+        pct = 100.0 * max(0, cpu_ns - c0) / 1e9 / elapsed
+        if pct > self.budget_pct and may_rise and self.scale < self.most:
+            new = self.scale * 2
+        elif pct < FLOOR_DOWN_BELOW * self.budget_pct and self.scale > 1:
+            new = self.scale // 2
+        else:
+            return None
+        direction = 1 if new > self.scale else -1
+        if self._direction and direction != self._direction:
+            self.hold_s = min(FLOOR_MAX_HOLD_S, 2 * self.hold_s)
+        self._direction = direction
+        self.scale = new
+        return new, pct, elapsed
+
+
+def floor_scales(min_s: float, max_s: float) -> int:
+    """The most a paced floor of `min_s` may be scaled (a power of two) and stay within `max_s`."""
+    if min_s <= 0 or max_s <= min_s:
+        return 1
+    k = 1
+    while 2 * k * min_s <= max_s + 1e-9:
+        k *= 2
+    return k

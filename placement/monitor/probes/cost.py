@@ -31,7 +31,7 @@ import time
 from typing import Callable, Optional
 
 from placement.events import EventKind
-from placement.monitor.probes.budget import CostRate, ProbeBudget
+from placement.monitor.probes.budget import CostRate, PacedFloor, ProbeBudget, floor_scales, max_every
 from placement.monitor.probes.sampled import SampledReads
 from placement.roles import OWN_THREADS
 
@@ -40,9 +40,12 @@ RATE_WARN_S = 3  # seconds in a row over the budget, the readings at their cap, 
 
 class CostKeeper:
     def __init__(self, budget_pct: float, events, warn: Callable[[str, str], None],
-                 sampled: Optional[SampledReads]):
+                 sampled: Optional[SampledReads], floor_s: tuple[float, float] = (0.0, 0.0)):
         self.budget = ProbeBudget(budget_pct)
         self._rate = CostRate(budget_pct)
+        # the paced floor: (monitor.handover_min_s, monitor.handover_max_s)
+        self.floor = PacedFloor(budget_pct, floor_scales(*floor_s))
+        self._floor_s = floor_s[0]
         self._events = events
         self._warn = warn
         self._sampled = sampled  # where the readings are paced (None: the hook reads every step)
@@ -76,7 +79,9 @@ class CostKeeper:
         self._seen = (hook_ns, hook_steps, own_ns, read_ns)
         if hook_steps - steps0 < 4 or step_ms is None:
             return
-        if not self._judged:
+        if self._judged:
+            self._judge_floor(time.monotonic(), own_ns + hook_ns, step, step_ms)
+        else:
             self._judged = True
             return  # (up to the first judgement: the threads' start, no per-step cost)
         steps = hook_steps - steps0
@@ -100,7 +105,7 @@ class CostKeeper:
                 reads_us=round(reads_us, 1), placement_cpu_us_per_step=round(cost_us, 1),
                 placement_cost_pct=round(cost_us / 10 / step_ms, 3),
                 step_ms=round(step_ms, 3), budget_pct=budget.budget_pct)
-        elif budget.over(step_ms):
+        elif budget.over(step_ms) and self.floor.scale >= self.floor.most:
             self._warn("budget", f"placement costs {budget.judged_us():.1f} us per step (the median of its "
                                  f"last batches; {hook_us:.1f} in the step hook and {own_us:.1f} on its own threads "
                                  f"in the last), over {budget.budget_pct}% of a {step_ms:.2f} ms step although "
@@ -135,11 +140,30 @@ class CostKeeper:
                 probe_every=now, step=step, placement_cost_pct=round(pct, 3), budget_pct=budget.budget_pct)
             return
         self._rate_over += 1
-        if self._rate_over >= RATE_WARN_S:
+        if self._rate_over >= RATE_WARN_S and self.floor.scale >= self.floor.most:
             self._warn("budget", f"placement takes {pct:.1f}% of this rank's time (its threads' CPU and the step "
                                  f"hook over the last second, {RATE_WARN_S} seconds in a row), over "
                                  f"{budget.budget_pct}% although it reads the kernel counters only every "
                                  f"{budget.every} steps")
+
+    def _judge_floor(self, now_s: float, cpu_ns: int, step: int, step_ms: float) -> None:
+        """The paced floor (budget.py PacedFloor), judged at a hand-over; it rises only once the
+        readings are at their cap."""
+        floor = self.floor
+        was = floor.scale
+        changed = floor.judge(now_s, cpu_ns, self.budget.every >= max_every(step_ms))
+        if changed is None:
+            return
+        scale, pct, period_s = changed
+        self._events.event(EventKind.MONITOR, message=(
+            f"hand-overs at least {scale * self._floor_s:g} s apart, was {was * self._floor_s:g} s: placement "
+            f"took {pct:.2f}% of the last {period_s:.0f} s on this rank, "
+            + (f"over the budget {floor.budget_pct}% (placement.monitor.budget_pct) with the kernel counters "
+               f"read as seldom as allowed; the log's records, the live metrics, straggler naming and the "
+               f"tuner's windows come up to that much later" if scale > was else
+               f"well under the budget {floor.budget_pct}% (placement.monitor.budget_pct)")),
+            handover_floor_s=scale * self._floor_s, step=step, placement_cost_pct=round(pct, 3),
+            budget_pct=floor.budget_pct)
 
     # ---- at the end -----------------------------------------------------------------------
     def whole(self, steps: int, hook_ns: int, closing_ns: int, last_end_ns: int) -> dict:

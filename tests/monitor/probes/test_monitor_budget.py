@@ -14,8 +14,9 @@ from placement.records.step import line_steps
 from placement.errors import ConfigError
 from placement.roles import OWN_THREADS
 from placement.monitor.step_monitor import read_at_hand_over
-from placement.monitor.probes.budget import (AIM, JUDGED, LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS,
-                                              STRETCH, CostRate, ProbeBudget, max_every)
+from placement.monitor.probes.budget import (AIM, FLOOR_DOWN_BELOW, FLOOR_JUDGE_S, FLOOR_MAX_HOLD_S, JUDGED,
+                                              LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS, STRETCH,
+                                              CostRate, PacedFloor, ProbeBudget, floor_scales, max_every)
 
 
 def test_budget_reads_less_often_when_over_and_more_often_when_well_under():
@@ -342,6 +343,47 @@ def test_cost_rate_judges_each_second_after_the_first():
     assert r.tick(102.0, 10**9 + 2 * 10**6) is None and r.last_pct == pytest.approx(0.2)  # under 0.3%
     assert r.tick(103.0, 10**9 + 7 * 10**6) == pytest.approx(0.5)  # over: said
     assert CostRate(budget_pct=0).tick(1.0, 0) is None
+
+
+def _ms_of(pct: float, s: float) -> int:
+    """CPU ns that are `pct` % of `s` seconds."""
+    return int(pct / 100 * s * 1e9)
+
+
+def test_the_paced_floor_doubles_over_the_budget_once_the_readings_are_at_their_cap_and_halves_well_under():
+    f = PacedFloor(budget_pct=0.3, most=floor_scales(0.5, 4.0))
+    assert f.most == 8 and f.scale == 1
+    t, cpu = 100.0, 0
+    assert f.judge(t, cpu, may_rise=True) is None  # the first hand-over starts the first period
+
+    def period(pct: float, may_rise: bool = True, s: float = FLOOR_JUDGE_S):
+        nonlocal t, cpu
+        t, cpu = t + s, cpu + _ms_of(pct, s)
+        return f.judge(t, cpu, may_rise)
+
+    assert period(0.6, s=FLOOR_JUDGE_S / 2) is None  # shorter than a period: not judged yet ...
+    assert period(0.6, s=FLOOR_JUDGE_S / 2) == (2, pytest.approx(0.6), pytest.approx(FLOOR_JUDGE_S))  # ... now
+    assert period(0.6, may_rise=False) is None and f.scale == 2  # the readings not at their cap: they move first
+    assert period(0.31)[0] == 4
+    assert period(0.9)[0] == 8
+    assert period(5.0) is None and f.scale == 8  # at its most (handover_max_s): the budget's warning, not a rise
+    assert period(0.2) is None  # under the budget, but not well under: stays
+    assert period(FLOOR_DOWN_BELOW * 0.3 * 0.9) == (4, pytest.approx(FLOOR_DOWN_BELOW * 0.3 * 0.9), pytest.approx(FLOOR_JUDGE_S))
+    assert f.hold_s == 2 * FLOOR_JUDGE_S  # a reversal: periods twice as long from now on
+    assert period(1.0) is None  # a period of the old length is not one any more
+    assert period(1.0)[0] == 8  # up again: another reversal
+    assert f.hold_s == 4 * FLOOR_JUDGE_S
+    for _ in range(8):  # reversals double the period up to its most
+        period(1.0 if f.scale == 4 else 0.01, s=f.hold_s)
+    assert f.hold_s == FLOOR_MAX_HOLD_S
+
+
+def test_the_paced_floor_never_moves_without_a_budget_or_room_to_stretch():
+    for f in (PacedFloor(budget_pct=0, most=8), PacedFloor(budget_pct=0.3, most=floor_scales(0.5, 0.5))):
+        assert f.judge(0.0, 0, True) is None
+        assert f.judge(100.0, 10**12, True) is None and f.scale == 1
+    assert floor_scales(0.5, 4.0) == 8 and floor_scales(0.5, 3.9) == 4 and floor_scales(0.0, 4.0) == 1
+    assert floor_scales(0.3, 0.2) == 1 and floor_scales(1.0, 600.0) == 512
 
 
 @pytest.mark.slow
