@@ -41,6 +41,11 @@ class ExchangeDuty:
     def on(self) -> bool:
         return self.exchange is not None and self.exchange.enabled
 
+    @property
+    def awaiting(self) -> bool:
+        """Rank 0: an exchange it sent waits for its peers' rows."""
+        return self.on and self.exchange.pending
+
     def on_judged(self, observe: Callable[[WindowJudgement], None]) -> None:
         """Rank 0: call observe(judgement) with every window judged, on the monitor thread."""
         self._observers.append(observe)
