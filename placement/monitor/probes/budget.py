@@ -52,6 +52,10 @@ MAX_EVERY = 10  # the cap at steps of 50 ms or more: a hog of a few steps must s
 # A window's sums are the same at any k; what k spreads is where within it a hog fell.
 MAX_PERIOD_S = 0.5
 STRETCH = 2  # k past the cap by more than this factor (the steps grew) comes back to it at once
+# ... and k at this share of the cap or more is at it (the steps shrank a little): the cap follows
+# the median step, which drifts by a few percent from batch to batch, and each move up to it
+# was a `monitor` event every few seconds
+NEAR_CAP = 0.75
 AIM = 0.6  # share of the budget the hook's own figure is held to (the rest: its call, handle.watch())
 LOWER_BELOW = 0.8  # come down only to a k whose cost would stay under this share of the aim
 JUDGED = 5  # batch costs (at the current k) whose median is judged
@@ -94,7 +98,7 @@ class ProbeBudget:
         else:
             cost = statistics.median(self._costs)
             aim_us = AIM * self.budget_pct / 100.0 * step_ms * 1e3
-            if cost > aim_us and k < cap:
+            if cost > aim_us and k < NEAR_CAP * cap:
                 if self._direction > 0:
                     # The last change went up and did not land: the cost does not fall as 1/k
                     # (a wake-up costs more the longer the thread slept), so to the cap, and the
@@ -132,12 +136,16 @@ class ProbeBudget:
         """Go to the cap now (CostRate saw the cost over the budget within the last second):
         the new `every`, or None when it is there already."""
         cap = max_every(step_ms)
-        if self.budget_pct <= 0 or self.every >= cap:
+        if self.budget_pct <= 0 or self.at_cap(step_ms):
             return None
         self._direction, self._changed_at, self.every = 1, step, cap
         self._costs.clear()
         self._reads.clear()
         return cap
+
+    def at_cap(self, step_ms: float) -> bool:
+        """Whether the counters are read as seldom as allowed at this step time (NEAR_CAP)."""
+        return self.every >= NEAR_CAP * max_every(step_ms)
 
     def judged_us(self) -> Optional[float]:
         """The median of the batch costs judged at the current k (None before the first)."""
@@ -146,7 +154,7 @@ class ProbeBudget:
     def over(self, step_ms: float) -> bool:
         """Whether the cost is over the budget although the counters are read as seldom as
         allowed: the median of JUDGED batches at this k, so that one busy window does not say so."""
-        return (self.budget_pct > 0 and self.every >= max_every(step_ms) and len(self._costs) == JUDGED
+        return (self.budget_pct > 0 and self.at_cap(step_ms) and len(self._costs) == JUDGED
                 and statistics.median(self._costs) > self.budget_pct / 100.0 * step_ms * 1e3)
 
 

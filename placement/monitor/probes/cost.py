@@ -31,7 +31,7 @@ import time
 from typing import Callable, Optional
 
 from placement.events import EventKind
-from placement.monitor.probes.budget import CostRate, PacedFloor, ProbeBudget, floor_scales, max_every
+from placement.monitor.probes.budget import CostRate, PacedFloor, ProbeBudget, floor_scales
 from placement.monitor.probes.sampled import SampledReads
 from placement.roles import OWN_THREADS
 
@@ -151,7 +151,7 @@ class CostKeeper:
         readings are at their cap."""
         floor = self.floor
         was = floor.scale
-        changed = floor.judge(now_s, cpu_ns, self.budget.every >= max_every(step_ms))
+        changed = floor.judge(now_s, cpu_ns, self.budget.at_cap(step_ms))
         if changed is None:
             return
         scale, pct, period_s = changed

@@ -15,7 +15,7 @@ from placement.errors import ConfigError
 from placement.roles import OWN_THREADS
 from placement.monitor.step_monitor import read_at_hand_over
 from placement.monitor.probes.budget import (AIM, FLOOR_DOWN_BELOW, FLOOR_JUDGE_S, FLOOR_MAX_HOLD_S, JUDGED,
-                                              LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS, STRETCH,
+                                              LOWER_BELOW, MAX_EVERY, MAX_PERIOD_S, MIN_HOLD_STEPS, NEAR_CAP, STRETCH,
                                               CostRate, PacedFloor, ProbeBudget, floor_scales, max_every)
 
 
@@ -69,6 +69,14 @@ def test_the_cap_is_half_a_second_of_short_steps_and_follows_the_steps_when_they
     # a batch whose median step is half as long again (a busy host): k stays, no event
     assert max_every(0.6) < b.every < STRETCH * max_every(0.6)
     assert b.update(hook_us_per_step=5.0, step_ms=0.6, step=step + 1) is None and b.every == max_every(0.4)
+    # ... nor one a little shorter, whose cap is a few steps more: k is at the cap (NEAR_CAP), the
+    # budget's warning still holds and nothing moves (each move to it was an event every few seconds)
+    assert max_every(0.4) < max_every(0.38) and b.at_cap(0.38)
+    for i in range(JUDGED):
+        assert b.update(hook_us_per_step=5.0 + 150.0 / b.every, step_ms=0.38, step=step + 1 + b.hold_steps * (i + 1)) is None
+    assert b.over(step_ms=0.38) and b.to_cap(0.38, step) is None
+    # 30% shorter: not at it (k under NEAR_CAP of the cap there: the readings' cost could still go down)
+    assert b.every < NEAR_CAP * max_every(0.4 * 0.7) and not b.at_cap(0.4 * 0.7)
     # the steps grow to 100 ms: back to MAX_EVERY at the next batch, inside the hold
     assert b.update(hook_us_per_step=5.0, step_ms=100.0, step=step + 2) == MAX_EVERY
 
