@@ -410,7 +410,7 @@ class StepMonitor:
                           monitor_us_per_step=None if per_step is None else round(per_step, 2),
                           **self.cost.thread(steps, thread is not None, EXIT_WAIT_S),
                           **self.cost.whole(steps, hook.self_ns, time.thread_time_ns() - c0, self.builder.last_end_ns),
-                          probe_every=self.budget.every, **self.crossrank.figures())
+                          probe_every=self.budget.every, **self.cost.floor_figures(), **self.crossrank.figures())
         self.events.flush()
         self.state = MonitorState.CLOSED
 

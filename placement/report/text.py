@@ -123,6 +123,8 @@ def _describe(e: dict) -> str:
                 + ("" if thread is None else f", {thread} us/step of CPU on its own thread")
                 + ("" if whole is None else f"; placement in all {whole} us/step"
                    + ("" if pct is None else f", {pct}% of the step"))
+                + (f"; hand-overs {e.get('handover_floor_s')} s apart at least (x{scale}: stretched to keep the budget)"
+                   if isinstance(scale := e.get("handover_floor_scale"), int) and scale > 1 else "")
                 + (f"; {held} straggler candidate(s) not named (cost under the threshold, or not in 2 windows in a row)"
                    if held else ""))
     if kind == "start" and e.get("source") == "monitor":

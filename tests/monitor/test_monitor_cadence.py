@@ -260,3 +260,11 @@ def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_foll
     later = [t for s, t in handed if s > rose["step"]][1:]
     gaps_s = [(b - a) / 1e9 for a, b in zip(later, later[1:])]
     assert gaps_s and min(gaps_s) >= 0.8, gaps_s
+    # the end event keeps the floor, and the report says it was stretched
+    end = next(e for e in map(json.loads, log.read_text().splitlines()) if e["type"] == "end" and e.get("source") == "monitor")
+    assert (end["handover_floor_s"], end["handover_floor_scale"]) == (1.0, 2)
+    from placement.report.logs import read_logs
+    from placement.report.text import event_lines
+
+    said = [line for line in event_lines(read_logs([str(log)])) if "monitor end after" in line]
+    assert len(said) == 1 and "hand-overs 1.0 s apart at least (x2: stretched to keep the budget)" in said[0], said

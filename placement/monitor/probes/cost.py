@@ -180,6 +180,14 @@ class CostKeeper:
         step_us = (last_end_ns - start_ns) / 1e3 / steps
         return {"placement_cpu_us_per_step": round(us, 2), "placement_cost_pct": round(100 * us / step_us, 3)}
 
+    def floor_figures(self) -> dict:
+        """The end event's `handover_floor_s`, the hand-overs' paced floor at the end (null where
+        nothing is paced in time: handover_min_s 0), and `handover_floor_scale`, how many times
+        monitor.handover_min_s the budget stretched it to (PacedFloor)."""
+        scale = self.floor.scale
+        return {"handover_floor_s": scale * self._floor_s if self._floor_s > 0 else None,
+                "handover_floor_scale": scale}
+
     def thread_ended(self, cpu_ns: int) -> None:
         """The monitor thread ends, having spent `cpu_ns` of CPU (its own clock)."""
         self._thread_ns = cpu_ns
