@@ -133,7 +133,7 @@ class StepMonitor:
                                                              exchange, rank, first_step - 1),
                                       self.delivery.window, events, warn)
         self.health = RankHealth(mon, events, rank, world_size, comm, self.crossrank, warn, planned_nodes,
-                                 lambda: self.hook.last_batch)
+                                 lambda: self.hook.last_batch, lambda: self.cost.floor.scale > 1)
         tune = cfg.tune
         self.builder = RecordBuilder(RecordTags(rank, local_rank, lambda: events.run,
                                                 (tune.runq_wait_pct, tune.comm_share_pct, tune.data_share_pct)),

@@ -33,7 +33,8 @@ Why this way
     its peers' posts and rows are the evidence that the job waits for it.
 
 Cost
-    When nothing hangs: rank 0, one `add` per poll_s / 2 on its `placement_peers` thread; the
+    When nothing hangs: rank 0, one `add` per poll_s / 2 (per poll_s while the monitor's budget
+    stretches its hand-overs: a hang is then named up to poll_s / 2 later) on its `placement_peers` thread; the
     other ranks, nothing. When one rank hangs, every rank waits for it in the next collective
     and posts: W posts (10 MB at 16,384 ranks, one `get` per look), of which NAMED_PEERS are
     named one event each (the likely cause first: holds_first) and the rest grouped by (last
@@ -239,11 +240,14 @@ class PeerWatch:
 
     def __init__(self, exchange, threshold_s: Callable[[], float], write: Callable[[dict], None],
                  poll_s: float, own: Callable[[], Optional[dict]] = lambda: None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, stretched: Callable[[], bool] = lambda: False):
         self.exchange = exchange
         self.threshold_s = threshold_s
         self.write = write
         self.poll_s = poll_s
+        # the monitor's budget stretched its paced floor (probes/budget.py PacedFloor): look every
+        # poll_s, not twice as often (a look is a wake-up and a round trip, ~150 us on a VM)
+        self.stretched = stretched
         self.own = own  # rank 0's own current stall post (it posts nothing to the store)
         self.clock = clock
         self._stalled: dict[int, dict] = {}  # peers' stall posts not followed by a resume
@@ -273,7 +277,8 @@ class PeerWatch:
         self.poll()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.poll_s / 2):  # one round trip: twice the watch's pace
+        # one round trip: twice the watch's pace, or its pace while the budget is stretched
+        while not self._stop.wait(self.poll_s if self.stretched() else self.poll_s / 2):
             if not self.poll():
                 return
 

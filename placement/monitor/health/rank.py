@@ -26,13 +26,15 @@ class RankHealth:
     it); `comm`: its comm source (whether main waits inside a collective)."""
 
     def __init__(self, cfg, events, rank: int, world_size: int, comm, duty, warn: WarnOnce,
-                 planned_nodes: Sequence[int] = (), last_batch: Callable[[], Any] = lambda: None):
+                 planned_nodes: Sequence[int] = (), last_batch: Callable[[], Any] = lambda: None,
+                 stretched: Callable[[], bool] = lambda: False):
         self.hang = HangWatch(cfg.hang_factor, cfg.hang_min_s, cfg.hang_pause_s)
         self._who = (events, rank, world_size)
         self._comm = comm
         self._duty = duty
         self._warn = warn
         self._peers: Optional[PeerWatch] = None  # rank 0: its peers' liveness
+        self._stretched = stretched  # the monitor's budget stretched its paced floor: the peer watch looks half as often
         self._residence: Optional[ResidenceWatch] = None  # where the rank's pages are against `planned_nodes`
         if planned_nodes and cfg.residence_every_s > 0:
             self._residence = ResidenceWatch(tuple(planned_nodes), cfg.residence_every_s, cfg.residence_min_pct,
@@ -50,7 +52,7 @@ class RankHealth:
         exchange = self._duty.exchange
         if exchange is not None and rank == 0 and self._peers is None:
             self._peers = PeerWatch(exchange, self.hang.threshold_s, lambda fields: write_peer_hang(events, fields),
-                                    self.hang.poll_s, own=lambda: self.hang.post).start()
+                                    self.hang.poll_s, own=lambda: self.hang.post, stretched=self._stretched).start()
 
     def step_times(self, step_ms: Iterable[float]) -> None:
         """Steps built: their times set the hang limit (a multiple of the median)."""

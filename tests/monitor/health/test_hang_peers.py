@@ -351,3 +351,21 @@ def test_every_rank_pausing_together_is_one_job_event_and_a_rank_others_wait_for
     assert w.hang_events([_post(1, False)], 3) == []
     now[0] += 3.5
     assert [f["rank"] for f in w.hang_events([], 3)] == [1]
+
+
+def test_the_peer_watch_looks_half_as_often_while_the_monitors_budget_stretches_its_floor():
+    """Rank 0's peer watch looks every poll_s / 2 (a wake-up and a round trip each); while the
+    monitor's budget stretches its hand-overs (probes/budget.py PacedFloor) every poll_s."""
+    from types import SimpleNamespace
+
+    from placement.monitor.health.peers import PeerWatch
+
+    stretched = [False]
+    watch = PeerWatch(SimpleNamespace(enabled=False), lambda: 1.0, lambda fields: None, poll_s=1.0,
+                      stretched=lambda: stretched[0])
+    waits: list[float] = []
+    watch._stop = SimpleNamespace(wait=lambda s: waits.append(s) or False)  # (the thread's timed wait)
+    watch._run()  # one wait, then a look: the exchange is off, the watch ends
+    stretched[0] = True
+    watch._run()
+    assert waits == [0.5, 1.0]
