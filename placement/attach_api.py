@@ -466,6 +466,11 @@ def _start_handle(cfg: PlacementConfig, session, events, identity: RankIdentity,
         monitor, comm = _start_monitor(cfg, events, session, model, identity, steps=steps, steps_before=steps_before,
                                        megatron_iteration=megatron_iteration)
         tuner = _start_tuner(cfg, session, events, monitor)
+        if session is not None and monitor is not None:
+            # While the monitor's budget stretches its hand-overs, the binder's watcher (a wake-up
+            # and a few /proc reads a second) rescans half as often too (bind/binder.py pace_watch).
+            m = monitor
+            session.binder.pace_watch(lambda: 2.0 if not m.closed and m.floor_scale > 1 else 1.0)
     return Handle(cfg, session, events, monitor, comm, tuner, owns_session, owns_events, found)
 
 

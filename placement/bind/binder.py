@@ -28,7 +28,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 from placement.bind.affinity import BindResult, bind_thread, read_allowed
 from placement.cpuset import format_cpulist
@@ -92,6 +92,7 @@ class RoleBinder:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._watcher: Optional[threading.Thread] = None
+        self._watch_pace: Callable[[], float] = lambda: 1.0  # how many times interval_s the watcher waits now
         self._looked: Optional[tuple] = None  # the look taken before the last listing (_look)
         self._looks = 0
 
@@ -172,6 +173,12 @@ class RoleBinder:
         self._stop.clear()
         self._watcher = OWN_THREADS.start(self._watch, "placement_watch", (interval_s,))
 
+    def pace_watch(self, pace: Callable[[], float]) -> None:
+        """The watcher waits interval_s x pace() between rescans from now on (the monitor's
+        budget: while it stretches its hand-overs, the watcher rescans half as often, and a
+        thread started meanwhile is bound up to that much later)."""
+        self._watch_pace = pace
+
     @property
     def watching(self) -> bool:
         """Whether the watcher thread rescans (so threads() stays current without a rescan call)."""
@@ -186,7 +193,7 @@ class RoleBinder:
 
     # ---- internals --------------------------------------------------------
     def _watch(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
+        while not self._stop.wait(interval_s * self._watch_pace()):
             self.rescan()
             if self.events is not None:
                 self.events.flush()

@@ -197,6 +197,26 @@ def test_watcher_rehomes_threads_born_later(threads):
     assert not any(t.name == "placement_watch" for t in threading.enumerate() if t.is_alive())
 
 
+def test_the_watcher_waits_its_interval_times_the_pace_it_is_given(threads):
+    """The monitor's budget stretches its hand-overs: the watcher then rescans half as often
+    (RoleBinder.pace_watch, wired by attach()); a thread born meanwhile is bound all the same."""
+    binder = RoleBinder(rank_plan(), None)
+    waited: list[float] = []
+    binder.pace_watch(lambda: 2.0)
+    wait = binder._stop.wait  # (the watcher's timed wait, recorded)
+    binder._stop.wait = lambda s: (waited.append(s), wait(s))[1]
+    binder.start_watcher(0.01)
+    try:
+        pin = threads("pt_data_pin")
+        deadline = time.monotonic() + 30
+        while allowed(os.getpid(), pin.tid) != B and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert allowed(os.getpid(), pin.tid) == B
+    finally:
+        binder.stop_watcher()
+    assert waited and set(waited) == {0.02}
+
+
 class WhereAmI(Dataset):
     """Each item reports the worker process that made it and the CPUs it was allowed at that moment."""
 

@@ -229,8 +229,9 @@ def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_foll
     """Steps of ~4 ms (slept) and a budget placement cannot keep at the floor of 0.5 s
     (0.01% of the step, 0.4 us): once the readings are at their cap, the floor doubles to
     monitor.handover_max_s (1 s) within a few of its periods, a `monitor` event says so and
-    what placement took, and the hand-overs after it hold 1 s of steps at least."""
-    h = placement.attach(policy="none", tune={"enabled": False},
+    what placement took, the hand-overs after it hold 1 s of steps at least, and the binder's
+    watcher rescans half as often."""
+    h = placement.attach(tune={"enabled": False},  # bound: the binder's watcher follows the floor too
                          monitor={"log_dir": str(tmp_path), "summary_every": 0, "budget_pct": 0.01,
                                   "handover_min_s": 0.5, "handover_max_s": 1.0})
     mon = h.monitor
@@ -249,8 +250,11 @@ def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_foll
             mon.events.flush()
             rose = next((e for e in map(json.loads, log.read_text().splitlines())
                          if e["type"] == "monitor" and "handover_floor_s" in e), None)
+    binder = h.binder
+    paced = None if binder is None else binder._watch_pace()  # (the binder's watcher follows it)
     h.close()
     assert rose is not None, "the floor never rose"
+    assert binder is not None and paced == 2.0
     assert rose["handover_floor_s"] == 1.0 and rose["placement_cost_pct"] > 0.01 and rose["budget_pct"] == 0.01
     assert "hand-overs at least 1 s apart, was 0.5 s" in rose["message"]
     assert mon.floor_scale == 2
