@@ -77,10 +77,13 @@ def test_a_floor_of_zero_hands_over_at_every_due_step(tmp_path):
     assert set(range(FLUSH, STEPS + 1, FLUSH)) <= set(handed)
 
 
-@pytest.mark.parametrize("value", [-0.5, 61.0])
-def test_a_floor_out_of_range_is_refused_with_its_range(value):
-    with pytest.raises(ConfigError, match=r"monitor.handover_min_s=.* is out of range; valid: \[0.0, 60.0\]"):
-        placement.attach(policy="none", monitor={"handover_min_s": value})
+@pytest.mark.parametrize("key,value,valid", [("handover_min_s", -0.5, r"\[0.0, 60.0\]"),
+                                               ("handover_min_s", 61.0, r"\[0.0, 60.0\]"),
+                                               ("handover_max_s", -1.0, r"\[0.0, 600.0\]"),
+                                               ("handover_max_s", 601.0, r"\[0.0, 600.0\]")])
+def test_a_floor_out_of_range_is_refused_with_its_range(key, value, valid):
+    with pytest.raises(ConfigError, match=rf"monitor.{key}=.* is out of range; valid: {valid}"):
+        placement.attach(policy="none", monitor={key: value})
 
 
 def _stride_observed(tmp_path, window_end) -> int:
