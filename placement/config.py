@@ -132,7 +132,8 @@ class MonitorConfig:
     exchange_every: int = _key(20, "steps per cross-rank exchange window (straggler naming)")
     record_min_s: float = _key(0.1, "least time a step record covers: at shorter steps a record holds several "
                                       "steps (a divisor of exchange_every), its figures per-step means, each "
-                                      "step's time kept (docs/monitor.md); 0 = a record a step")
+                                      "step's time kept, x the factor the budget stretches handover_min_s by "
+                                      "(docs/monitor.md); 0 = a record a step")
     exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "
                                       "ranks to exchange at every 2^k-th window only, each exchange carrying the "
                                       "windows since the last (docs/monitor.md); 0 = an exchange a window")

@@ -223,14 +223,15 @@ class RecordBuilder:
             self._on_built(t for rec in batch for t in step_times(rec))
             self._delivery.write(batch)
 
-    def pace(self, step_ms: Optional[float]) -> None:
+    def pace(self, step_ms: Optional[float], scale: int = 1) -> None:
         """The steps a record holds from its next group on (`step_ms`: the median step time
         handed over): the fewest, a divisor of the exchange window's steps, that cover
-        record_min_s (each record costs the monitor thread the same Python whatever it holds:
-        the build, its line, the tuner's and the exchange's figures and the digest)."""
+        record_min_s x `scale` (the paced floor's, which the budget stretches: PacedFloor) (each
+        record costs the monitor thread the same Python whatever it holds: the build, its line,
+        the tuner's and the exchange's figures and the digest)."""
         if not step_ms or step_ms <= 0:
             return
-        every, need = self._every, self._record_min_ms / step_ms
+        every, need = self._every, self._record_min_ms * scale / step_ms
         self._group = next((d for d in range(1, every + 1) if every % d == 0 and d >= need), every)
 
     @property

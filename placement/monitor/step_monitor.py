@@ -333,8 +333,9 @@ class StepMonitor:
         raw = builder.add(step, item.raw, item.span, windowed)
         step_ms = statistics.median((b.end_ns - a.end_ns) / 1e6 for a, b in zip(raw, raw[1:])) if len(raw) >= 4 else None
         self.cost.judge_batch(step_ms, item.hook_ns, item.hook_steps, item.last_step)
-        builder.pace(step_ms)
-        hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None, self.cost.floor.scale)
+        scale = self.cost.floor.scale
+        builder.pace(step_ms, scale)
+        hook.pace(step_ms, MAX_EXCHANGES_DUE // 2 if crossrank.on else None, scale)
         on = exchange and crossrank.exchange is not None
         # every exchange step this hand-over holds (several when it holds several strides)
         exchange_now = crossrank.grid.hand(step, step_ms) and on

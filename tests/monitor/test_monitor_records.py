@@ -62,6 +62,19 @@ def test_a_record_a_step_at_zero_and_at_a_budget_of_zero(tmp_path):
         assert not any("steps" in d or "each_ms" in d for d in lines)
 
 
+def test_a_record_covers_record_min_s_times_the_paced_floors_scale():
+    """While the budget stretches the monitor's paced floor (probes/budget.py PacedFloor), a record
+    covers record_min_s x its scale: the fewest steps, a divisor of exchange_every (20), that do."""
+    h = placement.attach(policy="none", tune={"enabled": False}, monitor={"summary_every": 0, "record_min_s": 0.1})
+    builder = h.monitor.builder
+    got = []
+    for step_ms, scale in [(10.0, 1), (10.0, 2), (40.0, 1), (40.0, 2), (40.0, 8), (2.0, 1)]:
+        builder.pace(step_ms, scale)
+        got.append(builder.group)
+    h.close()
+    assert got == [10, 20, 4, 5, 20, 20]
+
+
 @pytest.mark.parametrize("value", [-0.1, 61.0])
 def test_record_min_s_out_of_range_is_refused_with_its_range(value):
     from placement.errors import ConfigError
