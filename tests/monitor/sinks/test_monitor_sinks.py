@@ -117,3 +117,21 @@ def test_a_step_line_is_json_dumps_of_its_dict_for_every_kind_of_figure(tmp_path
     events.close()
     lines = [line for line in (tmp_path / "rank0.jsonl").read_text().splitlines() if '"type":"step"' in line]
     assert lines == [dumped(r) for r in recs]
+
+
+def test_the_exchange_window_takes_each_window_of_a_long_hand_over_in_turn():
+    """A hand-over stretched by the budget holds tens of windows, taken one after the other: each
+    take gives the figures of its steps alone (as from every record), a window's records are
+    dropped once taken, and a record of a later window stays until its own take."""
+    from placement.monitor.sinks.base import ExchangeWindow
+    from placement.monitor.stragglers.figures import figures_from_records
+    from placement.records.step import RoleSample, StepRecord
+
+    recs = [StepRecord(rank=0, step=s, t=1e9 + s, step_ms=10.0 + s % 7, data_ms=1.0, comm_ms=2.0 + s % 3, comm_count=1,
+                       roles={"main": RoleSample(threads=1, cpu_ms=5.0, runq_ms=float(s % 5), mhz=None)},
+                       comm_enter_t=1e9 + s) for s in range(1, 101)]
+    window = ExchangeWindow(0, lambda: True)
+    window.write(recs)
+    for first in range(1, 101, 20):
+        assert window.take(first, first + 19) == figures_from_records(0, recs, first, first + 19)
+        assert [r.step for r in window.records] == list(range(first + 20, 101))
