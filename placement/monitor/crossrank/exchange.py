@@ -198,6 +198,75 @@ _WHOLE_LOW = [0.0, 0.0, 0.0, 0.0, 1.0]
 
 
 def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
+    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad): see
+    _decode_rows_np, which this is. Up to SMALL_ROWS rows framed as written and all of them
+    well formed (most exchanges), the checks run on the rows as Python floats (_decode_small):
+    numpy's calls were most of rank 0's decoding there (~300 us an exchange in a DDP job on
+    the dev VM, benchmarks/job_cost.py). Anything else, the numpy path from the start."""
+    width = len(HEADER) + len(FIELDS) + slots
+    n = len(raw) // 8
+    seqs = [float(seq - i * slots) for i in range(max(1, windows))]
+    dropped = 0
+    cap = None if world_size is None else (ROWS_READ_MAX * world_size * len(seqs) + ROWS_READ_SLACK) * width
+    if cap is not None and n > cap:
+        dropped, n = (n - cap) // width, cap
+    if n % width == 0 and n // width <= SMALL_ROWS:
+        small = _decode_small(raw, n // width, width, seqs, world_size)
+        if small is not None:
+            return small[0], dropped + small[1]
+    return _decode_rows_np(raw, slots, seq, world_size, windows)
+
+
+_INF = math.inf
+
+
+def _decode_small(raw: bytes, count: int, width: int, seqs: list[float], world_size: Optional[int]):
+    """decode_rows' result from `count` rows of `width` values framed as written, each checked as
+    _row_checks does; None at the first row that is neither of the exchange's windows and well
+    formed nor a well-formed row of an earlier exchange (the numpy path then reads it all)."""
+    import numpy as np
+
+    as_f, as_q = struct.Struct(f"<{width}d"), struct.Struct(f"<{width}Q")
+    h = len(HEADER)
+    rank_col, first_col, last_col, figures_from = h + _F_RANK, h + _F_FIRST, h + _F_LAST, h + _F_STEP_MS
+    current, oldest = set(seqs), min(seqs)
+    whole = list(zip(_WHOLE_COLS, _WHOLE_LOW))
+    kept, seen, dup = [], set(), 0
+    for i in range(count):
+        at = i * width * 8
+        q = as_q.unpack_from(raw, at)
+        if q[0] != MARK or MARK in q[1:]:
+            return None
+        r = as_f.unpack_from(raw, at)
+        for col, low in whole:  # integer counts: finite, whole, at least their floor (NaN fails)
+            v = r[col]
+            if not (low <= v < _INF and v.is_integer()):
+                return None
+        if world_size is not None and not r[rank_col] < world_size:
+            return None
+        node = r[NODE]
+        if node == node and not (0 <= node < _INF and node.is_integer()):
+            return None
+        if not r[first_col] <= r[last_col]:
+            return None
+        for v in r[figures_from:]:  # none negative, none infinite (NaN: a figure not measured)
+            if v < 0 or v == _INF:
+                return None
+        s = r[SEQ]
+        if s not in current:
+            if s < oldest:
+                continue  # a well-formed row of an earlier exchange: left out silently
+            return None
+        key = (s, r[rank_col])
+        if key in seen:
+            dup += 1
+            continue
+        seen.add(key)
+        kept.append(r)
+    return np.array(kept, dtype="<f8").reshape(-1, width), dup
+
+
+def _decode_rows_np(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
     """(the rows of exchange `seq` as a float64 array, the rows dropped as bad). An exchange
     carries `windows` windows (the grid's stride, schedule.py): its rows are those of windows
     seq, seq - slots, ... (their own seq column says which; batch_windows splits them). What

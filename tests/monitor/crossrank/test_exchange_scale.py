@@ -69,6 +69,58 @@ def test_rows_framed_as_written_keep_the_first_of_each_rank_in_each_window():
     assert dropped == 1
 
 
+def test_a_few_rows_checked_as_python_floats_decode_as_numpy_decodes_them():
+    """decode_rows checks up to SMALL_ROWS rows framed as written as Python floats and hands
+    anything else to the numpy path: on 3,000 random exchanges of good rows, stale and future
+    ones, duplicates, and rows spoilt in one value (NaN, infinite, negative, fractional, out of
+    range, a mark inside, the mark gone, a byte short), both give the same rows and the same
+    count dropped."""
+    import dataclasses
+    import math
+    import struct
+
+    import numpy as np
+
+    from placement.monitor.crossrank.exchange import MARK, _decode_rows_np, _decode_small
+
+    rng = random.Random(7)
+    width = len(HEADER) + len(FIELDS) + SLOTS
+    spoil = [math.nan, math.inf, -math.inf, -1.0, 0.5, 1e300, 7.0, 4096.0]
+    checked = {"fast": 0, "numpy": 0}
+    for case in range(3000):
+        world, windows, seq = rng.choice([1, 2, 4, 9]), rng.choice([1, 2, 3]), rng.choice([20, 30, 50])
+        raw = b""
+        for _ in range(rng.randint(0, 3 * world)):
+            w = seq - SLOTS * rng.choice([0, 0, 0, 1, 2, 3, 5, -1])
+            fig = dataclasses.replace(figs(rng.randrange(world + 1)), rank=rng.randrange(world + 1))
+            row = encode_row(w if w > 0 else 1, rng.choice([0, 1, None]), fig, SLOTS)
+            if rng.random() < 0.15:  # one value spoilt, or its framing
+                values = list(struct.unpack(f"<{width}d", row))
+                how = rng.random()
+                if how < 0.7:
+                    values[rng.randrange(1, width)] = rng.choice(spoil)
+                    row = struct.pack("<Q", MARK) + struct.pack(f"<{width - 1}d", *values[1:])
+                elif how < 0.8:
+                    row = row[:-8]
+                elif how < 0.9:
+                    row = row[:16] + struct.pack("<Q", MARK) + row[24:]
+                else:
+                    row = struct.pack("<d", 1.0) + row[8:]
+            raw += row
+        if rng.random() < 0.05:
+            raw += b"\x01\x02\x03"  # bytes past the last whole value
+        ws = world if rng.random() < 0.9 else None  # (None: no rank bound, as at close)
+        got = decode_rows(raw, SLOTS, seq, ws, windows)
+        want = _decode_rows_np(raw, SLOTS, seq, ws, windows)
+        assert got[1] == want[1], case
+        assert got[0].shape == want[0].shape and np.array_equal(got[0], want[0], equal_nan=True), case
+        n = len(raw) // 8
+        fast = n % width == 0 and _decode_small(raw, n // width, width, [float(seq - i * SLOTS) for i in
+                                                                        range(windows)], ws) is not None
+        checked["fast" if fast else "numpy"] += 1
+    assert checked["fast"] > 500 and checked["numpy"] > 500, checked  # both paths well exercised
+
+
 def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged():
     """What comes from the c10d store is input: rank 0 over a real TCPStore, world 4; beside the
     good rows of ranks 1 and 3 come a row whose rank is NaN, one whose rank is infinite, one whose
