@@ -45,7 +45,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from placement.monitor.crossrank.exchange import HEADER, Exchange, encode_row  # noqa: E402
+from placement.monitor.crossrank.exchange import Exchange  # noqa: E402
+from placement.monitor.crossrank.rows import HEADER, encode_row  # noqa: E402
 from placement.monitor.health.peers import PeerLiveness  # noqa: E402
 from placement.monitor.stragglers.event import straggler_event  # noqa: E402
 from placement.monitor.stragglers.figures import FIELDS, RankFigures  # noqa: E402

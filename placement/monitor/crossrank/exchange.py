@@ -6,15 +6,17 @@ What
     Exchange n (n: the last step of the window it carries, the same on every rank:
     exchange_steps) lives under two keys of a PrefixStore "placement/exchange" in the job's own
     c10d store:
-    - every rank, on its monitor thread: `append("<n>/rows", rows)` then `add("<n>/n", 1)`, a
-      row per window the exchange carries (one; on the exchange grid, the windows since the
-      last exchange: crossrank/schedule.py), each judged on its own;
-    - rank 0, on its monitor thread, at later hand-overs: `add("<n>/n", 0)` until it reads W (at
-      its next exchange it polls for up to WAIT_S, then judges whoever came), then one
-      `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges in flight.
+    - every rank but rank 0, on its monitor thread: `append("<n>/rows", rows)` then
+      `add("<n>/n", 1)`, a row per window the exchange carries (one; on the exchange grid, the
+      windows since the last exchange: crossrank/schedule.py), each judged on its own;
+    - rank 0, on its monitor thread, keeps its own rows (read first: a row in the store that
+      says it is rank 0's is a duplicate) and at later hand-overs: `add("<n>/n", 0)` until it
+      reads W - 1 (at its next exchange it polls for up to WAIT_S, then judges whoever came),
+      then one `get("<n>/rows")` and two `delete_key`s, so the store holds only the exchanges
+      in flight.
     A row is an 8-byte mark (MARK) then (2 + 12 + exchange_every) float64: n, node rank,
     stragglers.figures.FIELDS and the per-step collective times (280 bytes at exchange_every =
-    20); rank 0 validates every row (decode_rows). Host names: each rank appends
+    20: crossrank/rows.py); rank 0 validates every row (decode_rows). Host names: each rank appends
     "<rank> <node rank> <hostname>" to "hosts" once; rank 0 reads it only when it names a rank
     whose host it does not know yet. Hang posts: a rank whose hang watch fires posts under
     "stalls" (append + add, from a short-lived thread); rank 0's peer watch reads
@@ -32,19 +34,17 @@ Why this way
     per-step comm durations within the window (stragglers/cost.py): no wall clocks, skew-free.
 
 Cost (per exchange, W ranks; benchmarks/exchange_scale.py measures it)
-    - every rank: 2 messages, ~300 bytes out, one round trip, whatever W;
-    - rank 0: 1 message per poll, one get of W x 280 bytes and the judgement, linear in W, on its
+    - every rank but rank 0: 2 messages, ~300 bytes out, one round trip, whatever W;
+    - rank 0: 1 message per poll, one get of (W - 1) x 280 bytes and the judgement, linear in W, on its
       monitor thread. Beyond TRIAGE_ABOVE ranks a vectorised pass finds the candidates and
       classify judges them against an even sample of PEER_SAMPLE punctual ranks; the event names
       the NAMED worst in full and counts the rest by kind ("3,17,200-207");
-    - the store server: 2W small requests, W x 280 bytes held until rank 0 takes them; a row that
+    - the store server: 2(W - 1) small requests, (W - 1) x 280 bytes held until rank 0 takes them; a row that
       comes after its exchange was judged makes its keys anew, swept for LATE_SWEEPS exchanges.
 """
 from __future__ import annotations
 
-import math
 import socket
-import struct
 import threading
 import time
 from collections import deque
@@ -54,6 +54,8 @@ from typing import Any, Optional
 from placement.cpuset import format_cpulist
 from placement.monitor.health.hang import POSTS_MAX, post_line, read_posts
 from placement.monitor.health.peers import PeerLiveness
+from placement.monitor.crossrank.rows import (HEADER, SEQ, batch_windows, decode_rows, encode_row, row_ranks,
+                                               split_rows)
 from placement.monitor.probes.budget import MAX_EVERY
 from placement.monitor.stragglers.classify import comm_baseline, next_transfer_history
 from placement.monitor.stragglers.event import WindowJudgement, judge_rows
@@ -63,12 +65,6 @@ from placement.monitor.warn import WarnOnce, first_line
 from placement.roles import OWN_THREADS
 
 PREFIX = "placement/exchange"
-HEADER = ("mark", "seq", "node_rank")
-SEQ, NODE = HEADER.index("seq"), HEADER.index("node_rank")
-# Each row starts with this 8-byte mark (a NaN whose payload spells PLACE1: no figure is ever it),
-# so that rank 0 finds where rows start in what the store holds, and a row of the wrong length,
-# which would swallow the next one's mark, is told apart (decode_rows).
-MARK = 0x7FF8_504C_4143_4531
 COSTS_KEPT = 1000
 MAX_GRID_STRIDE = 64  # the most windows per exchange a grid may say (schedule.py: at 1 ms steps, ~1.3 s)
 GRID_MAX = 64  # bytes of the grid's line read at most ("<since> <stride>")
@@ -174,193 +170,6 @@ class StoreTransport:
         return bytes(self.store.get("stalls"))
 
 
-def encode_row(seq: int, node_rank: Optional[int], figs: RankFigures, slots: int) -> bytes:
-    return pack_row(seq, node_rank, figs.to_row(slots))
-
-
-def pack_row(seq: int, node_rank: Optional[float], values: list[float]) -> bytes:
-    """MARK, seq, node rank, then the figures (RankFigures.to_row)."""
-    head = [float(seq), math.nan if node_rank is None else float(node_rank)]
-    return struct.pack("<Q", MARK) + struct.pack(f"<{len(head) + len(values)}d", *head, *values)
-
-
-# Rows up to which rank 0 handles a window's rows as lists (row_ranks):
-# numpy's per-call overhead is most of the work at a few ranks (benchmarks/exchange_scale.py).
-SMALL_ROWS = 64
-ROWS_READ_MAX = 2  # rows parsed per exchange: at most this many times the job's ranks, + ROWS_READ_SLACK
-ROWS_READ_SLACK = 16
-# Rank 0's checks of a row (_row_checks): its figures' columns after the header, and the
-# columns that hold whole numbers with the least each may be (seq counts from 1)
-_F_RANK, _F_FIRST, _F_LAST = FIELDS.index("rank"), FIELDS.index("first_step"), FIELDS.index("last_step")
-_F_STEP_MS = FIELDS.index("step_ms")
-_WHOLE_COLS = [len(HEADER) + FIELDS.index(name) for name in ("rank", "steps", "first_step", "last_step")] + [SEQ]
-_WHOLE_LOW = [0.0, 0.0, 0.0, 0.0, 1.0]
-
-
-def decode_rows(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
-    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad): see
-    _decode_rows_np, which this is. Up to SMALL_ROWS rows framed as written and all of them
-    well formed (most exchanges), the checks run on the rows as Python floats (_decode_small):
-    numpy's calls were most of rank 0's decoding there (~300 us an exchange in a DDP job on
-    the dev VM, benchmarks/job_cost.py). Anything else, the numpy path from the start."""
-    width = len(HEADER) + len(FIELDS) + slots
-    n = len(raw) // 8
-    seqs = [float(seq - i * slots) for i in range(max(1, windows))]
-    dropped = 0
-    cap = None if world_size is None else (ROWS_READ_MAX * world_size * len(seqs) + ROWS_READ_SLACK) * width
-    if cap is not None and n > cap:
-        dropped, n = (n - cap) // width, cap
-    if n % width == 0 and n // width <= SMALL_ROWS:
-        small = _decode_small(raw, n // width, width, seqs, world_size)
-        if small is not None:
-            return small[0], dropped + small[1]
-    return _decode_rows_np(raw, slots, seq, world_size, windows)
-
-
-_INF = math.inf
-
-
-def _decode_small(raw: bytes, count: int, width: int, seqs: list[float], world_size: Optional[int]):
-    """decode_rows' result from `count` rows of `width` values framed as written, each checked as
-    _row_checks does; None at the first row that is neither of the exchange's windows and well
-    formed nor a well-formed row of an earlier exchange (the numpy path then reads it all)."""
-    import numpy as np
-
-    as_f, as_q = struct.Struct(f"<{width}d"), struct.Struct(f"<{width}Q")
-    h = len(HEADER)
-    rank_col, first_col, last_col, figures_from = h + _F_RANK, h + _F_FIRST, h + _F_LAST, h + _F_STEP_MS
-    current, oldest = set(seqs), min(seqs)
-    whole = list(zip(_WHOLE_COLS, _WHOLE_LOW))
-    kept, seen, dup = [], set(), 0
-    for i in range(count):
-        at = i * width * 8
-        q = as_q.unpack_from(raw, at)
-        if q[0] != MARK or MARK in q[1:]:
-            return None
-        r = as_f.unpack_from(raw, at)
-        for col, low in whole:  # integer counts: finite, whole, at least their floor (NaN fails)
-            v = r[col]
-            if not (low <= v < _INF and v.is_integer()):
-                return None
-        if world_size is not None and not r[rank_col] < world_size:
-            return None
-        node = r[NODE]
-        if node == node and not (0 <= node < _INF and node.is_integer()):
-            return None
-        if not r[first_col] <= r[last_col]:
-            return None
-        for v in r[figures_from:]:  # none negative, none infinite (NaN: a figure not measured)
-            if v < 0 or v == _INF:
-                return None
-        s = r[SEQ]
-        if s not in current:
-            if s < oldest:
-                continue  # a well-formed row of an earlier exchange: left out silently
-            return None
-        key = (s, r[rank_col])
-        if key in seen:
-            dup += 1
-            continue
-        seen.add(key)
-        kept.append(r)
-    return np.array(kept, dtype="<f8").reshape(-1, width), dup
-
-
-def _decode_rows_np(raw: bytes, slots: int, seq: int, world_size: Optional[int] = None, windows: int = 1):
-    """(the rows of exchange `seq` as a float64 array, the rows dropped as bad). An exchange
-    carries `windows` windows (the grid's stride, schedule.py): its rows are those of windows
-    seq, seq - slots, ... (their own seq column says which; batch_windows splits them). What
-    comes from the c10d store is input (the store has no authentication): a row is kept when it
-    is of one of those windows and well formed (a rank of the job, an integer in range; integer step
-    counts with first <= last; no infinite figure, none negative; a node rank that is an
-    integer or unknown), and only the first row of a rank in a window; a row of an earlier
-    exchange (a peer's stale write) is left out silently; a row of the wrong length (which would
-    shift every later row) is stepped over to the next row that starts with a mark, and counted;
-    past ROWS_READ_MAX x world_size x windows + ROWS_READ_SLACK rows nothing is parsed."""
-    import numpy as np
-
-    width = len(HEADER) + len(FIELDS) + slots
-    arr = np.frombuffer(raw[:len(raw) // 8 * 8], dtype="<f8")
-    marks = arr.view("<u8") == MARK
-    dropped = 0
-    seqs = np.array([seq - i * slots for i in range(max(1, windows))], dtype="<f8")
-    cap = None if world_size is None else (ROWS_READ_MAX * world_size * len(seqs) + ROWS_READ_SLACK) * width
-    if cap is not None and len(arr) > cap:
-        dropped += (len(arr) - cap) // width
-        arr, marks = arr[:cap], marks[:cap]
-    if len(arr) % width == 0:
-        rows = arr.reshape(-1, width)
-        good, stale = _row_checks(rows, marks.reshape(-1, width), seqs, world_size)
-        if (good | stale).all():  # framed as written: the common case, vectorised
-            return _first_of_each_rank(rows[good], dropped)
-    # A row of the wrong length in the stream: walk it, row by row from each mark.
-    kept, pos = [], 0
-    starts = np.flatnonzero(marks)
-    while True:
-        at = starts[np.searchsorted(starts, pos):]
-        if not len(at):
-            break
-        if pos == 0 and at[0] != 0:
-            dropped += 1  # bytes before the first mark (a bad row is counted where it starts)
-        pos = int(at[0])
-        if pos + width > len(arr):
-            dropped += 1
-            break
-        good, stale = _row_checks(arr[pos:pos + width].reshape(1, width), marks[pos:pos + width].reshape(1, width),
-                                  seqs, world_size)
-        if good[0]:
-            kept.append(arr[pos:pos + width])
-        elif not stale[0]:
-            dropped += 1
-        pos += width if good[0] or stale[0] else 1
-    rows = np.array(kept, dtype="<f8").reshape(-1, width)
-    return _first_of_each_rank(rows, dropped)
-
-
-def _row_checks(rows, marks, seqs, world_size: Optional[int]):
-    """(rows of the exchange's windows `seqs` well formed, well-formed rows of an earlier
-    exchange) masks; `marks`: where MARK is, in the same shape (a row has it first and nowhere
-    else). A few whole-array passes: numpy's per-call overhead is most of the cost at a few
-    rows, and rank 0 runs this at every exchange."""
-    import numpy as np
-
-    h = len(HEADER)
-    with np.errstate(invalid="ignore"):
-        whole = rows[:, _WHOLE_COLS]  # integer counts: finite, whole, at least their floor (NaN fails all)
-        ok = ((whole == np.floor(whole)) & (whole >= _WHOLE_LOW) & (whole < np.inf)).all(axis=1)
-        ok &= marks[:, 0] & ~marks[:, 1:].any(axis=1)
-        if world_size is not None:
-            ok &= rows[:, h + _F_RANK] < world_size
-        node = rows[:, NODE]
-        ok &= (node != node) | ((node == np.floor(node)) & (node >= 0) & (node < np.inf))
-        ok &= rows[:, h + _F_FIRST] <= rows[:, h + _F_LAST]
-        figures = rows[:, h + _F_STEP_MS:]
-        ok &= ~((figures < 0) | (figures == np.inf)).any(axis=1)  # NaN: a figure not measured
-        seq = rows[:, SEQ]
-        current = (seq[:, None] == seqs).any(axis=1)
-        return ok & current, ok & ~current & (seq < seqs.min())
-
-
-def _first_of_each_rank(rows, dropped: int):
-    """The first row of each rank in each window (a second is a duplicate: dropped and counted)."""
-    import numpy as np
-
-    if len(rows) <= 1:
-        return rows, dropped
-    seq, rank = rows[:, SEQ], rows[:, len(HEADER) + _F_RANK]
-    top, ranks = seq.max(), rank.max() + 1
-    if (top - seq.min() + 1) * ranks < 2.0 ** 52:
-        # one key per (window, rank), exact in float64 (both whole: _row_checks); np.unique of
-        # rows is a sort of tuples, several times slower at the few rows of most exchanges
-        _, first = np.unique((top - seq) * ranks + rank, return_index=True)
-    else:
-        _, first = np.unique(rows[:, [SEQ, len(HEADER) + _F_RANK]], axis=0, return_index=True)
-    if len(first) == len(rows):
-        return rows, dropped
-    first.sort()
-    return rows[first], dropped + len(rows) - len(first)
-
-
 class Exchange:
     # How long rank 0 waits at its next exchange for ranks that have not sent the previous one
     # (a peer more than a whole exchange window behind). The monitor thread waits, not training.
@@ -385,6 +194,7 @@ class Exchange:
         self.naming = Naming(thresholds)  # rank 0: which candidates are named (precision)
         self._pending: Optional[tuple[int, float]] = None  # rank 0: (seq, monotonic time sent)
         self._pending_windows = 1  # rank 0: the windows the pending exchange carries
+        self._own = b""  # rank 0: its own rows of the pending exchange (they never go through the store)
         self.transport: Optional[StoreTransport] = StoreTransport(store, rank, world_size)
         self._hosts: dict[int, tuple[Optional[int], str]] = {}  # rank 0: rank -> (node rank, hostname)
         try:
@@ -419,8 +229,13 @@ class Exchange:
         key = windows[-1].last_step
         t0, c0 = time.perf_counter(), time.thread_time()
         try:
-            self.transport.send(key, b"".join(encode_row(f.last_step, self.node_rank, f, self.slots)
-                                              for f in windows))
+            rows = b"".join(encode_row(f.last_step, self.node_rank, f, self.slots) for f in windows)
+            if self.rank == 0:
+                # Rank 0 judges: its own rows stay here, read first (a row that says it is rank 0
+                # in the store is then a duplicate), and its exchange is two round trips fewer
+                self._own = rows
+            else:
+                self.transport.send(key, rows)
         except Exception as e:
             self._warn("exchange", f"the last window's figures were not sent to rank 0 ({first_line(e)})" if at_exit
                        else f"cross-rank exchange through the c10d store failed ({first_line(e)}); "
@@ -447,7 +262,7 @@ class Exchange:
         # peer would otherwise cost WAIT_S at every exchange, and once hand-overs queue up
         # (step_monitor.MAX_BACKLOG) the training thread would wait behind it. A row of theirs
         # that comes anyway is judged, and judge() names them resumed.
-        expected = self.world_size - (self.liveness.named if self.liveness is not None else 0)
+        expected = self.world_size - 1 - (self.liveness.named if self.liveness is not None else 0)  # peers' rows
         t0 = time.perf_counter()
         try:
             n = self.transport.arrived(seq)
@@ -461,13 +276,14 @@ class Exchange:
                 return []
             with self._take_lock:
                 self._pending = None
-                raw = self.transport.take(seq) if n > 0 else b""
-                if n < self.world_size:
+                own, self._own = self._own, b""
+                raw = own + (self.transport.take(seq) if n > 0 else b"")
+                if n < self.world_size - 1:
                     self._late[seq] = LATE_SWEEPS
                     if n == 0:
                         self.transport.forget(seq)  # the count key arrived() made
         except Exception as e:
-            self._pending = None
+            self._pending, self._own = None, b""
             self._warn("exchange", f"cross-rank exchange failed ({first_line(e)})")
             return []
         take_ms = (time.perf_counter() - t0) * 1e3
@@ -591,9 +407,13 @@ class Exchange:
             return None
         self._peeked = seq
         with self._take_lock:
-            if self._pending is None or self._pending[0] != seq or self.transport.arrived(seq) >= self.world_size:
-                return None  # all came, or judge() took them meanwhile
-            rows, _ = decode_rows(self.transport.peek(seq), self.slots, seq, self.world_size, self._pending_windows)
+            if self._pending is None or self._pending[0] != seq:
+                return None  # judge() took them meanwhile
+            n = self.transport.arrived(seq)
+            if n >= self.world_size - 1:
+                return None  # every peer's came
+            raw = self._own + (self.transport.peek(seq) if n > 0 else b"")  # (get waits for a key not made yet)
+            rows, _ = decode_rows(raw, self.slots, seq, self.world_size, self._pending_windows)
         ranks, _, missing = row_ranks(rows[rows[:, SEQ] == seq], self.world_size)
         return seq, sent, ranks, missing
 
@@ -656,37 +476,3 @@ class Exchange:
         sent them a window ago; at exit some may be gone), and return its verdicts. Nothing to
         tear down: the store belongs to the job."""
         return self.collect(block=True, wait_s=timeout_s)
-
-
-def batch_windows(rows, seq: int, slots: int, windows: int):
-    """The rows of each window an exchange carried (decode_rows' rows), oldest window first:
-    [(window seq, its rows)]."""
-    col = rows[:, SEQ]
-    return [(w, rows[col == w]) for w in (seq - i * slots for i in reversed(range(max(1, windows))))]
-
-
-def split_rows(rows):
-    """(the figure rows: RankFigures.to_row per rank, rank -> node rank) of decoded exchange rows."""
-    rank = len(HEADER) + FIELDS.index("rank")
-    node_of = {int(r): (None if n != n else int(n)) for r, n in zip(rows[:, rank].tolist(), rows[:, NODE].tolist())}
-    return rows[:, len(HEADER):], node_of
-
-
-def row_ranks(rows, world_size: int) -> tuple[list[int], list[int], list[int]]:
-    """(ranks, the last step of each one's row, the job's ranks with no row) of decoded exchange
-    rows, ranks outside the job dropped (numpy: rank 0 does this for every rank at every exchange;
-    below SMALL_ROWS rows, lists: numpy's call overhead is most of it there)."""
-    import numpy as np
-
-    if len(rows) <= SMALL_ROWS:
-        pairs = [(int(r), int(s)) for r, s in zip(rows[:, len(HEADER) + FIELDS.index("rank")].tolist(),
-                                                  rows[:, len(HEADER) + FIELDS.index("last_step")].tolist())
-                 if 0 <= r < world_size]
-        seen = {r for r, _ in pairs}
-        return [r for r, _ in pairs], [s for _, s in pairs], [r for r in range(world_size) if r not in seen]
-    ranks = rows[:, len(HEADER) + FIELDS.index("rank")].astype(int)
-    keep = (ranks >= 0) & (ranks < world_size)
-    seen = np.zeros(world_size, dtype=bool)
-    seen[ranks[keep]] = True
-    return (ranks[keep].tolist(), rows[keep, len(HEADER) + FIELDS.index("last_step")].astype(int).tolist(),
-            np.flatnonzero(~seen).tolist())

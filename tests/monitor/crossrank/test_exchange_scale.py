@@ -4,7 +4,7 @@ import json
 import random
 
 
-from placement.monitor.crossrank.exchange import HEADER, SMALL_ROWS, decode_rows, encode_row, row_ranks, split_rows
+from placement.monitor.crossrank.rows import HEADER, SMALL_ROWS, decode_rows, encode_row, row_ranks, split_rows
 from placement.monitor.stragglers.event import NAMED, TRIAGE_ABOVE, WindowJudgement, judge_rows, straggler_event
 from placement.report.cluster import straggler_ranks
 from placement.monitor.stragglers.figures import FIELDS, RankFigures, Thresholds
@@ -81,7 +81,7 @@ def test_a_few_rows_checked_as_python_floats_decode_as_numpy_decodes_them():
 
     import numpy as np
 
-    from placement.monitor.crossrank.exchange import MARK, _decode_rows_np, _decode_small
+    from placement.monitor.crossrank.rows import MARK, _decode_rows_np, _decode_small
 
     rng = random.Random(7)
     width = len(HEADER) + len(FIELDS) + SLOTS
@@ -131,7 +131,8 @@ def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged
 
     import torch.distributed as dist
 
-    from placement.monitor.crossrank.exchange import Exchange, StoreTransport, pack_row
+    from placement.monitor.crossrank.exchange import Exchange, StoreTransport
+    from placement.monitor.crossrank.rows import pack_row
     from placement.monitor.stragglers.figures import FIELDS, RankFigures
 
     every = 10
@@ -159,6 +160,36 @@ def test_bad_rows_from_the_store_are_dropped_counted_and_the_window_still_judged
     assert sorted(int(f.rank) for f in verdict.figures) == [0, 1, 3]
     assert ex.rows_dropped == 7, ex.rows_dropped
     assert [k for k, _ in said].count("exchange-bad-rows") == 1
+
+
+def test_rank_0s_own_rows_never_go_through_the_store_and_a_row_that_claims_them_is_a_duplicate():
+    """Rank 0 judges: its own rows stay in the process (two round trips an exchange fewer) and are
+    read first, so a row in the store that says it is rank 0's (a stale or forged one) is a
+    duplicate, dropped and counted; rank 0's figures are its own."""
+    import torch.distributed as dist
+
+    from placement.monitor.crossrank.exchange import PREFIX, Exchange, StoreTransport
+    from placement.monitor.crossrank.rows import pack_row
+
+    every = 10
+
+    def figures(rank, step_ms):
+        return RankFigures(rank, every, 1, 10, step_ms, 0.5, 5.0, 0.1, 0.05, 10.0, None, tuple(5.0 for _ in range(every)))
+
+    store = dist.TCPStore("127.0.0.1", 0, 1, True, wait_for_workers=False)
+    said = []
+    ex = Exchange(0, 3, store, lambda key, msg: said.append(key), slots=every)
+    assert ex.submit([figures(0, 20.0)]) == []
+    prefixed = dist.PrefixStore(PREFIX, store)
+    assert not prefixed.check(["10/rows"]) and not prefixed.check(["10/n"])  # nothing of rank 0's in the store
+    peer = StoreTransport(store, 1, 3)
+    for rank, step_ms in ((1, 21.0), (0, 999.0), (2, 22.0)):  # rank 1 sends its row and one claiming rank 0's
+        peer.store.append("10/rows", pack_row(10, 0, figures(rank, step_ms).to_row(every)))
+    peer.store.add("10/n", 2)
+    verdicts = ex.collect(block=True)
+    assert len(verdicts) == 1 and verdicts[0].ranks_judged == 3
+    assert {f.rank: f.step_ms for f in verdicts[0].figures} == {0: 20.0, 1: 21.0, 2: 22.0}
+    assert ex.rows_dropped == 1 and said.count("exchange-bad-rows") == 1
 
 
 def test_row_ranks_by_lists_at_a_few_ranks_says_what_numpy_says_at_many():

@@ -250,7 +250,8 @@ def test_rank0_stops_waiting_for_a_peer_it_named_stalled_and_judges_it_again_whe
     backlog, hold training back). When its row comes again it is judged and named resumed."""
     import torch.distributed as dist
 
-    from placement.monitor.crossrank.exchange import Exchange, StoreTransport, encode_row
+    from placement.monitor.crossrank.exchange import Exchange, StoreTransport
+    from placement.monitor.crossrank.rows import encode_row
     from placement.monitor.health.peers import PeerLiveness, PeerWatch
     from placement.monitor.stragglers.figures import RankFigures
 
@@ -291,7 +292,8 @@ def test_rows_that_come_after_their_exchange_was_judged_leave_no_keys_in_the_sto
     judgement: nothing of the job's exchanges stays in the store."""
     import torch.distributed as dist
 
-    from placement.monitor.crossrank.exchange import PREFIX, Exchange, StoreTransport, encode_row
+    from placement.monitor.crossrank.exchange import PREFIX, Exchange, StoreTransport
+    from placement.monitor.crossrank.rows import encode_row
     from placement.monitor.stragglers.figures import RankFigures
 
     def figs(rank, last):
