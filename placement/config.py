@@ -156,7 +156,8 @@ class MonitorConfig:
     budget_pct: float = _key(BUDGET_PCT, "share of step time placement may take (the step hook and the CPU of every "
                                          "thread of its own, tuner or not); above it the hot threads' counters are read "
                                          "every k-th step (monitor/probes/budget.py) and NCCL's flight recorder is polled "
-                                         "less often (monitor/comm/nccl.py FrCadence); 0 = every step, in the step hook")
+                                         "less often (monitor/comm/nccl.py FrCadence), then the hand-overs are stretched "
+                                         "(handover_max_s); 0 = every step, in the step hook")
     hang_factor: float = _key(10.0, "a rank that completes no step for max(hang_factor x its median step, "
                                     "hang_min_s) seconds is hung: a `stall` event names where its main thread waits")
     hang_min_s: float = _key(7.0, "the floor of that hang limit, in seconds")
