@@ -238,9 +238,9 @@ def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_foll
                          monitor={"log_dir": str(tmp_path), "summary_every": 0, "budget_pct": 0.01,
                                   "handover_min_s": 0.5, "handover_max_s": 1.0})
     mon = h.monitor
-    handed: list[tuple[int, int]] = []  # (last step, perf_counter_ns at its processing)
+    handed: list[tuple[int, int]] = []  # (last step, its end stamp: the training thread's perf_counter_ns)
     process = mon._process
-    mon._process = lambda item, exchange: (handed.append((item.last_step, time.perf_counter_ns())),
+    mon._process = lambda item, exchange: (handed.append((item.last_step, item.raw[-1][0])),
                                            process(item, exchange))[1]
     log = tmp_path / "rank0.jsonl"
     rose, after = None, 0
@@ -262,11 +262,15 @@ def test_over_its_budget_the_monitor_stretches_the_floor_and_the_hand_overs_foll
     assert "hand-overs at least 1 s apart, was 0.5 s" in rose["message"]
     assert mon.floor_scale == 2
     # The hook is paced once the monitor thread has seen the rise: from the second hand-over
-    # after it, each is processed a stride of steps that last 1 s (at ~4.4 ms steps 320, where
-    # the floor of 0.5 s gave 160: 0.7 s) after the one before, less the steps' noise.
+    # after it, each ends a stride of steps that last 1 s or more (at ~4.4 ms steps 320, where
+    # the floor of 0.5 s gave 160: 0.7 s) after the one before, by the steps' own stamps, less
+    # their noise.
     later = [t for s, t in handed if s > rose["step"]][1:]
     gaps_s = [(b - a) / 1e9 for a, b in zip(later, later[1:])]
     assert gaps_s and min(gaps_s) >= 0.8, gaps_s
+    # the stride's rule itself: at 10 ms steps 0.5 s is 20 x 4 steps, the floor doubled 20 x 8
+    hook = mon.hook
+    assert [(hook.pace(10.0, None, scale), hook.stride)[1] for scale in (1, 2, 8)] == [4, 8, 32]
     # the end event keeps the floor, and the report says it was stretched
     end = next(e for e in map(json.loads, log.read_text().splitlines()) if e["type"] == "end" and e.get("source") == "monitor")
     assert (end["handover_floor_s"], end["handover_floor_scale"]) == (1.0, 2)
