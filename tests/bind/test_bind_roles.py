@@ -183,9 +183,10 @@ def test_set_role_cpus_rehomes_live_threads_now_and_later_ones(threads, tmp_path
     assert moved[-1]["reason"] == "tuner: move other off the nccl core" and moved[-1]["applied"] == sorted(A)
 
 
-def test_watcher_rehomes_threads_born_later(threads):
-    binder = RoleBinder(rank_plan(), None)
-    binder.start_watcher(0.02)
+def _watch_a_pin_memory_thread_born_later(binder, threads, interval_s: float) -> None:
+    """Start the binder's watcher, start a pin-memory thread, and wait (bounded) until the
+    watcher has put it on its role's set; the watcher is stopped either way."""
+    binder.start_watcher(interval_s)
     try:
         pin = threads("pt_data_pin")
         deadline = time.monotonic() + 30
@@ -194,6 +195,10 @@ def test_watcher_rehomes_threads_born_later(threads):
         assert allowed(os.getpid(), pin.tid) == B
     finally:
         binder.stop_watcher()
+
+
+def test_watcher_rehomes_threads_born_later(threads):
+    _watch_a_pin_memory_thread_born_later(RoleBinder(rank_plan(), None), threads, 0.02)
     assert not any(t.name == "placement_watch" for t in threading.enumerate() if t.is_alive())
 
 
@@ -205,15 +210,7 @@ def test_the_watcher_waits_its_interval_times_the_pace_it_is_given(threads):
     binder.pace_watch(lambda: 2.0)
     wait = binder._stop.wait  # (the watcher's timed wait, recorded)
     binder._stop.wait = lambda s: (waited.append(s), wait(s))[1]
-    binder.start_watcher(0.01)
-    try:
-        pin = threads("pt_data_pin")
-        deadline = time.monotonic() + 30
-        while allowed(os.getpid(), pin.tid) != B and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert allowed(os.getpid(), pin.tid) == B
-    finally:
-        binder.stop_watcher()
+    _watch_a_pin_memory_thread_born_later(binder, threads, 0.01)
     assert waited and set(waited) == {0.02}
 
 
