@@ -152,6 +152,16 @@ def test_maps_parser_keeps_the_private_anonymous_data_mappings_only(tmp_path):
         _procfs.parse_maps(b"zz-yy rw-p 0 0 0\n")
 
 
+def test_the_periodic_looks_ranges_are_the_parsers_anonymous_data_mappings():
+    # the look's own reader (anon_data_ranges) against the full parser, on the fixture and on
+    # this process's maps (a torch process: a few hundred mappings of every kind), one read each
+    import torch  # noqa: F401  (its libraries' mappings)
+
+    for raw in (MAPS, _procfs._read_listing("self", "maps", _procfs.MAPS_MAX, "/proc")):
+        want = [(e.start, e.end) for e in _procfs.parse_maps(raw) if e.anon_data]
+        assert want and _procfs.parse_anon_data(raw) == want
+
+
 def test_a_sample_on_four_nodes_names_where_the_pages_off_the_plan_are(tmp_path):
     proc = _fake_proc(tmp_path, "maps", MAPS)
     heap = range(0x01000000, 0x01400000)
