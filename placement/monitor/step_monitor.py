@@ -129,8 +129,8 @@ class StepMonitor:
         # what placement costs the rank, and the budget that k is chosen by (probes/cost.py)
         self.cost = CostKeeper(mon.budget_pct, events, warn, self._sampled, (mon.handover_min_s, mon.handover_max_s))
         self.delivery = Delivery(mon, events, rank, warn, lambda: self.crossrank.on)
-        self.crossrank = ExchangeDuty(exchange, ExchangeGrid(mon.exchange_every, mon.exchange_min_s,
-                                                             exchange, rank, first_step - 1),
+        self.crossrank = ExchangeDuty(exchange, ExchangeGrid(mon.exchange_every, mon.exchange_min_s, exchange, rank,
+                                                             first_step - 1, lambda: self.cost.floor.scale),
                                       self.delivery.window, events, warn)
         self.health = RankHealth(mon, events, rank, world_size, comm, self.crossrank, warn, planned_nodes,
                                  lambda: self.hook.last_batch, lambda: self.cost.floor.scale > 1)

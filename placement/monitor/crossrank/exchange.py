@@ -67,7 +67,8 @@ from placement.roles import OWN_THREADS
 PREFIX = "placement/exchange"
 COSTS_KEPT = 1000
 MAX_GRID_STRIDE = 64  # the most windows per exchange a grid may say (schedule.py: at 1 ms steps, ~1.3 s)
-GRID_MAX = 64  # bytes of the grid's line read at most ("<since> <stride>")
+MAX_GRID_SEGMENTS = 16  # the most segments a grid may have (schedule.py: rank 0 adds one as the floor moves)
+GRID_MAX = 40 * MAX_GRID_SEGMENTS  # bytes of the grid's line read at most ("<since> <stride>" a segment)
 LATE_SWEEPS = 8  # exchanges during which rank 0 sweeps the keys late rows re-create (Exchange._sweep_late)
 
 
@@ -139,11 +140,13 @@ class StoreTransport:
         self.store.set("grid", line)
         self.store.add("grid/n", 1)
 
-    def read_grid(self) -> Optional[bytes]:
-        """The grid rank 0 posted, None before it did (one round trip then)."""
-        if int(self.store.add("grid/n", 0)) <= 0:
+    def read_grid(self, known: int) -> Optional[tuple[int, bytes]]:
+        """(posts so far, the grid rank 0 posted last), None while there are no more than `known`
+        posts (one round trip then)."""
+        n = int(self.store.add("grid/n", 0))
+        if n <= known:
             return None
-        return bytes(self.store.get("grid"))[:GRID_MAX]
+        return n, bytes(self.store.get("grid"))[:GRID_MAX]
 
     def post_host(self, rank: int, node_rank: Optional[int], host: str) -> None:
         self.store.append("hosts", f"{rank} {node_rank} {host}\n".encode())
@@ -418,36 +421,50 @@ class Exchange:
         return seq, sent, ranks, missing
 
     # ---- the exchange grid (schedule.py ExchangeGrid: which windows are exchanged) ---------------
-    def post_grid(self, since: int, stride: int) -> None:
-        """Rank 0: from exchange step `since` on, every `stride`-th window is exchanged."""
+    def post_grid(self, segments: tuple[tuple[int, int], ...]) -> None:
+        """Rank 0: the grid's segments: from each `since` on, every `stride`-th window is exchanged."""
         if self.transport is not None:
             try:
-                self.transport.post_grid(f"{since} {stride}".encode())
+                self.transport.post_grid(" ".join(f"{since} {stride}" for since, stride in segments).encode())
             except Exception as e:
                 self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)})")
 
-    def read_grid(self) -> Optional[tuple[int, int]]:
-        """(since, stride) as rank 0 posted it, None before it did. A line that is not two whole
-        numbers, `since` a multiple of this exchange's window and `stride` a power of two up to
-        MAX_GRID_STRIDE, is said once and read as every window from now on: (0, 1)."""
+    def read_grid(self, known: int = 0) -> Optional[tuple[int, tuple[tuple[int, int], ...]]]:
+        """(posts so far, the segments (since, stride) as rank 0 posted them last), None before
+        it did or while there are no more than `known` posts. A line that is not pairs of whole
+        numbers, each `since` after the one before and on a step of both its stride and the one
+        before (multiples of this exchange's window), each stride a power of two up to
+        MAX_GRID_STRIDE, at most MAX_GRID_SEGMENTS of them, is said once and read as every window
+        from now on: no segment."""
         if self.transport is None:
             return None
         try:
-            raw = self.transport.read_grid()
+            got = self.transport.read_grid(known)
         except Exception as e:
             self._warn("exchange", f"cross-rank exchange through the c10d store failed ({first_line(e)})")
             return None
-        if raw is None:
+        if got is None:
             return None
+        n, raw = got
         parts = raw.split()
-        if len(parts) == 2 and all(p.isdigit() and len(p) <= 18 for p in parts):
-            since, stride = int(parts[0]), int(parts[1])
-            if since % self.slots == 0 and 1 <= stride <= MAX_GRID_STRIDE and stride & (stride - 1) == 0:
-                return since, stride
+        segments: list[tuple[int, int]] = []
+        ok = 0 < len(parts) <= 2 * MAX_GRID_SEGMENTS and len(parts) % 2 == 0 and \
+            all(p.isdigit() and len(p) <= 18 for p in parts)
+        before, prev = 0, 1
+        for since, stride in zip(map(int, parts[::2]), map(int, parts[1::2])) if ok else ():
+            if not (since > before and 1 <= stride <= MAX_GRID_STRIDE and stride & (stride - 1) == 0
+                    and since % (self.slots * max(prev, stride)) == 0):
+                ok = False
+                break
+            segments.append((since, stride))
+            before, prev = since, stride
+        if ok:
+            return n, tuple(segments)
         self._warn("exchange-grid", f"the exchange grid read from the c10d store ({raw[:32]!r}) is not "
-                                    "'<since> <stride>' (a multiple of monitor.exchange_every, a power of two "
-                                    f"up to {MAX_GRID_STRIDE}); every window is exchanged")
-        return 0, 1
+                                    "'<since> <stride> ...' (each since later than the one before and a "
+                                    "multiple of monitor.exchange_every x both strides, each stride a power of "
+                                    f"two up to {MAX_GRID_STRIDE}); every window is exchanged")
+        return n, ()
 
     def forget(self, seq: int) -> None:
         """Remove the keys of exchange `seq` (a window this rank sent that nobody will take)."""

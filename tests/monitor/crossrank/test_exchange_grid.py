@@ -1,21 +1,23 @@
 """The exchange grid (placement/monitor/crossrank/schedule.py): at short steps rank 0 agrees with
 the ranks, through a real TCPStore, to exchange at every 2^k-th window only, each exchange
-carrying the windows since the one before; every rank then sends the same windows, each judged
-on its own, a rank that found the grid late removes the keys nobody will take, and a grid line
-that is not one is said and read as every window."""
+carrying the windows since the one before, and adds a segment when the paced floor's scale moves
+the stride; every rank then sends the same windows, each judged on its own, a rank that found
+the grid late removes the keys nobody will take, and a grid line that is not one is said and
+read as every window."""
 import torch.distributed as dist
 
 from placement.monitor.crossrank.exchange import PREFIX, Exchange, exchange_steps
 from placement.monitor.stragglers.figures import RankFigures
-from placement.monitor.crossrank.schedule import LEAD, SETTLE_AFTER, ExchangeGrid
+from placement.monitor.crossrank.schedule import GRID_LEAD_S, GRID_LOOK_S, LEAD, MAX_SEGMENTS, SETTLE_AFTER, ExchangeGrid
 
 EVERY = 20
 
 
-def _ranks(store, n: int = 2, min_s: float = 1.0):
+def _ranks(store, n: int = 2, min_s: float = 1.0, scale=lambda: 1, clock=None):
     warned: list = []
-    grids = [ExchangeGrid(EVERY, min_s, Exchange(r, n, store, lambda key, msg: warned.append(msg), slots=EVERY), r, 0)
-             for r in range(n)]
+    more = {} if clock is None else {"clock": clock}
+    grids = [ExchangeGrid(EVERY, min_s, Exchange(r, n, store, lambda key, msg: warned.append(msg), slots=EVERY), r, 0,
+                          scale, **more) for r in range(n)]
     return grids, warned
 
 
@@ -107,11 +109,73 @@ def test_a_rank_that_finds_the_grid_late_removes_the_windows_it_sent_that_nobody
 def test_a_grid_line_that_is_not_one_is_said_and_read_as_every_window():
     store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
     (g0, g1), warned = _ranks(store)
-    for bad in (b"320 3", b"330 16", b"-20 2", b"\x00" * 500, b"320"):
+    bad_lines = (b"320 3", b"330 16", b"-20 2", b"\x00" * 500, b"320", b"320 16 320 16", b"320 16 960 32",
+                 b"640 16 320 16", b" ".join([b"%d 1" % (20 * i) for i in range(1, 18)]))
+    for n, bad in enumerate(bad_lines, 1):
         dist.PrefixStore(PREFIX, store).set("grid", bad)
         dist.PrefixStore(PREFIX, store).add("grid/n", 1)
-        assert g1.exchange.read_grid() == (0, 1)
-    assert len(warned) == 5 and all("exchange grid" in w and len(w) < 400 for w in warned)
+        assert g1.exchange.read_grid() == (n, ())  # no segment: every window
+        assert g1.exchange.read_grid(known=n) is None  # (no new post: one round trip, no get)
+    assert len(warned) == len(bad_lines) and all("exchange grid" in w and len(w) < 400 for w in warned)
+    dist.PrefixStore(PREFIX, store).set("grid", b"320 16 1280 32 2560 16")
+    dist.PrefixStore(PREFIX, store).add("grid/n", 1)
+    assert g1.exchange.read_grid() == (len(bad_lines) + 1, ((320, 16), (1280, 32), (2560, 16)))
     g1.step_ms = 5.0
     g1.settle(100)
     assert g1.settled and g1.between(1, 100) == [20, 40, 60, 80, 100]
+
+
+def test_the_floor_stretched_rank_0_adds_a_segment_the_others_find_and_every_window_still_goes_once():
+    store = dist.TCPStore("127.0.0.1", 0, 2, True, wait_for_workers=False)
+    scale, now = [1], [0.0]
+    (g0, g1), warned = _ranks(store, scale=lambda: scale[0], clock=lambda: now[0])
+    for g in (g0, g1):
+        g.step_ms = 5.0
+    g0.settle(SETTLE_AFTER * EVERY)
+    g1.settle(100)
+    assert g0.segments == g1.segments == ((0, 1), (320, 16))
+    # the budget stretches the floor x2: 32 windows (3.2 s) are the fewest that last 2 s; the new
+    # segment starts GRID_LEAD_S of steps on, on a step of both strides
+    scale[0] = 2
+    g0.settle(300)
+    assert g0.segments == ((0, 1), (320, 16))  # the last segment is not in force yet: no other
+    g0.settle(400)
+    since = g0.since
+    assert g0.stride == 32 and since >= 400 + GRID_LEAD_S * 1e3 / 5.0 and since % (32 * EVERY) == 0
+    # rank 1 looked less than GRID_LOOK_S ago: it goes on with what it has, and sends a window
+    # of the old grid past the new `since` (it was ahead), then finds the new one
+    g1.settle(420)
+    assert g1.segments == ((0, 1), (320, 16))
+    peek = dist.PrefixStore(PREFIX, store)
+    off = since + 16 * EVERY  # on the old grid, not on the new one
+    for n in (since, off):
+        g1.exchange.transport.send(n, b"row")
+        g1.sent = n
+    g1.handed = off + 2 * EVERY
+    now[0] += GRID_LOOK_S
+    g1.settle(off + EVERY)
+    assert g1.segments == g0.segments and warned == []
+    assert peek.check([f"{since}/n"]) and not peek.check([f"{off}/n"])  # the key nobody takes, removed
+    assert list(g1.due) == []  # nothing due through its hand-over on the new grid
+    # the floor back to 1: a third segment, again LEAD_S on
+    scale[0] = 1
+    g0.settle(since)
+    third = g0.since
+    assert g0.segments == ((0, 1), (320, 16), (since, 32), (third, 16)) and third % (32 * EVERY) == 0
+    # every window goes once, in order, on both ranks' grids; a segment's first exchange carries
+    # the windows since the last exchange of the segment before
+    now[0] += GRID_LOOK_S
+    g1.settle(since + 40)
+    end = third + 4 * 16 * EVERY
+    want = g0.between(1, end)
+    assert want == g1.between(1, end) and all(g0.is_exchange(n) for n in want)
+    assert [w for n in want for w in g0.windows(n)] == [exchange_steps(n, EVERY) for n in range(20, end + 1, 20)]
+    assert (len(g0.windows(since)), len(g0.windows(since + 32 * EVERY)), len(g0.windows(third))) == (16, 32, 32)
+    for step in range(0, end, 13):
+        assert g0.next_after(step) == min(n for n in want if n > step)
+    # at most MAX_SEGMENTS segments, however often the floor moves
+    for i in range(3 * MAX_SEGMENTS):
+        scale[0] = 1 + (i % 2) * 3
+        g0.settle(g0.segments[-1][0])
+    assert len(g0.segments) == MAX_SEGMENTS + 1
+    assert g0.figures()["exchange_segments"] == MAX_SEGMENTS
