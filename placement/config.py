@@ -134,9 +134,10 @@ class MonitorConfig:
                                       "steps (a divisor of exchange_every), its figures per-step means, each "
                                       "step's time kept, x the factor the budget stretches handover_min_s by "
                                       "(docs/monitor.md); 0 = a record a step")
-    exchange_min_s: float = _key(1.0, "least time between two exchanges: at shorter windows rank 0 agrees with the "
-                                      "ranks to exchange at every 2^k-th window only, each exchange carrying the "
-                                      "windows since the last (docs/monitor.md); 0 = an exchange a window")
+    exchange_min_s: float = _key(1.0, "least time between two exchanges (x the paced floor's scale while the budget "
+                                      "stretches it): at shorter windows rank 0 agrees with the ranks to exchange at "
+                                      "every 2^k-th window only, each exchange carrying the windows since the last "
+                                      "(docs/monitor.md); 0 = an exchange a window")
     straggler_min_cost_pct: float = _key(3.0, "a straggler is named only when what it costs the job (its lateness "
                                               "removed) is at least this share of step time (docs/monitor.md)")
     straggler_confirm_windows: int = _key(2, "exchange windows in a row a straggler must cost that much before it is "
