@@ -134,7 +134,7 @@ class MonitorConfig:
                                       "steps (a divisor of exchange_every), its figures per-step means, each "
                                       "step's time kept, x the factor the budget stretches handover_min_s by "
                                       "(docs/monitor.md); 0 = a record a step")
-    exchange_min_s: float = _key(1.0, "least time between two exchanges (x the paced floor's scale while the budget "
+    exchange_min_s: float = _key(1.0, "least time between two exchanges (x half the paced floor's scale while the budget "
                                       "stretches it): at shorter windows rank 0 agrees with the ranks to exchange at "
                                       "every 2^k-th window only, each exchange carrying the windows since the last "
                                       "(docs/monitor.md); 0 = an exchange a window")

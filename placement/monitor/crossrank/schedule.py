@@ -7,8 +7,8 @@ What
     placement's monitor thread spent in a DDP job at 10 ms steps (benchmarks/job_cost.py). So
     rank 0 settles a grid once its steps have a steady median: from exchange step `since` on,
     an exchange is every `stride`-th window (a power of two), the fewest that leave
-    monitor.exchange_min_s x the paced floor's scale (probes/budget.py PacedFloor: stretched
-    while placement costs more than monitor.budget_pct) between two exchanges at its step time,
+    monitor.exchange_min_s x half the paced floor's scale (probes/budget.py PacedFloor: stretched
+    while placement costs more than monitor.budget_pct; see _agree) between two exchanges at its step time,
     and it carries the windows since the exchange before (windows()), a row each, in one store
     round trip. When the floor's scale moves the stride it wants, rank 0 adds a segment (a
     later `since`, the new stride) to the grid. Every window is still judged on its own, in
@@ -160,7 +160,12 @@ class ExchangeGrid:
     def _agree(self, step: int, step_ms: float) -> None:
         """Rank 0: the grid's stride for this step time and floor; a segment added when it moved."""
         segments = self.segments
-        want = doubling(self.every, step_ms, self.min_s * max(1, self._scale()), MAX_GRID_STRIDE)
+        # One doubling behind the floor: its first stretches the hand-overs, the records and the
+        # tuner's windows alone (what costs most per doubling); exchanges, whose pace is how soon
+        # a straggler is named, stretch only when that was not enough. (At x2 from the first
+        # doubling, benchmarks/detection.py --quick named its 1.3 s straggler never: its windows
+        # went to an exchange after the rank it freezes next had stopped.)
+        want = doubling(self.every, step_ms, self.min_s * max(1, self._scale() // 2), MAX_GRID_STRIDE)
         last_since, stride = segments[-1]
         if len(segments) > 1 and (want == stride or last_since > step or len(segments) > MAX_SEGMENTS):
             return  # as it is; a segment not in force yet; or the most segments

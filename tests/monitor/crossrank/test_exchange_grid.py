@@ -134,9 +134,13 @@ def test_the_floor_stretched_rank_0_adds_a_segment_the_others_find_and_every_win
     g0.settle(SETTLE_AFTER * EVERY)
     g1.settle(100)
     assert g0.segments == g1.segments == ((0, 1), (320, 16))
-    # the budget stretches the floor x2: 32 windows (3.2 s) are the fewest that last 2 s; the new
-    # segment starts GRID_LEAD_S of steps on, on a step of both strides
+    # the budget stretches the floor x2: the hand-overs alone stretch (the grid is one doubling behind)
     scale[0] = 2
+    g0.settle(400)
+    assert g0.segments == ((0, 1), (320, 16))
+    # ... x4: 32 windows (3.2 s) are the fewest that last 2 s; the new segment starts
+    # GRID_LEAD_S of steps on, on a step of both strides
+    scale[0] = 4
     g0.settle(300)
     assert g0.segments == ((0, 1), (320, 16))  # the last segment is not in force yet: no other
     g0.settle(400)
@@ -175,7 +179,7 @@ def test_the_floor_stretched_rank_0_adds_a_segment_the_others_find_and_every_win
         assert g0.next_after(step) == min(n for n in want if n > step)
     # at most MAX_SEGMENTS segments, however often the floor moves
     for i in range(3 * MAX_SEGMENTS):
-        scale[0] = 1 + (i % 2) * 3
+        scale[0] = 1 + (i % 2) * 7
         g0.settle(g0.segments[-1][0])
     assert len(g0.segments) == MAX_SEGMENTS + 1
     assert g0.figures()["exchange_segments"] == MAX_SEGMENTS
