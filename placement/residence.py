@@ -28,6 +28,7 @@ from __future__ import annotations
 import enum
 import errno
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -120,8 +121,10 @@ def spread(ranges: Sequence[tuple[int, int]], pages: int) -> list[int]:
     total = sum((hi - lo) // PAGE for lo, hi in ranges)
     if total <= pages:
         return [a for lo, hi in ranges for a in range(lo, hi - PAGE + 1, PAGE)]
-    import numpy as np
-
+    # numpy when the process has it already (the same float64 arithmetic and truncation, a look's
+    # thousands at once), never imported here: placerun's bind stage samples a worker before its
+    # program has imported anything, and a drop-in adds no module to it
+    np = sys.modules.get("numpy")
     stride = total / pages
     out: list[int] = []
     base = 0  # pages before the current range
@@ -129,9 +132,11 @@ def spread(ranges: Sequence[tuple[int, int]], pages: int) -> list[int]:
         n = (hi - lo) // PAGE
         # samples k sit at (k + 0.5) x stride pages from the start of the first range
         k0, k1 = math.ceil(base / stride - 0.5), math.ceil((base + n) / stride - 0.5)
-        if k1 > k0:  # (numpy: the same float64 arithmetic and truncation, a look's thousands at once)
+        if np is not None and k1 > k0:
             offsets = ((np.arange(k0, min(k1, pages), dtype=np.float64) + 0.5) * stride - base).astype(np.int64)
             out.extend((offsets * PAGE + lo).tolist())
+        else:
+            out.extend([lo + int((k + 0.5) * stride - base) * PAGE for k in range(k0, min(k1, pages))])
         base += n
     return out
 

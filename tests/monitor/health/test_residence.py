@@ -301,3 +301,25 @@ def test_a_bound_rank_logs_residence_of_its_pages_and_its_dataloaders_buffers(tm
     if len(ONLINE) == 1:
         assert all(x["share_pct"] == 100.0 for x in looks), looks
         assert not [e for e in events if e["type"] == "warning" and "residence" in e.get("message", "")]
+
+
+def test_spread_asks_the_same_pages_with_numpy_as_without_and_never_imports_it(monkeypatch):
+    # numpy is used only where the process has it (placerun's bind stage samples a worker before
+    # its program imported anything: a drop-in adds no module); both paths ask the same addresses
+    import random
+
+    import numpy  # noqa: F401  (the vectorised path)
+
+    rng = random.Random(7)
+    layouts = []
+    for _ in range(300):
+        at, ranges = rng.randrange(1 << 30, 1 << 46), []
+        for _ in range(rng.randint(1, 40)):
+            lo = at + rng.randrange(0, 1 << 20)
+            at = lo + rng.randrange(1, 1 << rng.randint(12, 34))
+            ranges.append((lo, at))
+        layouts.append((ranges, rng.choice([1, 7, 100, residence.SAMPLE_PAGES, 5000])))
+    with_numpy = [residence.spread(r, p) for r, p in layouts]
+    monkeypatch.delitem(sys.modules, "numpy")
+    assert [residence.spread(r, p) for r, p in layouts] == with_numpy
+    assert "numpy" not in sys.modules
