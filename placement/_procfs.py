@@ -9,8 +9,7 @@ One parser per file, one plain function per fact, every read bounded:
 - /proc/<pid>[/task/<tid>]/wchan      wchan            -> the kernel function it sleeps in
 - /proc/<pid>/task, .../children      task_ids, children, pids
 - /proc/<pid>/environ                 environ          -> the environment the process was started with
-- /proc/<pid>/maps                    parse_maps       -> MapEntry (address range, perms, path);
-                                      parse_anon_data  -> the anonymous data ranges alone (residence look)
+- /proc/<pid>/maps                    parse_maps       -> MapEntry (address range, perms, path)
 - /proc/<pid>/numa_maps               parse_numa_maps  -> NumaMapsEntry (pages per node, page size)
 and the calling thread's NUMA memory policy: get_mempolicy, set_mempolicy, probe_mempolicy
 (raw syscalls: glibc wraps neither; modes named once, in MEMPOLICY_NAMES), and the node each
@@ -31,7 +30,6 @@ import errno
 import functools
 import os
 import platform
-import re
 import stat as _stat
 import threading
 from typing import NamedTuple, Optional
@@ -378,29 +376,6 @@ def parse_maps(raw: bytes) -> list[MapEntry]:
                                 parts[5].strip().decode(errors="replace") if len(parts) > 5 else ""))
         except ValueError:
             raise ValueError(f"not a /proc maps line: {line[:60]!r}") from None
-    return out
-
-
-# An anonymous data mapping's line (MapEntry.anon_data: private, read-write, inode 0, no path or
-# a [name] one), matched only on lines with a read-write mapping: a torch process has a thousand
-# mappings, most of them files' text, and the periodic residence look reads them all.
-_ANON_DATA_LINE = re.compile(rb"([0-9a-f]+)-([0-9a-f]+) rw[-x]p [0-9a-f]+ [0-9a-f]+:[0-9a-f]+ 0[ \t]*(\[.*)?")
-
-
-def anon_data_ranges(pid="self", proc: str = "/proc") -> list[tuple[int, int]]:
-    """(start, end) of the process's anonymous data mappings (MapEntry.anon_data), in maps' order."""
-    return parse_anon_data(_read_listing(pid, "maps", MAPS_MAX, proc))
-
-
-def parse_anon_data(raw: bytes) -> list[tuple[int, int]]:
-    """(start, end) of the MapEntry.anon_data mappings of a maps listing: parse_maps' for them, at
-    under half its cost (lines of other mappings are not split)."""
-    match, out = _ANON_DATA_LINE.fullmatch, []
-    for line in raw.split(b"\n"):
-        if b" rw" in line and (m := match(line)) is not None:
-            lo, hi, path = m.groups()
-            if not path or path.rstrip().decode(errors="replace") not in _SPECIAL_MAPPINGS:
-                out.append((int(lo, 16), int(hi, 16)))
     return out
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import enum
 import errno
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Optional, Sequence
@@ -121,10 +120,6 @@ def spread(ranges: Sequence[tuple[int, int]], pages: int) -> list[int]:
     total = sum((hi - lo) // PAGE for lo, hi in ranges)
     if total <= pages:
         return [a for lo, hi in ranges for a in range(lo, hi - PAGE + 1, PAGE)]
-    # numpy when the process has it already (the same float64 arithmetic and truncation, a look's
-    # thousands at once), never imported here: placerun's bind stage samples a worker before its
-    # program has imported anything, and a drop-in adds no module to it
-    np = sys.modules.get("numpy")
     stride = total / pages
     out: list[int] = []
     base = 0  # pages before the current range
@@ -132,11 +127,7 @@ def spread(ranges: Sequence[tuple[int, int]], pages: int) -> list[int]:
         n = (hi - lo) // PAGE
         # samples k sit at (k + 0.5) x stride pages from the start of the first range
         k0, k1 = math.ceil(base / stride - 0.5), math.ceil((base + n) / stride - 0.5)
-        if np is not None and k1 > k0:
-            offsets = ((np.arange(k0, min(k1, pages), dtype=np.float64) + 0.5) * stride - base).astype(np.int64)
-            out.extend((offsets * PAGE + lo).tolist())
-        else:
-            out.extend([lo + int((k + 0.5) * stride - base) * PAGE for k in range(k0, min(k1, pages))])
+        out.extend([lo + int((k + 0.5) * stride - base) * PAGE for k in range(k0, min(k1, pages))])
         base += n
     return out
 
@@ -146,7 +137,8 @@ def sample_process(planned: Iterable[int], *, pid: int = 0, pages: int = SAMPLE_
     """The process's anonymous data pages, sampled (pid 0: this process). Raises OSError when
     maps or move_pages cannot be read (another user's process, an unknown arch), ThreadGone."""
     t0 = time.perf_counter_ns()
-    addresses = spread(_procfs.anon_data_ranges("self" if pid == 0 else pid, proc), pages)
+    entries = _procfs.maps("self" if pid == 0 else pid, proc)
+    addresses = spread([(e.start, e.end) for e in entries if e.anon_data], pages)
     statuses = (query or (lambda a: _procfs.move_pages_query(a, pid)))(addresses)
     by_node, absent = _tally(statuses)
     return Residence("process", tuple(sorted(set(planned))), by_node, ResidenceSource.MOVE_PAGES, len(addresses),

@@ -1,10 +1,10 @@
 """The periodic memory-residence look, on the monitor thread (never the training thread).
 
 Every monitor.residence_every_s (first after FIRST_LOOK_S) the monitor thread samples where the
-rank's pages are (residence.py: a move_pages sample of its anonymous mappings; about a
-millisecond of CPU in a torch process, a third each reading /proc/self/maps and the move_pages
-call, the number of pages asked fixed whatever the process's size; the `residence` event's
-cost_us) and, apart, the buffers of the last batch a watched DataLoader handed out (the
+rank's pages are (residence.py: a move_pages sample of its anonymous mappings; ~1.5 ms of CPU
+in a torch process, about a quarter each reading /proc/self/maps, parsing it, spreading the
+addresses and the move_pages call, the number of pages asked fixed whatever the process's size;
+the `residence` event's cost_us) and, apart, the buffers of the last batch a watched DataLoader handed out (the
 pinned host buffers its pin-memory thread filled; ordinary pages on a CPU-only host), and writes
 one `residence` event. A look whose share on the planned node(s) is below
 monitor.residence_min_pct gives one `warning` event naming where the other pages are, once until

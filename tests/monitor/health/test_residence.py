@@ -152,16 +152,6 @@ def test_maps_parser_keeps_the_private_anonymous_data_mappings_only(tmp_path):
         _procfs.parse_maps(b"zz-yy rw-p 0 0 0\n")
 
 
-def test_the_periodic_looks_ranges_are_the_parsers_anonymous_data_mappings():
-    # the look's own reader (anon_data_ranges) against the full parser, on the fixture and on
-    # this process's maps (a torch process: a few hundred mappings of every kind), one read each
-    import torch  # noqa: F401  (its libraries' mappings)
-
-    for raw in (MAPS, _procfs._read_listing("self", "maps", _procfs.MAPS_MAX, "/proc")):
-        want = [(e.start, e.end) for e in _procfs.parse_maps(raw) if e.anon_data]
-        assert want and _procfs.parse_anon_data(raw) == want
-
-
 def test_a_sample_on_four_nodes_names_where_the_pages_off_the_plan_are(tmp_path):
     proc = _fake_proc(tmp_path, "maps", MAPS)
     heap = range(0x01000000, 0x01400000)
@@ -301,25 +291,3 @@ def test_a_bound_rank_logs_residence_of_its_pages_and_its_dataloaders_buffers(tm
     if len(ONLINE) == 1:
         assert all(x["share_pct"] == 100.0 for x in looks), looks
         assert not [e for e in events if e["type"] == "warning" and "residence" in e.get("message", "")]
-
-
-def test_spread_asks_the_same_pages_with_numpy_as_without_and_never_imports_it(monkeypatch):
-    # numpy is used only where the process has it (placerun's bind stage samples a worker before
-    # its program imported anything: a drop-in adds no module); both paths ask the same addresses
-    import random
-
-    import numpy  # noqa: F401  (the vectorised path)
-
-    rng = random.Random(7)
-    layouts = []
-    for _ in range(300):
-        at, ranges = rng.randrange(1 << 30, 1 << 46), []
-        for _ in range(rng.randint(1, 40)):
-            lo = at + rng.randrange(0, 1 << 20)
-            at = lo + rng.randrange(1, 1 << rng.randint(12, 34))
-            ranges.append((lo, at))
-        layouts.append((ranges, rng.choice([1, 7, 100, residence.SAMPLE_PAGES, 5000])))
-    with_numpy = [residence.spread(r, p) for r, p in layouts]
-    monkeypatch.delitem(sys.modules, "numpy")
-    assert [residence.spread(r, p) for r, p in layouts] == with_numpy
-    assert "numpy" not in sys.modules
