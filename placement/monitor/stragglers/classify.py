@@ -5,9 +5,10 @@ rank is data-, cpu- or compute-slow, and comm-slow job-wide against the baseline
 docstring; the comm baseline's history is kept here (next_transfer_history)."""
 from __future__ import annotations
 
+import statistics
 from typing import Optional
 
-from placement.monitor.stragglers.cost import costs_ms, median, lateness_per_step, material_ranks, rank_steps, split_cost
+from placement.monitor.stragglers.cost import costs_ms, lateness_per_step, material_ranks, rank_steps, split_cost
 from placement.monitor.stragglers.figures import JobWide, RankFigures, Straggler, StragglerReport, Thresholds
 from placement.records.words import StragglerKind
 from placement.records.parts import StepPart
@@ -29,12 +30,12 @@ def comm_baseline(history: list[float], th: Thresholds = Thresholds()) -> Option
     not the minimum, so one lucky window does not make every later one look slow)."""
     if len(history) < th.baseline_windows:
         return None
-    return median(history)
+    return statistics.median(history)
 
 
 def _median(values: list[Optional[float]]) -> Optional[float]:
     known = [v for v in values if v is not None]
-    return median(known) if known else None
+    return statistics.median(known) if known else None
 
 
 def _fmt(v: Optional[float]) -> str:
@@ -60,9 +61,9 @@ def classify(ranks: list[RankFigures], baseline_transfer_ms: Optional[float] = N
     per_step = lateness_per_step(ranks)
     if per_step is None:
         return report  # no collective seen on some rank: arrivals cannot be compared
-    lateness = {rank: median(v) for rank, v in per_step.items()}
+    lateness = {rank: statistics.median(v) for rank, v in per_step.items()}
     report.lateness_steps = per_step
-    median_step = median(r.step_ms for r in ranks)
+    median_step = statistics.median(r.step_ms for r in ranks)
     report.step_ms = median_step
     limit = max(th.late_ms, th.late_frac * median_step)
     late = [r for r in ranks if lateness[r.rank] > limit]

@@ -19,6 +19,7 @@ Who uses it
 """
 from __future__ import annotations
 
+import statistics
 from typing import TYPE_CHECKING, Optional
 
 from placement.records.parts import StepPart
@@ -30,14 +31,6 @@ if TYPE_CHECKING:
 # Steps measured on every rank that a lateness needs (the first exchange of a run may
 # cover only the first step or two, warm-up).
 MIN_COMMON_STEPS = 3
-
-
-def median(values) -> float:
-    """The median of a non-empty sequence, as statistics.median gives it, without its checks and
-    conversions (rank 0 takes several for every window it judges)."""
-    s = sorted(values)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
 
 
 def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float]]]:
@@ -59,7 +52,7 @@ def lateness_per_step(ranks: list[RankFigures]) -> Optional[dict[int, list[float
 def arrival_lateness_ms(ranks: list[RankFigures]) -> Optional[dict[int, float]]:
     """Each rank's lateness_per_step, its median over the steps (robust to one slow step)."""
     per_step = lateness_per_step(ranks)
-    return None if per_step is None else {rank: median(v) for rank, v in per_step.items()}
+    return None if per_step is None else {rank: statistics.median(v) for rank, v in per_step.items()}
 
 
 def rank_steps(per_step: dict[int, list[float]]) -> list[tuple[list[tuple[float, int]], float]]:
