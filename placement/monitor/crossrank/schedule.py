@@ -185,13 +185,11 @@ class ExchangeGrid:
         send to each is behind it, so it removes them."""
         old, self.segments = self.segments, segments
         self.settled = True
-        if segments == old:
+        # the grids agree before the first segment one has and the other has not (rank 0 only
+        # adds segments; a line that is not a grid drops them all)
+        first = min((since for since, _ in set(segments) ^ set(old)), default=None)
+        if first is None:
             return
-        # the first step the two grids may differ at: the first segment either has and the other
-        # has not (rank 0 only adds segments; a line that is not a grid may drop them all)
-        changed = [min(a[0], b[0]) for a, b in zip(segments, old) if a != b]
-        longer = segments if len(segments) > len(old) else old
-        first = changed[0] if changed else longer[min(len(segments), len(old))][0]
         for n in range(max(self.every, first - first % self.every), self.sent + 1, self.every):
             if self.is_exchange(n, old) and not self.is_exchange(n):
                 self.exchange.forget(n)
