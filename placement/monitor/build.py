@@ -58,11 +58,8 @@ class RawStep:
 def raw_steps(kept: list[tuple]) -> list[RawStep]:
     """The steps as the hook kept them (tuples of RawStep's fields, each comm as the clock gave
     it: most often a shared CommStep already)."""
-    steps = [RawStep(*fields) for fields in kept]
-    for r in steps:
-        if r.comm.__class__ is not CommStep:
-            r.comm = comm_step(r.comm)
-    return steps
+    # one pass: a step's comm made a CommStep as its RawStep is (the union of the intervals taken)
+    return [RawStep(f[0], f[1], f[2] if f[2].__class__ is CommStep else comm_step(f[2]), *f[3:]) for f in kept]
 
 
 @dataclasses.dataclass(frozen=True)

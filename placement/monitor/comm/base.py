@@ -27,8 +27,7 @@ import inspect
 import math
 import threading
 import time
-from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, NamedTuple, Optional
 
 from placement.monitor.clock import wall as wall_clock
 from placement.monitor.warn import WarnOnce
@@ -39,8 +38,11 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
                "barrier", "gather", "scatter", "all_gather_object", "broadcast_object_list")
 
 
-@dataclass(frozen=True)
-class CommStep:
+class CommStep(NamedTuple):
+    """A step's collectives: one is made per step with a collective, on the monitor thread (a
+    named tuple: half a frozen dataclass's making, which checks every field through
+    object.__setattr__)."""
+
     comm_ms: Optional[float]  # None: resolved later (NCCL timings arrive after the step)
     count: int
     enter_t: Optional[float]  # time.time() of the first collective entered in the step
