@@ -104,3 +104,24 @@ def test_every_reader_gives_for_a_record_of_several_steps_what_it_gives_for_them
     assert list(log.comm_ms) == pytest.approx([0.2 * r.step_ms for r in groups for _ in range(r.steps)])
     # a row's first-collective entry is its line's last step's alone
     assert [not math.isnan(v) for v in log.enter_t] == [s % n == 0 for s in range(1, len(EACH) + 1)]
+
+
+@pytest.mark.parametrize("n", [1, 4, 8])
+@pytest.mark.parametrize("each_comm", [True, False])
+def test_a_window_one_record_holds_exactly_is_read_off_it_as_the_steps_one_by_one_would_give(n, each_comm):
+    """figures_from_records reads a window that one record holds, no more and no less (every
+    window at short steps), off the record itself: the same figures as the pass over records
+    (here forced by a record of the next window beside it, which that pass leaves out)."""
+    groups = _groups(n)
+    for g in groups:
+        g.each_comm_ms = tuple(0.2 * ms for ms in step_times(g)) if each_comm and g.steps > 1 else None
+    g, after = groups[0], StepRecord(0, groups[0].step + 1, 200.0, 1.0, 0.1, 0.2, 1, _roles(0.5, 0.05))
+    first, last = g.step - g.steps + 1, g.step
+    fast, walked = figures_from_records(0, [g], first, last), figures_from_records(0, [g, after], first, last)
+    assert (fast.rank, fast.steps, fast.first_step, fast.last_step) == (walked.rank, walked.steps, first, last)
+    assert fast.steps == n and fast.comm_steps == pytest.approx(walked.comm_steps) and len(fast.comm_steps) == n
+    for name in ("step_ms", "data_ms", "comm_ms", "cpu_stall_ms", "nccl_runq_ms", "main_cpu_ms", "main_mhz",
+                 "placement_cpu_ms"):
+        assert getattr(fast, name) == pytest.approx(getattr(walked, name)), name
+    # a window the record does not hold exactly goes the long way (a record counts whole where its last step is)
+    assert figures_from_records(0, [g], first + 1, last).steps == (0 if n == 1 else n)

@@ -237,6 +237,8 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
     steps on every rank; records outside them are ignored, steps without one are None). One
     pass over the records: every rank makes these for each exchange window on its monitor
     thread."""
+    if len(records) == 1 and records[0].step == last_step and records[0].step - records[0].steps + 1 == first_step:
+        return _of_record(rank, records[0])
     step_ms: list = []
     data_ms: list = []
     comm_ms: list = []
@@ -282,3 +284,25 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         main_cpu_ms=_mean(main_cpu),
         main_mhz=_mean(main_mhz),
         placement_cpu_ms=_mean(own_cpu))
+
+
+def _of_record(rank: int, r) -> RankFigures:
+    """figures_from_records of one record that holds the window's steps, no more, no less: what
+    every window is at short steps (a record holds a group of steps dividing the window,
+    build.py RecordBuilder.pace), read off the record's own per-step means."""
+    n = r.steps
+    roles = r.roles
+    nccl, main = roles.get("nccl"), roles.get("main")
+    comm = r.comm_ms if r.comm_count else None
+    return RankFigures(
+        rank=rank, steps=n, first_step=r.step - n + 1, last_step=r.step, step_ms=r.step_ms or 0.0,
+        data_ms=r.data_ms or 0.0, comm_ms=r.comm_ms,
+        comm_steps=(comm,) if n == 1 else _each(r.each_comm_ms or (comm,) * n, n),
+        cpu_stall_ms=record_parts(r).cpu_stall_ms, nccl_runq_ms=None if nccl is None else nccl.runq_ms,
+        main_cpu_ms=None if main is None else main.cpu_ms, main_mhz=None if main is None else main.mhz,
+        placement_cpu_ms=r.placement_cpu_ms)
+
+
+def _each(each: tuple, n: int) -> tuple:
+    """A record's per-step comm times as n steps (None where it holds fewer)."""
+    return tuple(each[:n]) + (None,) * (n - len(each))
