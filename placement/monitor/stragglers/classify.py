@@ -112,7 +112,7 @@ def _late_ranks(report: StragglerReport, late: list[RankFigures], punctual: list
     first = min(punctual, key=lambda r: lateness[r.rank]) if punctual else None
     ranked = rank_steps(per_step)
     own, together = costs_ms(per_step, [r.rank for r in late], ranked)
-    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th, ranked)
+    material = material_ranks(per_step, [r.rank for r in late], lateness, median_step, th, ranked, together)
     # the punctual peers' medians, once (at scale a window has hundreds of candidates)
     peer_data = _median([p.data_ms for p in punctual])
     peer_stall = _median([p.cpu_stall_ms for p in punctual])

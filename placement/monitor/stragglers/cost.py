@@ -108,12 +108,15 @@ MATERIAL_GROUPS = 32  # tie groups whose share is computed one by one; the rest 
 
 
 def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: dict[int, float],
-                   step_ms: float, th: Thresholds, ranked: Optional[list] = None) -> set[int]:
+                   step_ms: float, th: Thresholds, ranked: Optional[list] = None,
+                   all_late_ms: Optional[float] = None) -> set[int]:
     """The late ranks that cost the job at least th.min_cost_pct of its step. A rank's share is
     what fixing it adds to fixing every rank later than it (costs_ms of both sets), so a rank
     a little late behind a much later one costs nothing; ranks within th.late_ms of each other
     are one group, judged together, so two equally slow ranks are both named when together they
-    cost (alone, each would cost nothing: the other would set the pace)."""
+    cost (alone, each would cost nothing: the other would set the pace). `all_late_ms`:
+    costs_ms(per_step, late)[1], if known (one group of all of them, most windows with a late
+    rank, then costs no second pass over the steps)."""
     ranked = rank_steps(per_step) if ranked is None else ranked
     order = sorted(late, key=lambda r: -lateness[r])
     out: set[int] = set()
@@ -129,7 +132,8 @@ def material_ranks(per_step: dict[int, list[float]], late: list[int], lateness: 
         if groups > MATERIAL_GROUPS:
             j = len(order)  # the rest judged as one group (at scale: bounded work)
         group = order[i:j]
-        after = costs_ms(per_step, fixed + group, ranked)[1]
+        after = all_late_ms if all_late_ms is not None and len(group) == len(order) else \
+            costs_ms(per_step, fixed + group, ranked)[1]
         if step_ms > 0 and 100.0 * (after - before) / step_ms >= th.min_cost_pct:
             out.update(group)
         fixed += group
