@@ -50,13 +50,16 @@ class WindowJudgement:
 
 
 
+_FIELD_AT = {name: i for i, name in enumerate(FIELDS)}  # a row's column of each of FIELDS
+
+
 def _lateness(rows, slots: int):
     """Per-rank lateness (ms), vectorised as stragglers/cost.py arrival_lateness_ms: per step, the most
     comm time of any rank minus its own (durations on each rank's own clock: no skew), median
     over the steps every rank measured. None when not comparable."""
     import numpy as np
 
-    f = {name: i for i, name in enumerate(FIELDS)}
+    f = _FIELD_AT
     if len(np.unique(rows[:, f["first_step"]])) != 1 or len(np.unique(rows[:, f["last_step"]])) != 1:
         return None
     comm = rows[:, len(FIELDS):len(FIELDS) + slots]
@@ -72,9 +75,13 @@ def judge_rows(rows, node_of: dict[int, Optional[int]], slots: int, baseline_ms:
     """(figures judged, report, {rank: node_rank} of the ranks named) from one window's rows (an
     array, a rank's RankFigures.to_row(slots) per row) and where each rank runs (`node_of`);
     `name` picks which candidates are named (the exchange's Naming), before the report is compacted."""
+    if len(rows) <= TRIAGE_ABOVE:  # (classify leaves out the ranks with no step itself)
+        figures = [RankFigures.from_row(r) for r in rows.tolist()]
+        report = compact(name(classify(figures, baseline_ms, th)))
+        return figures, report, _named_nodes(report, node_of)
     import numpy as np
 
-    f = {name: i for i, name in enumerate(FIELDS)}
+    f = _FIELD_AT
     active = rows[rows[:, f["steps"]] > 0]
     if len(active) <= TRIAGE_ABOVE:
         figures = [RankFigures.from_row(r) for r in rows.tolist()]
