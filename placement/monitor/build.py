@@ -320,7 +320,7 @@ def _one(e: tuple, rank: int, local_rank: int, run: Optional[str], runq_pct: flo
                       local_rank, enter_t, probe_steps, run, inflight, own_ms, parts=parts)
 
 
-def _mean_known(values: list) -> Optional[float]:
+def _mean_known(values: tuple) -> Optional[float]:
     """The mean, None when any is None (a part not measured at one step is not measured)."""
     return None if None in values else sum(values) / len(values)
 
@@ -329,21 +329,21 @@ def _record(group: list[tuple], rank: int, local_rank: int, run: Optional[str], 
             data_pct: float) -> StepRecord:
     """The record of several steps: per-step means, each step's time kept (records/step.py)."""
     n = len(group)
-    each = tuple([e[2] for e in group])
+    # the group's columns, in one transposition (a list a field was a fifth of a record's build)
+    _, _, each, data, waits, inflights, counts, _, roles_of, probes, own = zip(*group)
     step_ms = sum(each) / n
-    data_ms = sum([e[3] for e in group]) / n
-    c, inflight = _mean_known([e[4] for e in group]), _mean_known([e[5] for e in group])
-    own = [e[10] for e in group]
+    data_ms = sum(data) / n
+    c, inflight = _mean_known(waits), _mean_known(inflights)
     last = group[-1]
     roles = last[8]
-    if any(e[8] is not roles for e in group):
+    if any(r is not roles for r in roles_of):
         roles = _merge_roles(group)
     main = roles.get(MAIN)
     parts = split_step(step_ms, data_ms, c, None if main is None else main.runq_ms)
-    return StepRecord(rank, last[0], last[1], step_ms, data_ms, c, sum([e[6] for e in group]), roles,
+    return StepRecord(rank, last[0], last[1], step_ms, data_ms, c, sum(counts), roles,
                       step_verdict(step_ms, data_ms, c, parts.cpu_stall_ms, runq_pct, comm_pct, data_pct),
-                      local_rank, last[7], max([e[9] for e in group]), run, inflight, _mean_known(own),
-                      n, each, tuple([e[4] if e[6] else None for e in group]), parts=parts)
+                      local_rank, last[7], max(probes), run, inflight, _mean_known(own),
+                      n, each, tuple([w if k else None for w, k in zip(waits, counts)]), parts=parts)
 
 
 def _merge_roles(group: list[tuple]) -> dict:
