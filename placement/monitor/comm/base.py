@@ -55,15 +55,15 @@ NO_COMM = CommStep(0.0, 0, None)  # a step without collectives (shared: most ste
 UNSEEN = CommStep(None, 0, None)
 
 
+_tuple_new = tuple.__new__  # a named tuple made without its Python-level __new__ (half the time)
+
+
 def comm_step(raw) -> CommStep:
     """The CommStep of a CollectiveClock.take_raw() tuple; NO_COMM or UNSEEN as it is."""
     if raw.__class__ is CommStep:
         return raw
     intervals, count, enter_t = raw
     return _tuple_new(CommStep, (None if intervals is None else union_ms(intervals), count, enter_t))
-
-
-_tuple_new = tuple.__new__  # a named tuple made without its Python-level __new__ (half the time)
 
 
 def union_ms(intervals: list[tuple[int, int]]) -> float:

@@ -75,18 +75,15 @@ def judge_rows(rows, node_of: dict[int, Optional[int]], slots: int, baseline_ms:
     """(figures judged, report, {rank: node_rank} of the ranks named) from one window's rows (an
     array, a rank's RankFigures.to_row(slots) per row) and where each rank runs (`node_of`);
     `name` picks which candidates are named (the exchange's Naming), before the report is compacted."""
-    if len(rows) <= TRIAGE_ABOVE:  # (classify leaves out the ranks with no step itself)
+    f = _FIELD_AT
+    # the ranks with steps are picked out only at scale: below it, classify leaves out the others itself
+    active = rows if len(rows) <= TRIAGE_ABOVE else rows[rows[:, f["steps"]] > 0]
+    if len(active) <= TRIAGE_ABOVE:
         figures = [RankFigures.from_row(r) for r in rows.tolist()]
         report = compact(name(classify(figures, baseline_ms, th)))
         return figures, report, _named_nodes(report, node_of)
     import numpy as np
 
-    f = _FIELD_AT
-    active = rows[rows[:, f["steps"]] > 0]
-    if len(active) <= TRIAGE_ABOVE:
-        figures = [RankFigures.from_row(r) for r in rows.tolist()]
-        report = compact(name(classify(figures, baseline_ms, th)))
-        return figures, report, _named_nodes(report, node_of)
     lat = _lateness(active, slots)
     if lat is None:
         pick = np.arange(min(len(active), PEER_SAMPLE))

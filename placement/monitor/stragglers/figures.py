@@ -258,12 +258,8 @@ def figures_from_records(rank: int, records: list, first_step: int, last_step: i
         step_ms.append((r.step_ms, n))
         data_ms.append((r.data_ms, n))
         comm_ms.append((r.comm_ms, n))
-        if n == 1:
-            comm_of[r.step] = r.comm_ms if r.comm_count else None
-        else:  # each step's own, as built (a record read back from a log has only their mean)
-            each = r.each_comm_ms or (r.comm_ms if r.comm_count else None,) * n
-            for s, c in zip(range(r.step - n + 1, r.step + 1), each):
-                comm_of[s] = c
+        for s, c in zip(range(r.step - n + 1, r.step + 1), _step_comms(r)):
+            comm_of[s] = c
         stall_ms.append((record_parts(r).cpu_stall_ms, n))
         roles = r.roles
         nccl, main = roles.get("nccl"), roles.get("main")
@@ -293,16 +289,18 @@ def _of_record(rank: int, r) -> RankFigures:
     n = r.steps
     roles = r.roles
     nccl, main = roles.get("nccl"), roles.get("main")
-    comm = r.comm_ms if r.comm_count else None
+    each = _step_comms(r)
     return RankFigures(
         rank=rank, steps=n, first_step=r.step - n + 1, last_step=r.step, step_ms=r.step_ms or 0.0,
         data_ms=r.data_ms or 0.0, comm_ms=r.comm_ms,
-        comm_steps=(comm,) if n == 1 else _each(r.each_comm_ms or (comm,) * n, n),
+        comm_steps=tuple(each[:n]) + (None,) * (n - len(each)),  # (None where it holds fewer: the walk's too)
         cpu_stall_ms=record_parts(r).cpu_stall_ms, nccl_runq_ms=None if nccl is None else nccl.runq_ms,
         main_cpu_ms=None if main is None else main.cpu_ms, main_mhz=None if main is None else main.mhz,
         placement_cpu_ms=r.placement_cpu_ms)
 
 
-def _each(each: tuple, n: int) -> tuple:
-    """A record's per-step comm times as n steps (None where it holds fewer)."""
-    return tuple(each[:n]) + (None,) * (n - len(each))
+def _step_comms(r) -> tuple:
+    """Each of a record's steps' comm time, as built (a record read back from a log has only
+    their mean; a step without a collective has none)."""
+    comm = r.comm_ms if r.comm_count else None
+    return (comm,) if r.steps == 1 else r.each_comm_ms or (comm,) * r.steps
