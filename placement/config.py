@@ -125,7 +125,7 @@ class MonitorConfig:
                                       "tuner's windows among them, but a window that ran 10% slower is handed over "
                                       "as it ends (docs/monitor.md); 0 = at every due step")
     handover_max_s: float = _key(4.0, "the most the budget stretches that floor to (and tune.window_min_s by as much), "
-                                      "by the power of two its overshoot says, while placement costs more than budget_pct with the "
+                                      "a doubling at a time, while placement costs more than budget_pct with the "
                                       "counters read as seldom as allowed (docs/monitor.md); <= handover_min_s: never")
     rescan_every: int = _key(20, "steps between rescans of the thread list and span readings of every thread; "
                                   "while no tuner judges windows, at least 4 x handover_min_s apart")

@@ -215,9 +215,7 @@ class PacedFloor:
     hand-overs, on a period from one to another of at least `hold_s`: placement's CPU (its
     threads' and the hook's) over the period's wall time, which then holds the whole cost of
     the hand-overs in it (the monitor thread builds a hand-over after it comes). Over the
-    budget, the scale goes up by the power of two the overshoot says (a doubling when just
-    over: the share divided by the budget, rounded up to a power of two); under
-    FLOOR_DOWN_BELOW of it, it halves. A change against the
+    budget, the scale doubles; under FLOOR_DOWN_BELOW of it, it halves. A change against the
     one before doubles `hold_s`, up to FLOOR_MAX_HOLD_S. What it delays is said in the
     `monitor` event of each change: the log's records, the live metrics, straggler naming and
     the tuner's moves come up to a floor later."""
@@ -249,11 +247,7 @@ class PacedFloor:
         self._period = (now_s, cpu_ns)
         pct = 100.0 * max(0, cpu_ns - c0) / 1e9 / elapsed
         if pct > self.budget_pct and may_rise and self.scale < self.most:
-            # As far as the overshoot says, at once: the power of two that would bring the share
-            # under the budget were all of it paced (the least that can do: the per-step work is
-            # not), not a doubling a period: at 10 ms steps a doubling a period took the floor
-            # to its most ~10 s into a run, at 1-2% of the rank meanwhile (benchmarks/job_cost.py)
-            new = min(self.most, self.scale * 2 ** math.ceil(math.log2(pct / self.budget_pct)))
+            new = self.scale * 2
         elif pct < FLOOR_DOWN_BELOW * self.budget_pct and self.scale > 1:
             new = self.scale // 2
         else:

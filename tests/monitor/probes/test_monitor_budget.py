@@ -386,26 +386,6 @@ def test_the_paced_floor_doubles_over_the_budget_once_the_readings_are_at_their_
     assert f.hold_s == FLOOR_MAX_HOLD_S
 
 
-def test_the_paced_floor_goes_as_far_as_the_overshoot_says_in_one_period_never_past_its_most():
-    """At 10 ms steps a doubling a period took the floor to its most ~10 s into a run; the
-    overshoot (share over budget, rounded up to a power of two) is the least stretch that could
-    bring the share under the budget, so the floor goes there in one period."""
-    def after_one_period(pct: float, scale: int = 1, most: int = 64) -> int:
-        f = PacedFloor(budget_pct=0.3, most=most)
-        f.scale = scale
-        f.judge(0.0, 0, True)
-        got = f.judge(FLOOR_JUDGE_S, _ms_of(pct, FLOOR_JUDGE_S), True)
-        return f.scale if got is None else got[0]
-
-    assert after_one_period(0.31) == 2  # just over: a doubling
-    assert after_one_period(0.6) == 2  # twice the budget: a doubling fits it were all of it paced
-    assert after_one_period(0.61) == 4
-    assert after_one_period(1.93) == 8  # 6.4 times the budget (a run's first period, its start-up in it)
-    assert after_one_period(1.93, scale=2) == 16  # from where it is
-    assert after_one_period(1.93, most=4) == 4  # never past handover_max_s
-    assert after_one_period(0.29) == 1  # under the budget: stays
-
-
 def test_the_paced_floor_never_moves_without_a_budget_or_room_to_stretch():
     for f in (PacedFloor(budget_pct=0, most=8), PacedFloor(budget_pct=0.3, most=floor_scales(0.5, 0.5))):
         assert f.judge(0.0, 0, True) is None
